@@ -1,0 +1,25 @@
+# The README's two commands: `make run` (the main GSPO job) and `make test` (the test suite).
+PY := .venv/bin/python
+export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
+export TORCH_COMPILE_DISABLE ?= 1
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+
+.PHONY: install run test test-fast benchmark clean
+
+install:
+	@bash scripts/install.sh
+
+run: install
+	$(PY) run_pipeline.py --config example_gspo.yaml
+
+test: install
+	$(PY) -m pytest tests -q
+
+test-fast: install
+	$(PY) -m pytest tests -q -m "not e2e"
+
+benchmark: install
+	$(PY) benchmarks/bench_pipeline.py
+
+clean:
+	rm -rf output .pytest_cache

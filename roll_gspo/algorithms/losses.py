@@ -1,0 +1,429 @@
+"""Policy losses for GSPO / GRPO / PPO-style training, in plain torch.
+
+Shapes: ``B`` responses (rows) by ``T`` response positions (columns). Every per-token tensor is
+``(B, T)``; ``response_mask`` is 1 (or True) on real response tokens and 0 on padding. Values under
+``mask == 0`` may be anything, NaN and inf included: they never reach a result or a gradient.
+
+Three importance-sampling modes (see ``docs``/``gspo.md``):
+
+* ``token``      rho_i,t = exp(logp_i,t - old_i,t)                         (PPO / GRPO)
+* ``seq``        s_i     = exp(mean_t over the mask of (logp - old)),      (GSPO)
+                 shared by all tokens of response i; the gradient flows through the mean.
+* ``gspo-token`` s_i,t   = sg[s_i] * exp(logp_i,t - sg[logp_i,t])          (GSPO-token)
+                 equal to ``seq`` in value; its gradient is per token, so it only differs from
+                 ``seq`` when advantages vary along a response.
+
+Each mode is registered in ``POLICY_LOSSES`` (``register_policy_loss``) as a function returning the
+per-token clipped surrogate; ``policy_loss`` looks the mode up, aggregates with ``aggregate_loss``
+and reports metrics. Functions that produce a loss return ``(loss, metrics)`` with ``metrics`` a
+dict of python floats.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+
+import torch
+
+__all__ = [
+    "LOSS_AGG_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "SurrogateTerms",
+    "register_policy_loss",
+    "get_policy_loss",
+    "masked_mean",
+    "masked_sum",
+    "entropy_from_logits",
+    "token_log_ratio",
+    "seq_log_ratio",
+    "gspo_token_log_ratio",
+    "compute_log_ratio",
+    "compute_importance_ratio",
+    "clipped_surrogate",
+    "aggregate_loss",
+    "policy_loss",
+    "kl_penalty",
+    "kl_loss",
+]
+
+# Same names, same order as roll_gspo.config.schema (a test keeps them in sync). They are not
+# imported from there so that this library needs torch alone.
+LOSS_AGG_MODES: List[str] = [
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KL_ESTIMATORS: List[str] = ["k1", "k2", "k3"]
+
+Count = Union[int, float, torch.Tensor]
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------
+def _bool_mask(response_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` float/int/bool mask -> bool mask (nonzero = valid token)."""
+    return response_mask if response_mask.dtype == torch.bool else response_mask != 0
+
+
+def _check_same_shape(**tensors: torch.Tensor) -> None:
+    """Raise ValueError unless every tensor is 2-D and all share one shape."""
+    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
+    first = next(iter(shapes.values()))
+    if len(first) != 2 or any(s != first for s in shapes.values()):
+        raise ValueError(f"expected tensors of one (batch, response_len) shape, got {shapes}")
+
+
+def _check_choice(kind: str, value: object, valid: List) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {kind} {value!r}; valid values: {valid}")
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    # Ratios of bf16/fp16 log-probs near 1 lose the 1e-4 differences GSPO clips on: use fp32.
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    """Sum of ``values`` where ``mask`` is nonzero; entries under mask 0 (even NaN/inf) are ignored.
+
+    values, mask: same shape (typically ``(B, T)``). dim: None (all) or one dimension.
+    Returns a scalar tensor, or ``values`` reduced over ``dim``.
+    """
+    selected = torch.where(_bool_mask(mask), values, torch.zeros((), dtype=values.dtype,
+                                                                 device=values.device))
+    return selected.sum() if dim is None else selected.sum(dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    """Mean of ``values`` over entries where ``mask`` is nonzero (0 where nothing is valid).
+
+    values, mask: same shape. dim: None (all entries, scalar result) or one dimension (reduced).
+    """
+    count = _bool_mask(mask).to(values.dtype)
+    count = count.sum() if dim is None else count.sum(dim)
+    return masked_sum(values, mask, dim) / count.clamp(min=1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax distribution at every position.
+
+    logits: ``(B, T, V)``. Returns ``(B, T)``: ``logsumexp(z) - sum softmax(z) * z``.
+    """
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# Importance ratios
+# --------------------------------------------------------------------------------------------
+def token_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                    response_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token log ratio ``logp - old_logp``, 0 outside the mask.
+
+    log_probs, old_log_probs, response_mask: ``(B, T)``. Returns ``(B, T)``.
+    Zero (not the raw difference) outside the mask so that ``exp`` of padding garbage can
+    neither overflow nor send NaN into the backward pass.
+    """
+    dtype = _compute_dtype(log_probs)
+    diff = log_probs.to(dtype) - old_log_probs.to(dtype)
+    return torch.where(_bool_mask(response_mask), diff, torch.zeros((), dtype=dtype,
+                                                                    device=diff.device))
+
+
+def seq_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                  response_mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's length-normalised sequence log ratio ``(1/|y_i|) sum_t m (logp - old)``.
+
+    log_probs, old_log_probs, response_mask: ``(B, T)``. Returns ``(B, T)``: the row's value on
+    its valid tokens (the gradient flows through the mean to every token), 0 outside the mask.
+    A row with no valid token gets 0 (ratio 1).
+    """
+    per_token = token_log_ratio(log_probs, old_log_probs, response_mask)
+    seq_value = masked_mean(per_token, response_mask, dim=-1)  # (B,)
+    return torch.where(_bool_mask(response_mask), seq_value.unsqueeze(-1),
+                       torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+
+
+def gspo_token_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                         response_mask: torch.Tensor) -> torch.Tensor:
+    """GSPO-token log ratio ``sg[log s_i] + logp_i,t - sg[logp_i,t]``.
+
+    log_probs, old_log_probs, response_mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask.
+    Its value equals ``seq_log_ratio``; its gradient w.r.t. ``logp_i,t`` is 1 (times ``s_i`` once
+    exponentiated), so each token is weighted by its own advantage.
+    """
+    dtype = _compute_dtype(log_probs)
+    logp = log_probs.to(dtype)
+    seq_value = seq_log_ratio(log_probs, old_log_probs, response_mask).detach()
+    token_grad_carrier = logp - logp.detach()  # value 0, gradient 1
+    return torch.where(_bool_mask(response_mask), seq_value + token_grad_carrier,
+                       torch.zeros((), dtype=dtype, device=logp.device))
+
+
+_LOG_RATIO_FNS: Dict[str, Callable[..., torch.Tensor]] = {
+    "token": token_log_ratio,
+    "seq": seq_log_ratio,
+    "gspo-token": gspo_token_log_ratio,
+}
+
+
+def compute_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                      response_mask: torch.Tensor, importance_sampling: str = "seq") -> torch.Tensor:
+    """Log importance ratio for ``importance_sampling`` in ``token``, ``seq``, ``gspo-token``.
+
+    log_probs, old_log_probs, response_mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask.
+    """
+    _check_choice("importance_sampling", importance_sampling, list(_LOG_RATIO_FNS))
+    _check_same_shape(log_probs=log_probs, old_log_probs=old_log_probs, response_mask=response_mask)
+    return _LOG_RATIO_FNS[importance_sampling](log_probs, old_log_probs, response_mask)
+
+
+def compute_importance_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                             response_mask: torch.Tensor,
+                             importance_sampling: str = "seq") -> torch.Tensor:
+    """Importance ratio ``exp(compute_log_ratio(...))``: ``(B, T)``, 1 outside the mask."""
+    return torch.exp(compute_log_ratio(log_probs, old_log_probs, response_mask, importance_sampling))
+
+
+# --------------------------------------------------------------------------------------------
+# Clipped surrogate and the policy-loss registry
+# --------------------------------------------------------------------------------------------
+class SurrogateTerms(NamedTuple):
+    """Per-token pieces of a clipped surrogate, all ``(B, T)``."""
+
+    loss: torch.Tensor          # L_i,t (before masking / aggregation)
+    ratio: torch.Tensor         # the importance ratio used
+    clipped: torch.Tensor       # bool: the clipped branch was chosen and differs
+    dual_clipped: torch.Tensor  # bool: the dual-clip cap -c*A was applied
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, *, clip_low: float,
+                      clip_high: float, dual_clip_c: Optional[float] = None) -> SurrogateTerms:
+    """PPO clipped surrogate per token, with optional dual clip.
+
+    ratio, advantages: ``(B, T)``. Returns ``SurrogateTerms`` of ``(B, T)`` tensors with
+    ``L = max(-ratio*A, -clip(ratio, 1-clip_low, 1+clip_high)*A)`` and, when ``dual_clip_c`` is
+    given, ``L = min(L, -c*A)`` where ``A < 0``.
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    if dual_clip_c is not None and not dual_clip_c > 1.0:
+        raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    # torch.where (not maximum) so the gradient goes wholly to the chosen branch; the clipped
+    # branch carries none because clamp passes no gradient outside its bounds.
+    clipped = loss_clipped > loss_unclipped
+    loss = torch.where(clipped, loss_clipped, loss_unclipped)
+    if dual_clip_c is None:
+        dual_clipped = torch.zeros_like(clipped)
+    else:
+        dual_cap = -dual_clip_c * advantages
+        dual_clipped = (advantages < 0) & (loss > dual_cap)
+        loss = torch.where(dual_clipped, dual_cap, loss)
+    return SurrogateTerms(loss=loss, ratio=ratio, clipped=clipped, dual_clipped=dual_clipped)
+
+
+PolicyLossFn = Callable[..., SurrogateTerms]
+POLICY_LOSSES: Dict[str, PolicyLossFn] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering a per-token policy loss under an ``importance_sampling`` name.
+
+    The function is called as ``fn(log_probs, old_log_probs, advantages, response_mask, *,
+    clip_low, clip_high, dual_clip_c)`` with ``(B, T)`` tensors and returns ``SurrogateTerms``.
+    """
+    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+    return decorator
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    """The per-token policy loss registered as ``name``; ValueError listing valid names."""
+    _check_choice("importance_sampling", name, list(POLICY_LOSSES))
+    return POLICY_LOSSES[name]
+
+
+@register_policy_loss("token")
+def token_policy_loss(log_probs, old_log_probs, advantages, response_mask, *, clip_low, clip_high,
+                      dual_clip_c=None) -> SurrogateTerms:
+    """PPO/GRPO: per-token ratio. All tensors ``(B, T)``; returns per-token ``SurrogateTerms``."""
+    ratio = torch.exp(token_log_ratio(log_probs, old_log_probs, response_mask))
+    return clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip_c=dual_clip_c)
+
+
+@register_policy_loss("seq")
+def seq_policy_loss(log_probs, old_log_probs, advantages, response_mask, *, clip_low, clip_high,
+                    dual_clip_c=None) -> SurrogateTerms:
+    """GSPO: one length-normalised ratio per response. Tensors ``(B, T)``; returns ``SurrogateTerms``."""
+    ratio = torch.exp(seq_log_ratio(log_probs, old_log_probs, response_mask))
+    return clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip_c=dual_clip_c)
+
+
+@register_policy_loss("gspo-token")
+def gspo_token_policy_loss(log_probs, old_log_probs, advantages, response_mask, *, clip_low,
+                           clip_high, dual_clip_c=None) -> SurrogateTerms:
+    """GSPO-token: sequence ratio value, per-token gradient. Tensors ``(B, T)``; ``SurrogateTerms``."""
+    ratio = torch.exp(gspo_token_log_ratio(log_probs, old_log_probs, response_mask))
+    return clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip_c=dual_clip_c)
+
+
+# --------------------------------------------------------------------------------------------
+# Aggregation
+# --------------------------------------------------------------------------------------------
+def _denominator(local: torch.Tensor, given: Optional[Count], name: str) -> torch.Tensor:
+    """The local count, or the caller's global one; clamped to >= 1 (an empty batch -> loss 0)."""
+    if given is None:
+        return local.clamp(min=1)
+    value = torch.as_tensor(given, dtype=local.dtype, device=local.device)
+    if bool((value < 0).any()):
+        raise ValueError(f"{name} must be >= 0, got {given}")
+    return value.clamp(min=1)
+
+
+def aggregate_loss(loss_mat: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str, *,
+                   num_seqs: Optional[Count] = None, num_tokens: Optional[Count] = None,
+                   norm_length: Optional[float] = None) -> torch.Tensor:
+    """Reduce a per-token loss matrix to a scalar.
+
+    loss_mat, response_mask: ``(B, T)``. Returns a scalar tensor.
+
+    * ``token-mean``:              ``sum(L*m) / N_tokens``
+    * ``seq-mean-token-sum``:      ``sum_i sum_t L*m / N_seqs``
+    * ``seq-mean-token-mean``:     ``sum_i (sum_t L*m / |y_i|) / N_seqs``
+    * ``seq-mean-token-sum-norm``: ``sum(L*m) / (N_seqs * T_norm)``
+
+    Only valid tokens enter the numerators; rows without a valid token are not counted in
+    ``N_seqs``. By default ``N_seqs`` / ``N_tokens`` are this call's valid rows / tokens. Pass the
+    counts of the whole mini-batch (all data-parallel ranks, all micro-batches) as ``num_seqs`` /
+    ``num_tokens`` and the micro-batch losses sum (over micro-batches and ranks) to exactly the
+    mini-batch loss, so the gradient does not depend on how the batch was split.
+    ``norm_length`` is ``T_norm`` (default ``loss_mat.shape[1]``, which changes with padding:
+    pipelines should pass the configured response length).
+    """
+    _check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    _check_same_shape(loss_mat=loss_mat, response_mask=response_mask)
+    mask = _bool_mask(response_mask)
+    token_counts = mask.to(loss_mat.dtype).sum(-1)  # (B,)
+    row_sums = masked_sum(loss_mat, mask, dim=-1)    # (B,)
+
+    if loss_agg_mode == "token-mean":
+        return row_sums.sum() / _denominator(token_counts.sum(), num_tokens, "num_tokens")
+
+    seqs = _denominator((token_counts > 0).to(loss_mat.dtype).sum(), num_seqs, "num_seqs")
+    if loss_agg_mode == "seq-mean-token-sum":
+        return row_sums.sum() / seqs
+    if loss_agg_mode == "seq-mean-token-mean":
+        # Empty rows have row_sums 0, so the clamp only avoids 0/0.
+        return (row_sums / token_counts.clamp(min=1)).sum() / seqs
+    # seq-mean-token-sum-norm
+    t_norm = loss_mat.shape[1] if norm_length is None else norm_length
+    if not t_norm > 0:
+        raise ValueError(f"norm_length must be > 0, got {norm_length}")
+    return row_sums.sum() / (seqs * t_norm)
+
+
+# --------------------------------------------------------------------------------------------
+# The policy loss
+# --------------------------------------------------------------------------------------------
+def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                response_mask: torch.Tensor, *, importance_sampling: str = "seq",
+                clip_low: float = 3e-4, clip_high: float = 4e-4,
+                loss_agg_mode: str = "seq-mean-token-mean", dual_clip_c: Optional[float] = None,
+                num_seqs: Optional[Count] = None, num_tokens: Optional[Count] = None,
+                norm_length: Optional[float] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Clipped policy-gradient loss (GSPO by default) and its metrics.
+
+    log_probs (with grad), old_log_probs, advantages, response_mask: ``(B, T)``.
+    Returns ``(loss, metrics)``: a scalar tensor and python floats
+
+    * ``actor/pg_loss``: the loss value;
+    * ``actor/clipfrac``: fraction of valid tokens whose clipped branch is chosen and differs;
+    * ``actor/dual_clipfrac``: fraction of valid tokens capped by the dual clip;
+    * ``actor/ratio_mean`` / ``_min`` / ``_max``: the ratio used, over valid tokens (in ``seq``
+      mode every token of a response carries its response's ratio);
+    * ``actor/ppo_kl``: mean over valid tokens of ``old_logp - logp`` (token level, any mode).
+
+    Metrics are over this call's tokens only. ``num_seqs`` / ``num_tokens`` / ``norm_length``
+    are passed to ``aggregate_loss``; ``dual_clip_c`` (> 1) enables the dual clip.
+    """
+    _check_choice("importance_sampling", importance_sampling, list(POLICY_LOSSES))
+    _check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
+    _check_same_shape(log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages,
+                      response_mask=response_mask)
+    mask = _bool_mask(response_mask)
+    dtype = _compute_dtype(log_probs)
+    # Garbage advantages under the mask would otherwise send NaN into the shared sequence ratio
+    # through the backward pass of -A * ratio.
+    advantages = torch.where(mask, advantages.to(dtype), torch.zeros((), dtype=dtype,
+                                                                     device=advantages.device))
+
+    terms = get_policy_loss(importance_sampling)(
+        log_probs, old_log_probs, advantages, mask,
+        clip_low=clip_low, clip_high=clip_high, dual_clip_c=dual_clip_c)
+    loss = aggregate_loss(terms.loss, mask, loss_agg_mode, num_seqs=num_seqs,
+                          num_tokens=num_tokens, norm_length=norm_length)
+
+    with torch.no_grad():
+        has_tokens = bool(mask.any())
+        ratio = terms.ratio.detach()
+        metrics = {
+            "actor/pg_loss": float(loss.detach()),
+            "actor/clipfrac": float(masked_mean(terms.clipped.to(dtype), mask)),
+            "actor/dual_clipfrac": float(masked_mean(terms.dual_clipped.to(dtype), mask)),
+            "actor/ratio_mean": float(masked_mean(ratio, mask)) if has_tokens else 1.0,
+            "actor/ratio_min": float(ratio[mask].min()) if has_tokens else 1.0,
+            "actor/ratio_max": float(ratio[mask].max()) if has_tokens else 1.0,
+            "actor/ppo_kl": float(masked_mean(
+                -token_log_ratio(log_probs.detach(), old_log_probs, mask), mask)),
+        }
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------------------------
+# KL to the reference policy
+# --------------------------------------------------------------------------------------------
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
+               estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of ``KL(pi || ref)`` from sampled-token log-probs.
+
+    log_probs, ref_log_probs: ``(B, T)``. Returns ``(B, T)`` (unmasked; mask when aggregating).
+
+    * ``k1``: ``logp - ref``                          (unbiased, can be negative)
+    * ``k2``: ``0.5 * (logp - ref)^2``
+    * ``k3``: ``exp(ref - logp) - (ref - logp) - 1``  (unbiased, >= 0, low variance)
+    """
+    _check_choice("kl estimator", estimator, KL_ESTIMATORS)
+    log_ratio = log_probs - ref_log_probs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    return torch.exp(-log_ratio) + log_ratio - 1.0
+
+
+def kl_loss(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, response_mask: torch.Tensor, *,
+            estimator: str = "k3", loss_agg_mode: str = "seq-mean-token-mean",
+            num_seqs: Optional[Count] = None, num_tokens: Optional[Count] = None,
+            norm_length: Optional[float] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """KL loss term ``agg(kl_t)`` (multiply by ``kl_loss_coef`` yourself).
+
+    log_probs (with grad), ref_log_probs, response_mask: ``(B, T)``. Returns ``(loss, metrics)``
+    with metrics ``actor/kl_loss`` (the aggregated value) and ``actor/kl_mean`` (token mean).
+    Garbage under the mask is zeroed before the estimator so it cannot produce NaN gradients.
+    """
+    _check_same_shape(log_probs=log_probs, ref_log_probs=ref_log_probs, response_mask=response_mask)
+    mask = _bool_mask(response_mask)
+    zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
+    kl = kl_penalty(torch.where(mask, log_probs, zero), torch.where(mask, ref_log_probs.to(
+        log_probs.dtype), zero), estimator)
+    loss = aggregate_loss(kl, mask, loss_agg_mode, num_seqs=num_seqs, num_tokens=num_tokens,
+                          norm_length=norm_length)
+    metrics = {"actor/kl_loss": float(loss.detach()),
+               "actor/kl_mean": float(masked_mean(kl.detach(), mask))}
+    return loss, metrics

@@ -1,0 +1,52 @@
+"""`python run_pipeline.py --config NAME [overrides...]`: load, check, then run a pipeline."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from roll_gspo.config import ConfigError, config_to_yaml, load_config, preflight
+from roll_gspo.utils.logging import setup_logging
+
+logger = logging.getLogger("roll_gspo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_pipeline.py",
+        description="Run a roll_gspo pipeline from one YAML config plus Hydra-style overrides.",
+        epilog="Overrides use Hydra's grammar: key=value, +new.key=value, ~key. "
+               "Example: run_pipeline.py --config example_gspo.yaml max_steps=2 "
+               "actor_train.training_args.learning_rate=1e-6")
+    parser.add_argument("--config", required=True,
+                        help="YAML path, or a name found in examples/ or configs/ (e.g. example_gspo.yaml)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (defaults filled in) and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate config, data files, model folder and reward functions without "
+                             "starting Ray; exit 0 if all is well, 1 with the errors otherwise")
+    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging()
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.print_config:
+            print(config_to_yaml(cfg), end="")
+            return 0
+        preflight(cfg)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        print(f"dry run: config {args.config!r} is valid ({cfg.pipeline} pipeline, "
+              f"{cfg.max_steps} steps, output in {cfg.output_dir})")
+        return 0
+    from pipelines import run_pipeline_from_config
+
+    run_pipeline_from_config(cfg)
+    return 0

