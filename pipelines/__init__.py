@@ -1,0 +1,12 @@
+"""Pipelines runnable by `run_pipeline.py`: `rlvr` (GSPO/GRPO) and `sft`."""
+from roll_gspo.config import PipelineConfig
+
+
+def run_pipeline_from_config(cfg: PipelineConfig):
+    if cfg.pipeline == "sft":
+        from pipelines.sft_pipeline import run_sft
+
+        return run_sft(cfg)
+    from pipelines.rlvr_pipeline import run_rlvr
+
+    return run_rlvr(cfg)

@@ -92,7 +92,8 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = No
     return selected.sum() if dim is None else selected.sum(dim)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor,
+                dim: Optional[int] = None) -> torch.Tensor:
     """Mean of ``values`` over entries where ``mask`` is nonzero (0 where nothing is valid).
 
     values, mask: same shape. dim: None (all entries, scalar result) or one dimension (reduced).
@@ -166,7 +167,8 @@ _LOG_RATIO_FNS: Dict[str, Callable[..., torch.Tensor]] = {
 
 
 def compute_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
-                      response_mask: torch.Tensor, importance_sampling: str = "seq") -> torch.Tensor:
+                      response_mask: torch.Tensor,
+                      importance_sampling: str = "seq") -> torch.Tensor:
     """Log importance ratio for ``importance_sampling`` in ``token``, ``seq``, ``gspo-token``.
 
     log_probs, old_log_probs, response_mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask.
@@ -180,7 +182,8 @@ def compute_importance_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tenso
                              response_mask: torch.Tensor,
                              importance_sampling: str = "seq") -> torch.Tensor:
     """Importance ratio ``exp(compute_log_ratio(...))``: ``(B, T)``, 1 outside the mask."""
-    return torch.exp(compute_log_ratio(log_probs, old_log_probs, response_mask, importance_sampling))
+    log_ratio = compute_log_ratio(log_probs, old_log_probs, response_mask, importance_sampling)
+    return torch.exp(log_ratio)
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +249,15 @@ def get_policy_loss(name: str) -> PolicyLossFn:
     return POLICY_LOSSES[name]
 
 
+@register_policy_loss("seq")
+def seq_policy_loss(log_probs, old_log_probs, advantages, response_mask, *, clip_low, clip_high,
+                    dual_clip_c=None) -> SurrogateTerms:
+    """GSPO: one length-normalised ratio per response. Tensors ``(B, T)``; ``SurrogateTerms``."""
+    ratio = torch.exp(seq_log_ratio(log_probs, old_log_probs, response_mask))
+    return clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip_c=dual_clip_c)
+
+
 @register_policy_loss("token")
 def token_policy_loss(log_probs, old_log_probs, advantages, response_mask, *, clip_low, clip_high,
                       dual_clip_c=None) -> SurrogateTerms:
@@ -255,19 +267,10 @@ def token_policy_loss(log_probs, old_log_probs, advantages, response_mask, *, cl
                              dual_clip_c=dual_clip_c)
 
 
-@register_policy_loss("seq")
-def seq_policy_loss(log_probs, old_log_probs, advantages, response_mask, *, clip_low, clip_high,
-                    dual_clip_c=None) -> SurrogateTerms:
-    """GSPO: one length-normalised ratio per response. Tensors ``(B, T)``; returns ``SurrogateTerms``."""
-    ratio = torch.exp(seq_log_ratio(log_probs, old_log_probs, response_mask))
-    return clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high,
-                             dual_clip_c=dual_clip_c)
-
-
 @register_policy_loss("gspo-token")
 def gspo_token_policy_loss(log_probs, old_log_probs, advantages, response_mask, *, clip_low,
                            clip_high, dual_clip_c=None) -> SurrogateTerms:
-    """GSPO-token: sequence ratio value, per-token gradient. Tensors ``(B, T)``; ``SurrogateTerms``."""
+    """GSPO-token: sequence-ratio value, per-token gradient. ``(B, T)``; ``SurrogateTerms``."""
     ratio = torch.exp(gspo_token_log_ratio(log_probs, old_log_probs, response_mask))
     return clipped_surrogate(ratio, advantages, clip_low=clip_low, clip_high=clip_high,
                              dual_clip_c=dual_clip_c)
@@ -358,8 +361,8 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
                       response_mask=response_mask)
     mask = _bool_mask(response_mask)
     dtype = _compute_dtype(log_probs)
-    # Garbage advantages under the mask would otherwise send NaN into the shared sequence ratio
-    # through the backward pass of -A * ratio.
+    # Zero garbage advantages under the mask: the backward of -A * ratio would turn a NaN there
+    # into a NaN gradient for any registered loss whose ratio is not itself masked.
     advantages = torch.where(mask, advantages.to(dtype), torch.zeros((), dtype=dtype,
                                                                      device=advantages.device))
 

@@ -91,9 +91,6 @@ def _rlvr_problems(cfg: PipelineConfig) -> List[str]:
             f"mini-batch actor_train.training_args.per_device_train_batch_size * "
             f"gradient_accumulation_steps * actor_train.world_size = {args.per_device_train_batch_size} "
             f"* {args.gradient_accumulation_steps} * {cfg.actor_train.world_size} = {mini}")
-    if batch % cfg.actor_infer.world_size:
-        problems.append(f"batch arithmetic: {batch} responses per step cannot be split evenly over "
-                        f"actor_infer.world_size = {cfg.actor_infer.world_size} rollout ranks")
     if cfg.adv_estimator in ("grpo", "rloo") and group < 2:
         problems.append(f"adv_estimator {cfg.adv_estimator!r} needs num_return_sequences_in_group >= 2 "
                         f"(a group baseline of one response is the response itself), got {group}")
@@ -202,8 +199,9 @@ def _check_data_file(name: str, key: str) -> Optional[str]:
     from roll_gspo import builtin
 
     if name.startswith("builtin:"):
-        return None if name in builtin.BUILTIN_DATA else (
-            f"{key}: unknown built-in data set {name!r}; valid: {', '.join(sorted(builtin.BUILTIN_DATA))}")
+        names = builtin.builtin_data_names()
+        return None if name in names else (
+            f"{key}: unknown built-in data set {name!r}; valid: {', '.join(names)}")
     if not os.path.isfile(name):
         return f"{key}: data file {name!r} does not exist"
     if not name.endswith((".jsonl", ".json", ".parquet")):

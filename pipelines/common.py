@@ -1,0 +1,32 @@
+"""What every pipeline does before and around its step loop."""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Iterable, Sequence
+
+from roll_gspo.config import PipelineConfig
+
+logger = logging.getLogger("roll_gspo")
+
+
+def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> None:
+    """Resolve built-in model names (building and caching them on first use) to folders, in place,
+    so every worker loads a plain Hugging Face folder."""
+    from roll_gspo.builtin import resolve_model
+
+    for role in roles:
+        args = getattr(cfg, role).model_args
+        args.model_name_or_path = resolve_model(args.model_name_or_path)
+
+
+@contextmanager
+def progress_bar(steps: Iterable[int], description: str):
+    """A tqdm bar over pipeline steps that log lines do not break."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    steps = list(steps)
+    with logging_redirect_tqdm(loggers=[logging.getLogger("roll_gspo")]):
+        with tqdm(steps, desc=description, unit="step", dynamic_ncols=True) as bar:
+            yield bar

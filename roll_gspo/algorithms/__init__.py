@@ -1,0 +1,55 @@
+"""The algorithm library: GSPO/GRPO policy losses, loss aggregation, KL, rewards and advantages.
+
+Pure torch (no Ray, vLLM, DeepSpeed or transformers), pure functions over ``(batch,
+response_len)`` tensors; see ``losses`` and ``advantages`` for the formulas.
+"""
+from .advantages import (
+    ADV_ESTIMATORS,
+    REWARD_NORMS,
+    RunningMeanStd,
+    clip_advantages,
+    clip_rewards,
+    compute_advantages,
+    get_adv_estimator,
+    grpo_advantages,
+    normalize_rewards,
+    register_adv_estimator,
+    reinforce_advantages,
+    rloo_advantages,
+    token_level_rewards,
+    whiten,
+)
+from .losses import (
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    SurrogateTerms,
+    aggregate_loss,
+    clipped_surrogate,
+    compute_importance_ratio,
+    compute_log_ratio,
+    entropy_from_logits,
+    get_policy_loss,
+    gspo_token_log_ratio,
+    kl_loss,
+    kl_penalty,
+    masked_mean,
+    masked_sum,
+    policy_loss,
+    register_policy_loss,
+    seq_log_ratio,
+    token_log_ratio,
+)
+
+__all__ = [
+    # losses
+    "KL_ESTIMATORS", "LOSS_AGG_MODES", "POLICY_LOSSES", "SurrogateTerms", "aggregate_loss",
+    "clipped_surrogate", "compute_importance_ratio", "compute_log_ratio", "entropy_from_logits",
+    "get_policy_loss", "gspo_token_log_ratio", "kl_loss", "kl_penalty", "masked_mean", "masked_sum",
+    "policy_loss", "register_policy_loss", "seq_log_ratio", "token_log_ratio",
+    # advantages
+    "ADV_ESTIMATORS", "REWARD_NORMS", "RunningMeanStd", "clip_advantages", "clip_rewards",
+    "compute_advantages", "get_adv_estimator", "grpo_advantages", "normalize_rewards",
+    "register_adv_estimator", "reinforce_advantages", "rloo_advantages", "token_level_rewards",
+    "whiten",
+]

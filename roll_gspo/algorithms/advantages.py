@@ -1,0 +1,387 @@
+"""Rewards to advantages, in plain torch.
+
+Shapes: ``B`` responses, ``B = num_prompts * group_size`` with each prompt's ``group_size``
+responses in consecutive rows; ``T`` response positions. ``scores`` are ``(B,)``, per-token
+tensors ``(B, T)``, ``response_mask`` is 1 (or True) on real response tokens.
+
+Order used by ``compute_advantages`` (as in gspo.md):
+normalise rewards -> clip rewards -> token-level rewards (+ optional KL penalty) -> estimator ->
+whiten -> clip advantages.
+
+Every standard deviation in this module is the POPULATION one (``unbiased=False``, divide by
+``n``): a group of one response then has std 0 (advantage 0) instead of NaN, and a two-response
+group with rewards {0, 1} gets advantages of exactly +-1 (up to eps).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from .losses import _bool_mask, masked_mean, masked_sum
+
+__all__ = [
+    "REWARD_NORMS",
+    "ADV_ESTIMATORS",
+    "RunningMeanStd",
+    "register_adv_estimator",
+    "get_adv_estimator",
+    "normalize_rewards",
+    "clip_rewards",
+    "clip_advantages",
+    "token_level_rewards",
+    "reinforce_advantages",
+    "grpo_advantages",
+    "rloo_advantages",
+    "whiten",
+    "compute_advantages",
+]
+
+# Same values as roll_gspo.config.schema (a test keeps them in sync); not imported from there so
+# that this library needs torch alone.
+REWARD_NORMS: List[Optional[str]] = [None, "group", "batch", "running"]
+
+
+def _float_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+def _stats(x: torch.Tensor) -> Dict[str, float]:
+    """mean / max / min of a 1-D or masked-selected tensor as floats (0 when empty)."""
+    if x.numel() == 0:
+        return {"mean": 0.0, "max": 0.0, "min": 0.0}
+    x = x.detach()
+    return {"mean": float(x.mean()), "max": float(x.max()), "min": float(x.min())}
+
+
+def _check_groups(batch_size: int, group_size: int) -> int:
+    """Number of groups; ValueError unless group_size >= 1 divides batch_size."""
+    if group_size < 1 or batch_size % group_size != 0:
+        raise ValueError(f"batch of {batch_size} responses cannot be split into groups of "
+                         f"{group_size}")
+    return batch_size // group_size
+
+
+def _check_rewards_and_mask(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> None:
+    if token_rewards.dim() != 2 or token_rewards.shape != response_mask.shape:
+        raise ValueError(f"token_rewards and response_mask must both be (batch, response_len), got "
+                         f"{tuple(token_rewards.shape)} and {tuple(response_mask.shape)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Running statistics
+# --------------------------------------------------------------------------------------------
+class RunningMeanStd:
+    """Running mean and (population) std over every value seen, merged batch by batch.
+
+    Uses the parallel (Chan et al.) merge of (count, mean, M2), so the result equals the mean /
+    std of all batches concatenated. State is three python floats: it pickles, ``torch.save``\\ s
+    and JSON-serialises, and belongs in checkpoints.
+    """
+
+    def __init__(self) -> None:
+        self.count: float = 0.0
+        self.mean: float = 0.0
+        self.var: float = 0.0  # population variance of everything seen
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation of everything seen (0 before any update)."""
+        return math.sqrt(self.var)
+
+    def update(self, x: torch.Tensor) -> None:
+        """Merge every element of ``x`` (any shape; empty is a no-op) into the statistics."""
+        values = x.detach().reshape(-1).to(torch.float64)
+        n = values.numel()
+        if n == 0:
+            return
+        batch_mean = float(values.mean())
+        batch_var = float(values.var(unbiased=False))
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.var = m2 / total
+        self.count = total
+
+    def state_dict(self) -> Dict[str, float]:
+        """``{"count", "mean", "var"}`` as python floats."""
+        return {"count": float(self.count), "mean": float(self.mean), "var": float(self.var)}
+
+    def load_state_dict(self, state: Dict[str, float]) -> None:
+        """Restore from ``state_dict()`` output (ValueError on missing keys)."""
+        missing = {"count", "mean", "var"} - set(state)
+        if missing:
+            raise ValueError(f"RunningMeanStd state lacks {sorted(missing)}")
+        self.count = float(state["count"])
+        self.mean = float(state["mean"])
+        self.var = float(state["var"])
+
+    def __repr__(self) -> str:
+        return f"RunningMeanStd(count={self.count:g}, mean={self.mean:g}, std={self.std:g})"
+
+
+# --------------------------------------------------------------------------------------------
+# Reward normalisation and clipping
+# --------------------------------------------------------------------------------------------
+def normalize_rewards(rewards: torch.Tensor, group_size: int, mode: Optional[str], *,
+                      shift: bool = False, scale: bool = False,
+                      running: Optional[RunningMeanStd] = None,
+                      eps: float = 1e-6) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Normalise response rewards.
+
+    rewards: ``(B,)``. Returns ``(normed (B,), metrics)``.
+
+    mode: ``None`` (returned unchanged), ``"group"`` (mean/std of each run of ``group_size``
+    consecutive rewards), ``"batch"`` (whole batch), ``"running"`` (``running`` is first updated
+    with this batch, then its mean/std are used; ``running`` is required).
+    ``shift`` only: ``r - mean``; ``scale`` only: ``r / (std + eps)``; neither:
+    ``(r - mean) / (std + eps)``; both: ValueError. std is the population std.
+    """
+    if mode not in REWARD_NORMS:
+        raise ValueError(f"unknown reward_norm {mode!r}; valid values: {REWARD_NORMS}")
+    if shift and scale:
+        raise ValueError("reward_shift and reward_scale are both set: shift only subtracts the "
+                         "mean, scale only divides by the std; set one (or neither for a z-score)")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be (batch,), got {tuple(rewards.shape)}")
+    rewards = rewards.to(_float_dtype(rewards))
+    metrics = {"critic/rewards_raw_mean": _stats(rewards)["mean"]}
+    if mode is None:
+        return rewards, metrics
+
+    if mode == "group":
+        groups = rewards.view(_check_groups(rewards.numel(), group_size), group_size)
+        mean = groups.mean(-1, keepdim=True).expand_as(groups).reshape(-1)
+        std = groups.std(-1, unbiased=False, keepdim=True).expand_as(groups).reshape(-1)
+    elif mode == "batch":
+        mean = rewards.mean() if rewards.numel() else rewards.new_zeros(())
+        std = rewards.std(unbiased=False) if rewards.numel() else rewards.new_zeros(())
+    else:  # running
+        if running is None:
+            raise ValueError("reward_norm 'running' needs a RunningMeanStd (running=...)")
+        running.update(rewards)
+        mean = torch.tensor(running.mean, dtype=rewards.dtype, device=rewards.device)
+        std = torch.tensor(running.std, dtype=rewards.dtype, device=rewards.device)
+        metrics["critic/reward_running_count"] = float(running.count)
+
+    if shift:
+        normed = rewards - mean
+    elif scale:
+        normed = rewards / (std + eps)
+    else:
+        normed = (rewards - mean) / (std + eps)
+    metrics["critic/reward_norm_mean"] = float(mean.float().mean()) if mean.numel() else 0.0
+    metrics["critic/reward_norm_std"] = float(std.float().mean()) if std.numel() else 0.0
+    return normed, metrics
+
+
+def clip_rewards(rewards: torch.Tensor,
+                 reward_clip: Optional[float]) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Clamp rewards to ``[-reward_clip, reward_clip]`` (``None``: unchanged).
+
+    rewards: any shape (typically ``(B,)``). Returns ``(clipped, {"critic/reward_clipfrac"})``.
+    """
+    if reward_clip is None:
+        return rewards, {"critic/reward_clipfrac": 0.0}
+    if not reward_clip > 0:
+        raise ValueError(f"reward_clip must be > 0, got {reward_clip}")
+    clipped = rewards.clamp(-reward_clip, reward_clip)
+    frac = float((clipped != rewards).float().mean()) if rewards.numel() else 0.0
+    return clipped, {"critic/reward_clipfrac": frac}
+
+
+def clip_advantages(advantages: torch.Tensor, response_mask: torch.Tensor,
+                    advantage_clip: Optional[float]) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Clamp advantages to ``[-advantage_clip, advantage_clip]`` (``None``: unchanged).
+
+    advantages, response_mask: ``(B, T)``. Returns ``(clipped (B, T), metrics)`` with
+    ``critic/advantage_clipfrac``, the fraction of valid tokens changed by the clamp.
+    """
+    if advantage_clip is None:
+        return advantages, {"critic/advantage_clipfrac": 0.0}
+    if not advantage_clip > 0:
+        raise ValueError(f"advantage_clip must be > 0, got {advantage_clip}")
+    clipped = advantages.clamp(-advantage_clip, advantage_clip)
+    frac = float(masked_mean((clipped != advantages).to(_float_dtype(advantages)), response_mask))
+    return clipped, {"critic/advantage_clipfrac": frac}
+
+
+def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor, *,
+                        kl: Optional[torch.Tensor] = None, kl_coef: float = 0.0) -> torch.Tensor:
+    """Place each response's score on its last valid token, minus ``kl_coef * kl`` per token.
+
+    scores: ``(B,)``; response_mask, kl: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask.
+    A row with no valid token has nowhere to hold its score and stays 0.
+    """
+    if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
+        raise ValueError(f"scores must be (batch,) and response_mask (batch, response_len), got "
+                         f"{tuple(scores.shape)} and {tuple(response_mask.shape)}")
+    mask = _bool_mask(response_mask)
+    dtype = _float_dtype(scores)
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last_valid = torch.where(mask, positions, torch.full_like(positions, -1)).max(-1).values  # (B,)
+    is_last = (positions == last_valid.unsqueeze(-1)) & mask
+    rewards = torch.where(is_last, scores.to(dtype).unsqueeze(-1), torch.zeros((), dtype=dtype,
+                                                                              device=scores.device))
+    if kl is not None:
+        if kl.shape != mask.shape:
+            raise ValueError(f"kl must be {tuple(mask.shape)}, got {tuple(kl.shape)}")
+        rewards = rewards - kl_coef * torch.where(mask, kl.to(dtype), torch.zeros(
+            (), dtype=dtype, device=kl.device))
+    return rewards
+
+
+# --------------------------------------------------------------------------------------------
+# Advantage estimators
+# --------------------------------------------------------------------------------------------
+AdvEstimatorFn = Callable[..., torch.Tensor]
+ADV_ESTIMATORS: Dict[str, AdvEstimatorFn] = {}
+
+
+def register_adv_estimator(name: str) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
+    """Decorator registering an advantage estimator under ``name``.
+
+    The function is ``fn(token_rewards (B, T), response_mask (B, T), group_size, eps=1e-6)`` and
+    returns ``(B, T)`` advantages, 0 outside the mask.
+    """
+    def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
+        if name in ADV_ESTIMATORS and ADV_ESTIMATORS[name] is not fn:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADV_ESTIMATORS[name] = fn
+        return fn
+    return decorator
+
+
+def get_adv_estimator(name: str) -> AdvEstimatorFn:
+    """The estimator registered as ``name``; ValueError listing the valid names."""
+    if name not in ADV_ESTIMATORS:
+        raise ValueError(f"unknown adv_estimator {name!r}; valid values: {list(ADV_ESTIMATORS)}")
+    return ADV_ESTIMATORS[name]
+
+
+def _broadcast_over_tokens(per_response: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` -> ``(B, T)`` on valid tokens, 0 elsewhere."""
+    return torch.where(_bool_mask(response_mask), per_response.unsqueeze(-1),
+                       torch.zeros((), dtype=per_response.dtype, device=per_response.device))
+
+
+@register_adv_estimator("reinforce")
+def reinforce_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                         group_size: int = 1, eps: float = 1e-6) -> torch.Tensor:
+    """Reward-to-go with gamma 1: ``A_t = sum_{t' >= t} m_t' r_t'``, no baseline.
+
+    token_rewards, response_mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask. With only
+    the final-token reward every valid token gets the response's reward. group_size and eps are
+    unused (the signature is the registry's).
+    """
+    _check_rewards_and_mask(token_rewards, response_mask)
+    masked = torch.where(_bool_mask(response_mask), token_rewards,
+                         torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
+    returns = masked.flip(-1).cumsum(-1).flip(-1)
+    return torch.where(_bool_mask(response_mask), returns, torch.zeros_like(returns))
+
+
+@register_adv_estimator("grpo")
+def grpo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """Group z-score: ``(r_i - mean_group) / (std_group + eps)`` with the population std.
+
+    token_rewards, response_mask: ``(B, T)``; ``r_i`` is the sum of row i's valid token rewards.
+    Returns ``(B, T)``: the response's value on each valid token, 0 elsewhere.
+    """
+    _check_rewards_and_mask(token_rewards, response_mask)
+    num_groups = _check_groups(token_rewards.shape[0], group_size)
+    scores = masked_sum(token_rewards, response_mask, dim=-1).view(num_groups, group_size)
+    mean = scores.mean(-1, keepdim=True)
+    std = scores.std(-1, unbiased=False, keepdim=True)
+    return _broadcast_over_tokens(((scores - mean) / (std + eps)).reshape(-1), response_mask)
+
+
+@register_adv_estimator("rloo")
+def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """Leave-one-out baseline: ``r_i - mean_{j != i} r_j`` within the group (group_size >= 2).
+
+    token_rewards, response_mask: ``(B, T)``; ``r_i`` is the sum of row i's valid token rewards.
+    Returns ``(B, T)``: the response's value on each valid token, 0 elsewhere. eps is unused.
+    """
+    _check_rewards_and_mask(token_rewards, response_mask)
+    if group_size < 2:
+        raise ValueError(f"rloo needs group_size >= 2 (a leave-one-out baseline), got {group_size}")
+    num_groups = _check_groups(token_rewards.shape[0], group_size)
+    scores = masked_sum(token_rewards, response_mask, dim=-1).view(num_groups, group_size)
+    baseline = (scores.sum(-1, keepdim=True) - scores) / (group_size - 1)
+    return _broadcast_over_tokens((scores - baseline).reshape(-1), response_mask)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Masked z-score over the whole batch: ``(x - mean) / (std + eps)``, population std.
+
+    values, mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean).square(), mask)
+    whitened = (values - mean) / (var.sqrt() + eps)
+    return torch.where(_bool_mask(mask), whitened, torch.zeros((), dtype=whitened.dtype,
+                                                               device=whitened.device))
+
+
+# --------------------------------------------------------------------------------------------
+# The whole chain
+# --------------------------------------------------------------------------------------------
+def compute_advantages(scores: torch.Tensor, response_mask: torch.Tensor, *, group_size: int,
+                       adv_estimator: str, reward_norm: Optional[str] = None,
+                       reward_shift: bool = False, reward_scale: bool = False,
+                       reward_clip: Optional[float] = None,
+                       running_stats: Optional[RunningMeanStd] = None,
+                       kl: Optional[torch.Tensor] = None, kl_coef: float = 0.0,
+                       whiten_advantages: bool = False, advantage_clip: Optional[float] = None,
+                       eps: float = 1e-6) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Scores to per-token advantages.
+
+    scores: ``(B,)`` (consecutive groups of ``group_size``); response_mask, kl: ``(B, T)``.
+    Returns ``(advantages (B, T), metrics)``, advantages 0 outside the mask.
+
+    Steps: ``normalize_rewards(reward_norm, reward_shift, reward_scale, running_stats)`` ->
+    ``clip_rewards(reward_clip)`` -> ``token_level_rewards`` (score on the last token, minus
+    ``kl_coef * kl`` per token when ``kl`` is given, e.g. ``old_logp - ref_logp``) ->
+    ``ADV_ESTIMATORS[adv_estimator]`` -> ``whiten`` (if ``whiten_advantages``) ->
+    ``clip_advantages(advantage_clip)``.
+
+    metrics: ``critic/score_mean|max|min`` (raw), ``critic/rewards_normed_mean`` (after
+    normalisation and reward clip), ``critic/advantages_mean|max|min`` (final, valid tokens),
+    ``critic/returns_mean`` (estimator output, valid tokens), clip fractions, the normaliser's
+    statistics and, with ``kl``, ``critic/kl_penalty_mean``.
+    """
+    estimator = get_adv_estimator(adv_estimator)
+    if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
+        raise ValueError(f"scores must be (batch,) and response_mask (batch, response_len), got "
+                         f"{tuple(scores.shape)} and {tuple(response_mask.shape)}")
+    mask = _bool_mask(response_mask)
+    metrics: Dict[str, float] = {}
+    for key, value in _stats(scores.to(_float_dtype(scores))).items():
+        metrics[f"critic/score_{key}"] = value
+
+    rewards, norm_metrics = normalize_rewards(scores, group_size, reward_norm, shift=reward_shift,
+                                              scale=reward_scale, running=running_stats, eps=eps)
+    metrics.update(norm_metrics)
+    rewards, clip_metrics = clip_rewards(rewards, reward_clip)
+    metrics.update(clip_metrics)
+    metrics["critic/rewards_normed_mean"] = _stats(rewards)["mean"]
+
+    token_rewards = token_level_rewards(rewards, mask, kl=kl, kl_coef=kl_coef)
+    if kl is not None:
+        metrics["critic/kl_penalty_mean"] = float(masked_mean(kl.detach().to(rewards.dtype), mask))
+
+    advantages = estimator(token_rewards, mask, group_size, eps=eps)
+    metrics["critic/returns_mean"] = float(masked_mean(advantages, mask))
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    advantages, adv_clip_metrics = clip_advantages(advantages, mask, advantage_clip)
+    metrics.update(adv_clip_metrics)
+
+    for key, value in _stats(advantages.detach()[mask]).items():
+        metrics[f"critic/advantages_{key}"] = value
+    return advantages.detach(), metrics

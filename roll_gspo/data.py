@@ -1,0 +1,265 @@
+"""Prompt and SFT data loading (local JSONL / JSON / parquet via `datasets`) and prompt sampling."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from roll_gspo import builtin
+
+# Data are local files only; never let `datasets` reach for a hub. Must be set before import.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+logger = logging.getLogger(__name__)
+
+_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def _load_table(path: str) -> Tuple[List[str], Dict[str, list]]:
+    """Column names and columns (as lists) of one local file."""
+    import datasets
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in _BUILDERS:
+        raise ValueError(f"unsupported data file type {ext!r} for {path}; "
+                         f"use one of {sorted(_BUILDERS)}")
+    # Arrow cache under our cache root, so nothing lands in ~/.cache/huggingface unasked.
+    cache = os.path.join(builtin.cache_root(), "hf_datasets")
+    try:
+        ds = datasets.load_dataset(_BUILDERS[ext], data_files=path, split="train", cache_dir=cache)
+    except Exception as e:  # wrap so the message names the file
+        raise ValueError(f"could not read data file {path}: {type(e).__name__}: {e}") from e
+    return list(ds.column_names), ds.to_dict()
+
+
+def _resolve_files(files: Sequence[str]) -> List[str]:
+    if isinstance(files, str):
+        files = [files]
+    if not files:
+        raise ValueError("no data files given (set `data_args.file_name`)")
+    return [builtin.resolve_data_file(f) for f in files]
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, str) and not value.strip()) \
+        and not (isinstance(value, (list, tuple)) and len(value) == 0)
+
+
+def _render_messages(messages: Any, tokenizer, apply_chat_template: bool, *,
+                     add_generation_prompt: bool = True) -> str:
+    messages = list(messages)
+    if apply_chat_template:
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    return "".join(str(m.get("content", "")) for m in messages)
+
+
+def load_prompts(files: Sequence[str], *, prompt_key: str = "prompt",
+                 messages_key: str = "messages", answer_key: str = "ground_truth",
+                 domain_key: str = "domain", default_domain: str, tokenizer,
+                 max_prompt_length: int, max_samples: Optional[int] = None,
+                 apply_chat_template: bool = True) -> Tuple[List[dict], Dict[str, Any]]:
+    """Load prompts for RL: items ``{prompt_text, prompt_ids, ground_truth, domain}`` and stats.
+
+    A row's chat ``messages`` (when present) are rendered with the tokenizer's chat template;
+    otherwise ``prompt`` is used as is (tokenized with the tokenizer's special tokens, e.g. a bos).
+    Prompts over ``max_prompt_length`` tokens are dropped and counted. ``max_samples`` keeps the
+    first N kept prompts over all files.
+    """
+    paths = _resolve_files(files)
+    items: List[dict] = []
+    stats: Dict[str, Any] = {"files": paths, "rows": 0, "filtered_prompts": 0, "prompts": 0,
+                             "max_prompt_tokens": 0, "per_domain": {}}
+    for path in paths:
+        if max_samples is not None and len(items) >= max_samples:
+            break
+        columns, table = _load_table(path)
+        n_rows = len(table[columns[0]]) if columns else 0
+        if answer_key not in columns:
+            raise ValueError(f"data file {path} has no answer column {answer_key!r} (columns: "
+                             f"{columns}); set `data_args.answer_key`")
+        prompts = table.get(prompt_key, [None] * n_rows)
+        messages = table.get(messages_key, [None] * n_rows)
+        answers = table[answer_key]
+        domains = table.get(domain_key, [None] * n_rows)
+        texts, from_msgs = [], []
+        for i in range(n_rows):
+            if _present(messages[i]):
+                texts.append(_render_messages(messages[i], tokenizer, apply_chat_template))
+                from_msgs.append(True)
+            elif _present(prompts[i]):
+                texts.append(str(prompts[i]))
+                from_msgs.append(False)
+            else:
+                raise ValueError(f"data file {path}, row {i}: neither {prompt_key!r} nor "
+                                 f"{messages_key!r} is set (expected one of those keys; see "
+                                 f"`data_args.prompt_key` / `data_args.messages_key`)")
+            if answers[i] is None:
+                raise ValueError(f"data file {path}, row {i}: answer column {answer_key!r} is empty")
+        stats["rows"] += n_rows
+        # Chat templates already contain any bos; plain prompts get the tokenizer's specials.
+        ids_chat = _tokenize([t for t, m in zip(texts, from_msgs) if m], tokenizer, False)
+        ids_plain = _tokenize([t for t, m in zip(texts, from_msgs) if not m], tokenizer, True)
+        it_chat, it_plain = iter(ids_chat), iter(ids_plain)
+        filtered_here = 0
+        for i in range(n_rows):
+            ids = next(it_chat) if from_msgs[i] else next(it_plain)
+            if len(ids) > max_prompt_length:
+                filtered_here += 1
+                continue
+            if max_samples is not None and len(items) >= max_samples:
+                break
+            domain = str(domains[i]) if _present(domains[i]) else default_domain
+            items.append({"prompt_text": texts[i], "prompt_ids": ids,
+                          "ground_truth": _answer_str(answers[i]), "domain": domain})
+            stats["max_prompt_tokens"] = max(stats["max_prompt_tokens"], len(ids))
+            stats["per_domain"][domain] = stats["per_domain"].get(domain, 0) + 1
+        if filtered_here:
+            logger.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
+                           path, filtered_here, n_rows, max_prompt_length)
+        stats["filtered_prompts"] += filtered_here
+    stats["prompts"] = len(items)
+    if not items:
+        raise ValueError(f"no usable prompts in {paths} (rows: {stats['rows']}, filtered as too "
+                         f"long: {stats['filtered_prompts']}, max_prompt_length={max_prompt_length})")
+    return items, stats
+
+
+def _answer_str(value: Any) -> str:
+    # Integers stored by a JSON/parquet writer as floats (47.0) should compare as "47".
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _tokenize(texts: List[str], tokenizer, add_special_tokens: bool) -> List[List[int]]:
+    if not texts:
+        return []
+    return [list(x) for x in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+
+
+class PromptSampler:
+    """Endless batches of prompts; reshuffled every epoch from ``(seed, epoch)``.
+
+    A batch may span an epoch boundary, so every prompt is used once per epoch. The state is just
+    ``(epoch, position)``: the permutation is recomputed on resume, nothing else is stored.
+    """
+
+    def __init__(self, items: Sequence[dict], batch_size: int, *, seed: int = 0,
+                 shuffle: bool = True):
+        if not items:
+            raise ValueError("PromptSampler needs at least one prompt")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.items = list(items)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        n = len(self.items)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def __len__(self) -> int:
+        """Batches per epoch (rounded up)."""
+        return -(-len(self.items) // self.batch_size)
+
+    def __iter__(self) -> Iterator[List[dict]]:
+        return self
+
+    def __next__(self) -> List[dict]:
+        return self.next_batch()
+
+    def next_batch(self) -> List[dict]:
+        batch = []
+        while len(batch) < self.batch_size:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            take = min(self.batch_size - len(batch), len(self._order) - self.position)
+            batch.extend(self.items[j] for j in self._order[self.position:self.position + take])
+            self.position += take
+        return batch
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "num_items": len(self.items)}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        n = state.get("num_items", len(self.items))
+        if n != len(self.items):
+            # Different data than at save time: positions would point at other prompts.
+            logger.warning("PromptSampler state saved with %d prompts, now %d; resuming anyway",
+                           n, len(self.items))
+        self.seed = int(state.get("seed", self.seed))
+        self.epoch = int(state["epoch"])
+        self.position = min(int(state["position"]), len(self.items))
+        self._order = self._permutation(self.epoch)
+
+
+def load_sft_samples(files: Sequence[str], *, tokenizer, prompt_key: str = "prompt",
+                     response_key: str = "response", max_length: int,
+                     messages_key: str = "messages", max_samples: Optional[int] = None,
+                     apply_chat_template: bool = True) -> List[dict]:
+    """SFT rows as ``{input_ids, labels, loss_mask}``: loss only on the response and its eos.
+
+    ``labels`` is ``input_ids`` with -100 on the prompt (the transformers convention);
+    ``loss_mask`` is the same as 0/1. Rows may instead hold chat ``messages`` whose last turn is
+    the assistant's response. Rows over ``max_length`` tokens are dropped (truncating would cut
+    the eos the model must learn).
+    """
+    if tokenizer.eos_token_id is None:
+        raise ValueError("tokenizer has no eos token; SFT needs one to end responses")
+    paths = _resolve_files(files)
+    out: List[dict] = []
+    dropped = 0
+    for path in paths:
+        columns, table = _load_table(path)
+        n_rows = len(table[columns[0]]) if columns else 0
+        prompts = table.get(prompt_key, [None] * n_rows)
+        responses = table.get(response_key, [None] * n_rows)
+        messages = table.get(messages_key, [None] * n_rows)
+        pairs: List[Tuple[str, str, bool]] = []
+        for i in range(n_rows):
+            if _present(prompts[i]) and responses[i] is not None:
+                pairs.append((str(prompts[i]), str(responses[i]), False))
+            elif _present(messages[i]) and list(messages[i])[-1].get("role") == "assistant":
+                msgs = list(messages[i])
+                prompt = _render_messages(msgs[:-1], tokenizer, apply_chat_template)
+                pairs.append((prompt, str(msgs[-1].get("content", "")), True))
+            else:
+                raise ValueError(
+                    f"data file {path}, row {i}: expected {prompt_key!r} and {response_key!r}, or "
+                    f"{messages_key!r} ending with an assistant turn (columns: {columns})")
+        p_chat = _tokenize([p for p, _, m in pairs if m], tokenizer, False)
+        p_plain = _tokenize([p for p, _, m in pairs if not m], tokenizer, True)
+        r_ids = _tokenize([r for _, r, _ in pairs], tokenizer, False)
+        it_chat, it_plain = iter(p_chat), iter(p_plain)
+        for (_, _, from_msgs), resp in zip(pairs, r_ids):
+            prompt_ids = next(it_chat) if from_msgs else next(it_plain)
+            resp = resp + [tokenizer.eos_token_id]
+            if len(prompt_ids) + len(resp) > max_length:
+                dropped += 1
+                continue
+            if max_samples is not None and len(out) >= max_samples:
+                break
+            ids = prompt_ids + resp
+            mask = [0] * len(prompt_ids) + [1] * len(resp)
+            out.append({"input_ids": ids, "loss_mask": mask,
+                        "labels": [t if m else -100 for t, m in zip(ids, mask)]})
+        if max_samples is not None and len(out) >= max_samples:
+            break
+    if dropped:
+        logger.warning("SFT data: dropped %d samples longer than max_length=%d tokens",
+                       dropped, max_length)
+    if not out:
+        raise ValueError(f"no usable SFT samples in {paths} (dropped as too long: {dropped})")
+    return out

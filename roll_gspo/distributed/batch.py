@@ -1,0 +1,59 @@
+"""`Batch`: what flows between roles. Tensors share a leading batch dimension; `meta` holds
+per-sample Python values (strings, token lists) of the same length."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence
+
+import torch
+
+
+@dataclass
+class Batch:
+    tensors: Dict[str, torch.Tensor] = field(default_factory=dict)
+    meta: Dict[str, List[Any]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        for value in self.tensors.values():
+            return value.shape[0]
+        for value in self.meta.values():
+            return len(value)
+        return 0
+
+    def __getitem__(self, key: str) -> Any:
+        return self.tensors[key] if key in self.tensors else self.meta[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.meta
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.tensors[key] = value
+        else:
+            self.meta[key] = list(value)
+
+    def select(self, index: Sequence[int]) -> "Batch":
+        index_tensor = torch.as_tensor(list(index), dtype=torch.long)
+        return Batch({k: v[index_tensor] for k, v in self.tensors.items()},
+                     {k: [v[i] for i in index] for k, v in self.meta.items()})
+
+    def chunk(self, parts: int) -> List["Batch"]:
+        """Split into `parts` contiguous pieces whose sizes differ by at most one."""
+        size = len(self)
+        bounds = [size * i // parts for i in range(parts + 1)]
+        return [self.select(range(bounds[i], bounds[i + 1])) for i in range(parts)]
+
+    @staticmethod
+    def concat(batches: Sequence["Batch"]) -> "Batch":
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return Batch()
+        tensors = {}
+        for key in batches[0].tensors:
+            parts = [b.tensors[key] for b in batches]
+            width = max(p.shape[1] for p in parts) if parts[0].dim() > 1 else None
+            if width is not None:  # right-pad ragged (B, T) pieces with zeros before stacking
+                parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+            tensors[key] = torch.cat(parts)
+        meta = {key: [x for b in batches for x in b.meta[key]] for key in batches[0].meta}
+        return Batch(tensors, meta)

@@ -1,0 +1,203 @@
+"""DeepSpeed ZeRO (stage 0-3) engine for a role: building it from the YAML, forward passes,
+optimizer steps, bucketed weight gathering, checkpoints. CUDA/NCCL on GPUs, gloo on CPUs."""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+from contextlib import nullcontext
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+
+from roll_gspo.config.schema import RoleConfig
+from roll_gspo.modeling import load_causal_lm
+
+logger = logging.getLogger("roll_gspo.deepspeed")
+
+# Batch keys DeepSpeed must take from training_args, never from strategy_config.
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def _deep_merge(base: Dict[str, Any], override: Dict[str, Any]) -> Dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        elif value != "auto":
+            out[key] = value
+    return out
+
+
+def build_deepspeed_config(role: RoleConfig, world_size: int) -> Dict[str, Any]:
+    """The role's DeepSpeed config: strategy_config merged over values derived from
+    training_args/model_args (ROLL's "auto" entries are filled the same way)."""
+    args = role.training_args
+    dtype = role.model_args.dtype
+    derived = {
+        "train_micro_batch_size_per_gpu": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "train_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size,
+        "gradient_clipping": args.max_grad_norm,
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16"},
+        "zero_optimization": {"stage": 0},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+    user = role.strategy_args.strategy_config
+    conflicting = [k for k in BATCH_KEYS if k in user and user[k] != "auto" and user[k] != derived[k]]
+    if conflicting:
+        raise ValueError(f"strategy_config sets {conflicting}: batch sizes come from training_args "
+                         f"(per_device_train_batch_size, gradient_accumulation_steps); use 'auto' or drop them")
+    return _deep_merge(derived, user)
+
+
+def lr_lambda(warmup_steps: int, total_steps: int, kind: str):
+    """LR multiplier per optimizer step: linear warm-up, then constant / linear / cosine decay."""
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 1.0 - progress if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return factor
+
+
+def _skip_shm_comm_build() -> None:
+    """DeepSpeed JIT-compiles a shared-memory all-reduce for CPUs on first init (40-66 s of g++
+    per fresh machine); gloo works without it. ROLL_GSPO_DS_SHM_COMM=1 keeps the build."""
+    if os.environ.get("ROLL_GSPO_DS_SHM_COMM") == "1":
+        return
+    import importlib
+
+    # importlib, not `import deepspeed.comm.torch as m`: `deepspeed.comm.torch` the attribute is torch.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+class DeepSpeedStrategy:
+    """One rank's DeepSpeed engine for `role`. `train=False` builds a frozen (reference) engine."""
+
+    def __init__(self, role: RoleConfig, *, train: bool, total_optimizer_steps: int = 1, seed: int = 0):
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        self.role = role
+        self.train = train
+        on_cpu = get_accelerator().device_name() == "cpu"
+        if on_cpu:
+            _skip_shm_comm_build()
+            torch.set_num_threads(max(1, int(float(os.environ.get("OMP_NUM_THREADS", "1")))))
+        deepspeed.init_distributed(dist_backend="gloo" if on_cpu else "nccl")
+        self.world_size = torch.distributed.get_world_size()
+        self.rank = torch.distributed.get_rank()
+        self.device = torch.device(get_accelerator().device_name(0) if not on_cpu else "cpu")
+        torch.manual_seed(seed)
+
+        self.ds_config = build_deepspeed_config(role, self.world_size)
+        self.zero_stage = self.ds_config["zero_optimization"].get("stage", 0)
+        self._hf_ds_config = None
+        if self.zero_stage == 3:
+            # Keeps transformers' from_pretrained partitioning weights at load time (ZeRO-3).
+            from transformers.integrations import HfDeepSpeedConfig
+
+            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+        model = load_causal_lm(role.model_args.model_name_or_path, role.model_args.dtype,
+                               role.model_args.attn_implementation)
+        if train and role.model_args.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.model_config = model.config
+        if train:
+            args = role.training_args
+            optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
+                                          betas=(args.adam_beta1, args.adam_beta2))
+            scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lr_lambda(args.warmup_steps, total_optimizer_steps, args.lr_scheduler_type))
+            self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config)
+            self.engine.train()
+        else:
+            model.requires_grad_(False)
+            self.engine, *_ = deepspeed.initialize(model=model, config=self.ds_config)
+            self.engine.eval()
+
+    # -- steps -----------------------------------------------------------------------------
+    def backward_and_step(self, loss: torch.Tensor) -> None:
+        """Backward one micro-batch loss that already carries its share of the mini-batch
+        normaliser; DeepSpeed steps the optimizer at the accumulation boundary.
+
+        DeepSpeed averages gradients over data-parallel ranks, and its default also divides by
+        the accumulation steps; both would double-normalise, so scale back and opt out.
+        """
+        self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+        self.engine.step()
+
+    def grad_norm(self) -> float:
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def all_reduce_sum(self, values: List[float]) -> List[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(tensor)
+        return tensor.tolist()
+
+    # -- weights -----------------------------------------------------------------------------
+    def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:
+        """Full weights in buckets of at most `bucket_bytes` (one parameter may exceed it).
+
+        Collective under ZeRO-3 (every rank must iterate); tensors are CPU copies, meaningful on
+        rank 0 only.
+        """
+        import deepspeed
+
+        named = list(self.engine.module.named_parameters())
+        group: List[Tuple[str, torch.nn.Parameter]] = []
+        size = 0
+        for index, (name, param) in enumerate(named):
+            numel = getattr(param, "ds_numel", param.numel())
+            group.append((name, param))
+            size += numel * param.element_size()
+            if size >= bucket_bytes or index == len(named) - 1:
+                params = [p for _, p in group]
+                gather = (deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+                          if self.zero_stage == 3 else nullcontext())
+                with gather:
+                    yield [(n, p.detach().to("cpu", copy=True)) for n, p in group] if self.rank == 0 else []
+                group, size = [], 0
+
+    def save_hf_model(self, folder: str, tokenizer_source: str) -> None:
+        """Consolidated weights in Hugging Face format (rank 0 writes), loadable by transformers
+        and vLLM."""
+        state = {}
+        for bucket in self.iter_weight_buckets(256 << 20):
+            state.update(bucket)
+        if self.rank == 0:
+            # Written directly rather than through a model object: instantiating one on rank 0
+            # alone while ZeRO-3's HfDeepSpeedConfig is alive would deadlock the other ranks.
+            from safetensors.torch import save_file
+            from transformers import AutoTokenizer, GenerationConfig
+
+            os.makedirs(folder, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(folder, "model.safetensors"),
+                      metadata={"format": "pt"})
+            self.model_config.save_pretrained(folder)
+            try:
+                GenerationConfig.from_pretrained(tokenizer_source).save_pretrained(folder)
+            except OSError:
+                pass  # the source had no generation_config.json
+            AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(folder)
+        torch.distributed.barrier()
+
+    def save_checkpoint(self, folder: str) -> None:
+        self.engine.save_checkpoint(folder, tag="engine")
+
+    def load_checkpoint(self, folder: str) -> None:
+        path, _ = self.engine.load_checkpoint(folder, tag="engine")
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")

@@ -1,0 +1,75 @@
+"""transformers `generate` as a rollout engine (`strategy_name: hf_infer`): no extra engine to
+install or start, slower than vLLM. Also serves a frozen reference model's log-probs."""
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Tuple
+
+import torch
+
+from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+from roll_gspo.modeling import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
+
+
+class HfInferStrategy:
+    def __init__(self, role: RoleConfig, *, seed: int, **_unused: Any):
+        from transformers import AutoTokenizer
+
+        torch.manual_seed(seed)
+        self.role = role
+        self.model = load_causal_lm(role.model_args.model_name_or_path, role.model_args.dtype,
+                                    role.model_args.attn_implementation).eval()
+        self.model.requires_grad_(False)
+        self.tokenizer = AutoTokenizer.from_pretrained(role.model_args.model_name_or_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_id = self.tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int
+                 ) -> List[List[Tuple[List[int], List[float], bool]]]:
+        results = []
+        for chunk in micro_batches(len(prompt_ids), self.role.infer_batch_size):
+            prompts = list(prompt_ids[chunk])
+            width = max(len(p) for p in prompts)
+            # generate() wants left padding so every row's next token follows its prompt.
+            input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts])
+            attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            sampling = gen.temperature > 0
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=attention, max_new_tokens=gen.max_new_tokens,
+                do_sample=sampling, temperature=gen.temperature if sampling else None,
+                top_p=gen.top_p if sampling else None, top_k=(gen.top_k if gen.top_k > 0 else None) if sampling else None,
+                num_return_sequences=n, pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+            responses, finished = [], []
+            for row in out[:, width:].tolist():
+                if self.eos_id in row:
+                    row = row[: row.index(self.eos_id) + 1]
+                    finished.append(True)
+                else:
+                    finished.append(False)
+                responses.append(row)
+            repeated_prompts = [p for p in prompts for _ in range(n)]
+            log_probs = self.score(repeated_prompts, responses, temperature=gen.temperature or 1.0)
+            samples = list(zip(responses, log_probs, finished))
+            results += [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return results
+
+    @torch.no_grad()
+    def score(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+              temperature: float = 1.0) -> List[List[float]]:
+        scores: List[List[float]] = []
+        for chunk in micro_batches(len(prompt_ids), self.role.infer_batch_size):
+            responses = list(response_ids[chunk])
+            input_ids, attention, prompt_lengths, mask = build_sequences(prompt_ids[chunk], responses, self.pad_id)
+            log_probs, _ = response_token_log_probs(self.model, input_ids, attention, prompt_lengths,
+                                                    mask.shape[1], temperature)
+            scores += [lp[: len(r)].tolist() for lp, r in zip(log_probs, responses)]
+        return scores
+
+    def load_weights(self, named_tensors: List[Tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                params[name].copy_(tensor)
+
+    def finish_weight_update(self) -> None:
+        pass

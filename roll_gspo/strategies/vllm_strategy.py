@@ -1,0 +1,71 @@
+"""vLLM rollout engine for a rank (`strategy_name: vllm`): in-process `vllm.LLM`, sampled
+token log-probs, in-place weight reload."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Sequence, Tuple
+
+from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+
+logger = logging.getLogger("roll_gspo.vllm")
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class VllmStrategy:
+    def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int):
+        from vllm import LLM
+
+        engine_args: Dict[str, Any] = {
+            "model": role.model_args.model_name_or_path,
+            "dtype": VLLM_DTYPES[role.model_args.dtype],
+            "seed": seed,
+            "max_model_len": max_model_len,
+            # Log-probs of the distribution actually sampled from (after temperature), which is
+            # what the trainer scores; vLLM's default reports the raw logits' log-probs.
+            "logprobs_mode": "processed_logprobs",
+            "enforce_eager": True,
+        }
+        engine_args.update(role.strategy_args.strategy_config)
+        self.llm = LLM(**engine_args)
+        # Each bucket of a weight sync is a partial reload; vLLM warns about the weights the
+        # bucket does not hold, which is expected here.
+        for name in ("inplace", "layerwise"):
+            logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}").setLevel(logging.ERROR)
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int
+                 ) -> List[List[Tuple[List[int], List[float], bool]]]:
+        """Per prompt, `n` samples of (response token ids, their log-probs, finished-by-stop)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=n, max_tokens=gen.max_new_tokens, temperature=gen.temperature,
+                                top_p=gen.top_p, top_k=gen.top_k if gen.top_k > 0 else -1, logprobs=0)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            samples = []
+            for completion in out.outputs:
+                ids = list(completion.token_ids)
+                log_probs = [step[token].logprob for token, step in zip(ids, completion.logprobs)]
+                samples.append((ids, log_probs, completion.finish_reason == "stop"))
+            results.append(samples)
+        return results
+
+    def score(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> List[List[float]]:
+        """Log-probs the engine assigns to given responses (teacher forcing via prompt_logprobs)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        full = [{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompt_ids, response_ids)]
+        outputs = self.llm.generate(full, params, use_tqdm=False)
+        scores = []
+        for out, p, r in zip(outputs, prompt_ids, response_ids):
+            steps = out.prompt_logprobs[len(p):]
+            scores.append([step[token].logprob for token, step in zip(r, steps)])
+        return scores
+
+    def load_weights(self, named_tensors: List[Tuple[str, Any]]) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors),
+                                                          "is_checkpoint_format": True})
+
+    def finish_weight_update(self) -> None:
+        self.llm.reset_prefix_cache()

@@ -1,0 +1,82 @@
+"""Metrics out: one JSON object per step in <output_dir>/metrics.jsonl, TensorBoard events, a
+compact console line, and a PNG plot of reward and validation accuracy at the end."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+logger = logging.getLogger("roll_gspo")
+
+# Shown on the console line, in this order, when present.
+CONSOLE_KEYS = ("reward/mean", "val/accuracy", "actor/clipfrac", "actor/ratio_mean", "actor/entropy",
+                "actor/grad_norm", "response/length_mean", "time/step_s")
+
+
+class MetricsTracker:
+    def __init__(self, output_dir: str, logging_dir: str, track_with: str, tracker_kwargs: Dict[str, Any],
+                 resume: bool = False):
+        os.makedirs(output_dir, exist_ok=True)
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        if not resume and os.path.exists(self.path):
+            os.replace(self.path, self.path + ".previous")  # keep, never silently overwrite
+        self.file = open(self.path, "a", buffering=1)
+        self.writer = None
+        if track_with == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=logging_dir, **tracker_kwargs)
+
+    def log(self, step: int, metrics: Dict[str, float]) -> None:
+        record = {"step": step, **{k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}}
+        self.file.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in metrics.items():
+                if math.isfinite(float(value)):
+                    self.writer.add_scalar(key, float(value), step)
+            self.writer.flush()
+
+    @staticmethod
+    def console_line(step: int, max_steps: int, metrics: Dict[str, float]) -> str:
+        parts = [f"step {step}/{max_steps}"]
+        for key in CONSOLE_KEYS:
+            if key in metrics:
+                parts.append(f"{key.split('/')[-1] if key != 'val/accuracy' else 'val_acc'} {metrics[key]:.4g}")
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(path: str) -> List[Dict[str, Any]]:
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def plot_metrics(metrics_path: str, png_path: str, title: Optional[str] = None) -> None:
+    """Training reward per step and validation accuracy on validation steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    train = [(r["step"], r["reward/mean"]) for r in records if r.get("reward/mean") is not None]
+    val = [(r["step"], r["val/accuracy"]) for r in records if r.get("val/accuracy") is not None]
+    if train:
+        ax.plot(*zip(*train), label="train reward (mean)", alpha=0.8)
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation accuracy")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title or os.path.basename(os.path.dirname(metrics_path)))
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)

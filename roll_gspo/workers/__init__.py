@@ -1,0 +1,1 @@
+"""One file per role: actor_train, actor_infer, reference, rewards."""

@@ -1,0 +1,67 @@
+"""`actor_infer` role: rollout ranks that sample G responses per prompt (vLLM or hf_infer) and
+take the trainer's weights after each step."""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+
+from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
+from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.cluster import RankWorker
+from roll_gspo.modeling import pad_2d
+
+
+class ActorInferWorker(RankWorker):
+    def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any]):
+        super().__init__(dist_env)
+        self.cfg = cfg
+
+    def setup(self) -> None:
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        role = cfg.actor_infer
+        seed = cfg.seed + 1000 * self.rank
+        if role.strategy_args.strategy_name == "vllm":
+            from roll_gspo.strategies.vllm_strategy import VllmStrategy
+
+            self.strategy = VllmStrategy(role, max_model_len=cfg.prompt_length + cfg.response_length, seed=seed)
+        else:
+            from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
+
+            self.strategy = HfInferStrategy(role, seed=seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(role.model_args.model_name_or_path)
+
+    def generate(self, prompts: Batch, gen: GeneratingArgs) -> Batch:
+        """prompts: one row per prompt (meta prompt_ids, ground_truth, ...). Returns one row per
+        response (n = gen.num_return_sequences consecutive rows per prompt) with meta
+        response_ids / response_text / finished and tensor rollout_log_probs (B, T)."""
+        n = gen.num_return_sequences
+        samples = self.strategy.generate(prompts["prompt_ids"], gen, n)
+        rows: Dict[str, List[Any]] = {key: [] for key in prompts.meta}
+        rows.update(response_ids=[], rollout_log_probs=[], finished=[])
+        for index, per_prompt in enumerate(samples):
+            for response_ids, log_probs, finished in per_prompt:
+                for key in prompts.meta:
+                    rows[key].append(prompts.meta[key][index])
+                rows["response_ids"].append(response_ids)
+                rows["rollout_log_probs"].append(log_probs)
+                rows["finished"].append(finished)
+        log_probs = rows.pop("rollout_log_probs")
+        width = max((len(r) for r in log_probs), default=0)
+        tensor = torch.zeros(len(log_probs), width)
+        for i, row in enumerate(log_probs):
+            tensor[i, : len(row)] = torch.tensor(row)
+        rows["response_text"] = self.tokenizer.batch_decode(rows["response_ids"], skip_special_tokens=True)
+        return Batch({"rollout_log_probs": tensor}, rows)
+
+    def score(self, batch: Batch) -> List[List[float]]:
+        """The engine's log-probs of given responses (used to verify weight sync)."""
+        return self.strategy.score(batch["prompt_ids"], batch["response_ids"])
+
+    def load_weight_bucket(self, named_tensors) -> None:
+        self.strategy.load_weights(named_tensors)
+
+    def finish_weight_update(self) -> None:
+        self.strategy.finish_weight_update()

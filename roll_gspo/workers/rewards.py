@@ -1,0 +1,73 @@
+"""`rewards` role: CPU actors that score responses, one worker class per kind of reward.
+
+A reward that raises, returns a non-number or exceeds `timeout_s` scores 0 and is counted
+(`reward/errors`, `reward/timeouts`); the run goes on. Subclass `RewardWorker` and name it in
+`rewards.<domain>.worker_cls` for a custom worker.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, Dict
+
+import torch
+
+from roll_gspo.config.schema import RewardConfig
+from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.cluster import RankWorker
+from roll_gspo.rewards import load_reward_fn, math_verify_reward, regex_match_reward, score_with_timeout
+
+logger = logging.getLogger("roll_gspo.rewards")
+
+
+class RewardWorker(RankWorker):
+    """Scores (prompt, response, ground truth) triples with `self.reward_fn`."""
+
+    def __init__(self, reward_cfg: RewardConfig, *, domain: str, dist_env: Dict[str, Any]):
+        super().__init__(dist_env)
+        self.cfg = reward_cfg
+        self.domain = domain
+        self.reward_fn = None
+
+    def setup(self) -> None:
+        self.reward_fn = self.build_reward_fn()
+
+    def build_reward_fn(self) -> Callable[..., float]:
+        raise NotImplementedError
+
+    def compute_scores(self, batch: Batch) -> Batch:
+        """batch meta prompt_text, response_text, ground_truth -> tensor `scores` (B,) and meta
+        `reward_status` ("ok" / "error" / "timeout")."""
+        scores, statuses = [], []
+        for prompt, response, truth in zip(batch["prompt_text"], batch["response_text"], batch["ground_truth"]):
+            score, status, message = score_with_timeout(
+                functools.partial(self.reward_fn, **self.cfg.reward_kwargs), (prompt, response, truth),
+                self.cfg.timeout_s)
+            if status != "ok":
+                logger.warning("reward %s on domain %r: %s (scored 0)", status, self.domain, message)
+            scores.append(score)
+            statuses.append(status)
+        return Batch({"scores": torch.tensor(scores, dtype=torch.float32)}, {"reward_status": statuses})
+
+
+class MathRuleRewardWorker(RewardWorker):
+    """1 when math-verify judges the response's answer equal to the ground truth, else 0."""
+
+    def build_reward_fn(self):
+        # math-verify warns on every call that its SIGALRM timeout is off in threads; ours applies.
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
+        return math_verify_reward
+
+
+class RegexMatchRewardWorker(RewardWorker):
+    """1 when the response (or the regex `pattern`'s capture) equals the ground truth."""
+
+    def build_reward_fn(self):
+        return functools.partial(regex_match_reward, pattern=self.cfg.pattern)
+
+
+class FunctionRewardWorker(RewardWorker):
+    """Calls the user function named by `reward_fn` (`pkg.module:function`)."""
+
+    def build_reward_fn(self):
+        return load_reward_fn(self.cfg.reward_fn)
