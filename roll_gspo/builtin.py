@@ -228,8 +228,8 @@ register_builtin_model(
     description="Random-init 4-layer Qwen2 (hidden 128) with a char-level tokenizer.")
 # SFT-warm-started model; its builder (an SFT run on builtin:arith/sft) is registered elsewhere.
 register_builtin_model(
-    "builtin:tiny-arith", None,
-    description="builtin:tiny-arith-base after SFT on builtin:arith/sft.")
+    "builtin:tiny-arith", None, provider="pipelines.warm_start",
+    description="builtin:tiny-arith-base after SFT on builtin:arith/sft (configs/sft_tiny_arith.yaml).")
 
 
 def builtin_model_folder(name: str, cache_dir: Optional[str] = None) -> str:

@@ -11,6 +11,7 @@ import difflib
 import os
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -59,8 +60,18 @@ def compose_yaml(path: Path) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    if path.suffix != ".yaml":  # Hydra composes only `.yaml` files; a `.yml` is read as is
+        cfg = OmegaConf.load(path)
+        if not isinstance(cfg, DictConfig):
+            raise ValueError(f"the top level is a {type(cfg).__name__}, not a mapping of keys")
+        if "defaults" in cfg:
+            raise ValueError("a `defaults:` list needs the file to be named `*.yaml`")
+        return cfg
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(path.parent), version_base=None):
+    with initialize_config_dir(config_dir=str(path.parent), version_base=None), warnings.catch_warnings():
+        # A `defaults:` list without `_self_` composes the file's own keys last (they win), which
+        # is what users expect; Hydra's upgrade notice about it is noise here.
+        warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`")
         cfg = compose(config_name=path.stem)
     OmegaConf.set_struct(cfg, False)
     for key in PASSTHROUGH_TOP_LEVEL:
@@ -118,9 +129,37 @@ def _type_name(tp: Any) -> str:
     return f"{name} or null" if optional else name
 
 
-def _suggest(key: str, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else f"; valid keys here: {', '.join(valid)}"
+def _schema_paths(cls: type, prefix: str = "") -> List[str]:
+    """Every key path of a dataclass schema, nested ones included (`rewards.<domain>.x`)."""
+    paths = []
+    for name, tp in _field_types(cls).items():
+        path = f"{prefix}.{name}" if prefix else name
+        paths.append(path)
+        inner, _ = _unwrap_optional(tp)
+        if dataclasses.is_dataclass(inner):
+            paths += _schema_paths(inner, path)
+        elif typing.get_origin(inner) is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
+            paths += _schema_paths(typing.get_args(inner)[1], f"{path}.<domain>")
+    return paths
+
+
+def _suggest(key: str, cls: type, path: str) -> str:
+    """A "did you mean" naming the full path of the closest key: a near spelling at this level,
+    else the same (or a near) key elsewhere in the schema (a key written at the wrong level)."""
+    valid = list(_field_types(cls))
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {(f'{path}.{close[0]}' if path else close[0])!r}?"
+    everywhere = _schema_paths(PipelineConfig)
+    leaves = sorted({p.rpartition(".")[2] for p in everywhere})
+    near = difflib.get_close_matches(key, leaves, n=1, cutoff=0.8)
+    if near:
+        # Paths under the current block first, then the shallowest (stable: schema order).
+        candidates = [p for p in everywhere if p.rpartition(".")[2] == near[0]]
+        candidates.sort(key=lambda p: (not p.startswith(f"{path}."), p.count(".")))
+        shown = " or ".join(repr(p) for p in candidates[:3])
+        return f"; did you mean {shown}?"
+    return f"; valid keys here: {', '.join(valid)}"
 
 
 def _field_types(cls: type) -> Dict[str, Any]:
@@ -152,7 +191,7 @@ def _walk(value: Any, tp: Any, path: str, problems: List[str], choices: Optional
         for key, sub in value.items():
             sub_path = f"{path}.{key}" if path else str(key)
             if key not in fields:
-                problems.append(f"unknown key {sub_path!r}" + _suggest(str(key), list(fields)))
+                problems.append(f"unknown key {sub_path!r}" + _suggest(str(key), inner, path))
                 continue
             out[key] = _walk(sub, fields[key], sub_path, problems, field_choices[key])
         return out
@@ -216,6 +255,7 @@ def _normalise_legacy_values(raw: Dict[str, Any]) -> None:
 def load_config_dict(raw_cfg: DictConfig) -> PipelineConfig:
     """Strictly check a composed config (interpolations unresolved) and build the dataclass."""
     raw = OmegaConf.to_container(raw_cfg, resolve=False)
+    _normalise_legacy_values(raw)  # before the walk, which would reject a bool here
     anchors = {k for k in raw if isinstance(k, str) and k.startswith("_")}
     pipeline_keys = {k: v for k, v in raw.items() if k not in anchors}
 

@@ -156,7 +156,9 @@ class DeepSpeedStrategy:
         """
         import deepspeed
 
-        named = list(self.engine.module.named_parameters())
+        # Tied weights under every name (e.g. lm_head.weight = embed_tokens.weight), as in a
+        # checkpoint: vLLM's in-place reload does not re-tie them by itself.
+        named = list(self.engine.module.named_parameters(remove_duplicate=False))
         group: List[Tuple[str, torch.nn.Parameter]] = []
         size = 0
         for index, (name, param) in enumerate(named):
@@ -164,7 +166,7 @@ class DeepSpeedStrategy:
             group.append((name, param))
             size += numel * param.element_size()
             if size >= bucket_bytes or index == len(named) - 1:
-                params = [p for _, p in group]
+                params = list({id(p): p for _, p in group}.values())
                 gather = (deepspeed.zero.GatheredParameters(params, modifier_rank=None)
                           if self.zero_stage == 3 else nullcontext())
                 with gather:

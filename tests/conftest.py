@@ -1,0 +1,46 @@
+"""Shared fixtures: a private cache for built-in models/data, a tiny model, one Ray per session."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Environment for every process the tests start (Ray workers inherit it).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# Ray workers must import `tests.reward_fns`.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: starts Ray actors with vLLM and DeepSpeed (slow)")
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory):
+    """Built-in models and data sets under a per-session cache (not ~/.cache)."""
+    cache = os.environ.get("ROLL_GSPO_TEST_CACHE") or str(tmp_path_factory.mktemp("roll_gspo_cache"))
+    os.environ["ROLL_GSPO_CACHE"] = cache
+    return cache
+
+
+@pytest.fixture(scope="session")
+def tiny_model(session_cache):
+    """A random-init tiny Qwen2 (head_dim 32) with the char tokenizer, built in this test session."""
+    from roll_gspo.builtin import build_base_model
+
+    return build_base_model(os.path.join(session_cache, "test-model"), seed=0, size="micro")
+
+
+@pytest.fixture(scope="session")
+def ray_session(session_cache):
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,13 @@
+"""Reward functions the end-to-end tests name by import path (`tests.reward_fns:...`)."""
+
+
+def digit_fraction(prompt: str, response: str, ground_truth: str) -> float:
+    """Dense signal even for a random model: the fraction of digit characters in the response."""
+    return sum(c.isdigit() for c in response) / max(1, len(response))
+
+
+def flaky(prompt: str, response: str, ground_truth: str) -> float:
+    """Raises on responses that start with a digit (a broken user reward); scores the rest."""
+    if response[:1].isdigit():
+        raise ValueError("flaky reward failed on purpose")
+    return digit_fraction(prompt, response, ground_truth)
