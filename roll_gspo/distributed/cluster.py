@@ -44,17 +44,33 @@ def init_ray(required_cpus: float, required_gpus: float) -> None:
     reservations never leave an actor pending forever; a joined cluster that is too small is an
     error naming the shortfall instead of a silent hang.
     """
-    if ray.is_initialized():
-        return
+    if not ray.is_initialized():
+        _connect_or_start(required_cpus)
+    _check_resources(required_cpus, required_gpus)
+
+
+def _connect_or_start(required_cpus: float) -> None:
     # Workers set DEFAULT_WORKER_ENV themselves (RankWorker), so a job's own runtime_env (e.g.
-    # `ray job submit --working-dir .`) is left as it is.
-    try:
-        ray.init(address="auto", log_to_driver=True)
-        logger.info("joined Ray cluster at %s", ray.get_runtime_context().gcs_address)
-    except ConnectionError:
+    # `ray job submit --working-dir .`) is left as it is. Only RAY_ADDRESS or a head started with
+    # `ray start` is joined: address="auto" would also grab any other script's private Ray.
+    address = os.environ.get("RAY_ADDRESS") or ray._private.utils.read_ray_address()
+    joined = False
+    if address:
+        try:
+            ray.init(address=address, log_to_driver=True)
+            joined = True
+            logger.info("joined Ray cluster at %s", address)
+        except ConnectionError as exc:
+            if os.environ.get("RAY_ADDRESS"):
+                raise
+            logger.warning("no Ray head answers at %s (%s); starting a local Ray", address, exc)
+    if not joined:
         num_cpus = max(os.cpu_count() or 1, int(required_cpus + 0.999))
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
         logger.info("started a local Ray with %d logical CPUs", num_cpus)
+
+
+def _check_resources(required_cpus: float, required_gpus: float) -> None:
     resources = ray.cluster_resources()
     missing = []
     if resources.get("CPU", 0) + 1e-6 < required_cpus:
