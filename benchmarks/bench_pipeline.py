@@ -314,15 +314,15 @@ def _probe_train(self, shard, with_old_log_probs):
 
 def run_pipeline(args, cfg, overrides: List[str]) -> Dict[str, Any]:
     """W + N pipeline steps; returns metrics, wall times, recorded inputs, actor thread facts and
-    (with --probe) in-actor timings."""
+    (unless --no-probe) in-actor timings of each measured step's work."""
     import ray
 
     from pipelines.rlvr_pipeline import RLVRPipeline
-    from roll_gspo.distributed.batch import Batch
+    from roll_gspo.config import needs_reference
 
     # Our own local Ray (the pipeline's init_ray then reuses it): never join another process's
     # (address="local" also ignores RAY_ADDRESS and a `ray start` head on this machine).
-    roles = [cfg.actor_train, cfg.actor_infer] + ([cfg.reference] if cfg.use_kl_loss or cfg.add_token_level_kl else [])
+    roles = [cfg.actor_train, cfg.actor_infer] + ([cfg.reference] if needs_reference(cfg) else [])
     required = sum(r.world_size * r.num_cpus_per_worker for r in roles)
     required += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(required)), include_dashboard=False,
@@ -508,10 +508,11 @@ def build_report(args, cfg, pipe: Dict[str, Any], raw_vllm: Optional[Dict[str, A
         # measured right after each step (same machine load, unlike the raw runs).
         in_actor = sum(probe[k] for k in ("generate", "old_log_probs", "train") if probe.get(k) is not None)
         ratios["step_over_in_actor"] = {"value": ratio(step, in_actor), "target": None, "verdict": "info"}
+    raw_tokens = raw.get("generated_tokens_mean")
     description = (f"{cfg.actor_train.model_args.model_name_or_path} | {cfg.rollout_batch_size} prompts x "
                    f"G={cfg.num_return_sequences_in_group} = {responses} responses | mean response "
-                   f"{statistics.mean(lengths) if lengths else float('nan'):.2f} tokens (raw vLLM "
-                   f"{raw.get('generated_tokens_mean') or float('nan'):.2f}) | ZeRO-"
+                   f"{statistics.mean(lengths) if lengths else float('nan'):.2f} tokens"
+                   + (f" (raw vLLM {raw_tokens:.2f})" if raw_tokens is not None else "") + " | ZeRO-"
                    f"{cfg.actor_train.strategy_args.strategy_config.get('zero_optimization', {}).get('stage', 0)}"
                    f" x {cfg.actor_train.world_size} ranks | old_logprob_source={cfg.old_logprob_source}")
     return {

@@ -10,6 +10,7 @@ file lock keeps concurrent processes (Ray actors) from building the same thing t
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -30,7 +31,7 @@ CACHE_ENV = "ROLL_GSPO_CACHE"
 
 # Bump when the generated content changes, so stale caches are not reused.
 MODEL_FORMAT_VERSION = "v1"
-TASK_FORMAT_VERSION = "v1"
+TASK_FORMAT_VERSION = "v2"
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"
@@ -289,6 +290,7 @@ def resolve_model(name_or_path: str, *, cache_dir: Optional[str] = None) -> str:
 # --------------------------------------------------------------------------------------------
 ARITH_LEVELS: Tuple[int, ...] = (1, 2, 3, 4, 5)
 ARITH_DOMAIN = "math_rule"
+SFT_BIASED_P_CORRECT = 0.35
 LEVEL_DESCRIPTIONS = {
     1: "single-digit a+b",
     2: "two-digit + one-digit (either order)",
@@ -390,7 +392,20 @@ def make_arith_splits(*, seed: int = 0, n_train: int = 20000, n_val: int = 256,
     sft = make_arith_samples(n_sft, seed=seed + 1, levels=levels, exclude=val_prompts)
     for r in sft:
         r["response"] = r["ground_truth"]  # SFT target: the bare answer, then eos
-    return {"train": train, "val": val, "sft": sft}
+    return {"train": train, "val": val, "sft": sft, "sft_biased": biased_sft_rows(sft, seed=seed)}
+
+
+def biased_sft_rows(rows: Sequence[dict], *, seed: int, p_correct: float = SFT_BIASED_P_CORRECT) -> List[dict]:
+    """SFT rows whose target is the true answer with probability ``p_correct`` and otherwise
+    the answer plus one: a consistent, plausible mistake. A model fitted to them puts most of its
+    mass on the wrong answer (greedy decoding is mostly wrong) while still sampling the right one
+    often enough for rewards to find it: the warm start RL needs to show it learns."""
+    rng = random.Random(f"arith-sft-biased-{seed}")
+    out = []
+    for r in rows:
+        right = rng.random() < p_correct
+        out.append({**r, "response": r["ground_truth"] if right else str(int(r["ground_truth"]) + 1)})
+    return out
 
 
 def _write_jsonl(path: str, rows: Iterable[dict]) -> None:
@@ -409,19 +424,26 @@ class BuiltinTask:
 
 
 def _write_arith(folder: str, *, seed: int = 0, n_train: int = 20000, n_val: int = 256,
-                 n_sft: int = 20000) -> None:
-    splits = make_arith_splits(seed=seed, n_train=n_train, n_val=n_val, n_sft=n_sft)
+                 n_sft: int = 20000, levels: Sequence[int] = ARITH_LEVELS) -> None:
+    splits = make_arith_splits(seed=seed, n_train=n_train, n_val=n_val, n_sft=n_sft, levels=levels)
     for split, rows in splits.items():
         _write_jsonl(os.path.join(folder, f"{split}.jsonl"), rows)
     meta = {"task": "arith", "version": TASK_FORMAT_VERSION, "seed": seed,
-            "sizes": {k: len(v) for k, v in splits.items()}, "levels": LEVEL_DESCRIPTIONS}
+            "sizes": {k: len(v) for k, v in splits.items()},
+            "levels": {lv: LEVEL_DESCRIPTIONS[lv] for lv in levels}}
     with open(os.path.join(folder, "meta.json"), "w") as fh:
         json.dump(meta, fh, indent=1)
 
 
 BUILTIN_TASKS: Dict[str, BuiltinTask] = {
-    "arith": BuiltinTask("arith", ("train", "val", "sft"), _write_arith,
-                         "Verifiable arithmetic, 5 difficulty levels; sft rows add `response`."),
+    "arith": BuiltinTask("arith", ("train", "val", "sft", "sft_biased"), _write_arith,
+                         "Verifiable arithmetic, 5 difficulty levels; sft rows add `response` "
+                         "(sft_biased: answer+1 on a fixed 65% of rows)."),
+    # Levels a 1M-parameter model masters in a minute of SFT on 2 CPU cores: the task of the
+    # out-of-the-box example, where RL must undo the warm start's off-by-one habit.
+    "arith_easy": BuiltinTask("arith_easy", ("train", "val", "sft", "sft_biased"),
+                              functools.partial(_write_arith, levels=(1, 2)),
+                              "Levels 1-2 only: single-digit sums and two-digit plus one-digit."),
 }
 
 

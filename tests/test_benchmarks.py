@@ -1,0 +1,90 @@
+"""The pipeline benchmark's pure helpers (medians, ratios, verdicts, table, overrides). The
+benchmark itself (Ray, vLLM, DeepSpeed) is not run here: see benchmarks/README.md."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_pipeline.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_pipeline", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # no heavy import at module level
+    return module
+
+
+def steps(*rows):
+    """Pipeline metrics per step from (generate, reward, old_log_probs, train, sync) tuples."""
+    out = []
+    for gen, rew, old, train, sync in rows:
+        m = {"time/generate_s": gen, "time/reward_s": rew, "time/old_log_probs_s": old,
+             "time/advantages_s": 0.01, "time/train_s": train, "time/sync_s": sync}
+        m["time/step_s"] = sum(m.values())
+        out.append(m)
+    return out
+
+
+def test_ratios_verdicts_table_and_overrides(bench):
+    # Medians resist one slow step; non-finite values are ignored.
+    assert bench.median([1.0, 100.0, 2.0]) == 2.0
+    assert bench.median([float("nan"), 3.0]) == 3.0
+    assert bench.median([]) is None
+
+    metrics = steps((0.2, 0.1, 0.05, 0.5, 0.04), (0.3, 0.1, 0.05, 0.6, 0.05), (0.2, 0.2, 0.05, 0.5, 0.04))
+    med = bench.phase_medians(metrics, wall=[0.91, 5.0, 0.92])
+    assert med["generate"] == pytest.approx(0.2) and med["reward"] == pytest.approx(0.1)
+    assert med["sync"] == pytest.approx(0.04) and med["step_wall"] == pytest.approx(0.92)
+    assert med["step"] == pytest.approx(1.0)  # median of the per-step sums (0.90, 1.11, 1.00)
+    assert "reference" not in med  # phases the run did not have are absent, not zero
+
+    # step / (generate + train) and sync / step, against <= 1.15 and <= 5%; boundaries pass.
+    ratios = bench.compute_ratios(pipeline_step=1.0, raw_generate=0.2, raw_train=0.6, sync=0.05)
+    assert ratios["step_over_raw"]["value"] == pytest.approx(1.25)
+    assert ratios["step_over_raw"]["verdict"] == "FAIL"
+    assert ratios["sync_over_step"]["value"] == pytest.approx(0.05)
+    assert ratios["sync_over_step"]["verdict"] == "PASS"
+    ok = bench.compute_ratios(pipeline_step=0.92, raw_generate=0.2, raw_train=0.6, sync=0.06)
+    assert ok["step_over_raw"]["verdict"] == "PASS" and ok["sync_over_step"]["verdict"] == "FAIL"
+    missing = bench.compute_ratios(pipeline_step=1.0, raw_generate=None, raw_train=0.6, sync=None)
+    assert missing["step_over_raw"] == {"value": None, "target": 1.15, "verdict": "N/A"}
+    assert bench.verdict(None, 1.0) == "N/A" and bench.ratio(1.0, 0.0) is None
+
+    overrides = bench.build_overrides("builtin:tiny-arith-base", "/tmp/x/out", 7, ["seed=3"])
+    assert overrides[:5] == ["pretrain=builtin:tiny-arith-base", "eval_steps=0", "save_steps=0",
+                             "output_dir=/tmp/x/out", "max_steps=7"]
+    assert overrides[-1] == "seed=3"  # extra overrides come last, so they win
+
+    report = {
+        "setup": {"description": "tiny | 16 prompts x G=8", "measured_steps": 3, "warmup_steps": 2,
+                  "cpu_count": 2, "load_average_1_5_15min": {"start": [1.5, 1.0, 1.0]}},
+        "pipeline": {"median_s": med, "per_step": bench.per_step_lists(metrics, [0.91, 5.0, 0.92])},
+        "probe": {"generate": 0.18, "old_log_probs": 0.04, "train": 0.45,
+                  "per_step": {"generate": [0.18], "old_log_probs": [0.04], "train": [0.45]}},
+        "raw": {"generate": 0.2, "train": 0.6, "old_log_probs": 0.05, "update": 0.55,
+                "per_step": {"generate": [0.2, 0.2, 0.2], "train": [0.6, 0.6, 0.6]}},
+        "ratios": ratios,
+    }
+    table = bench.format_table(report)
+    json.dumps(report)  # what --json writes must serialise
+    lines = table.splitlines()
+    assert any(line.startswith("pipeline generate") and "0.200" in line for line in lines)
+    assert any(line.startswith("pipeline step (wall time of step())") and "0.920" in line and "5.000" in line
+               for line in lines)
+    assert any(line.startswith("raw DeepSpeed train") and "0.600" in line for line in lines)
+    (step_line,) = [line for line in lines if line.startswith("pipeline step / (raw generate + raw train)")]
+    assert step_line.split()[-3:] == ["<=", "1.15", "FAIL"] and "1.250" in step_line
+    (sync_line,) = [line for line in lines if line.startswith("sync / step")]
+    assert "5.0%" in sync_line and sync_line.endswith("PASS")
+    assert "load average on 2 CPUs: start 1.50" in table
+
+
+def test_cli_defaults(bench):
+    args = bench.parse_args([])
+    assert (args.warmup, args.steps, args.model, args.probe) == (2, 5, "builtin:tiny-arith-base", True)
+    assert args.config.endswith("examples/example_gspo.yaml")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--steps", "0"])
