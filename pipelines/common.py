@@ -1,13 +1,11 @@
 """What every pipeline does before and around its step loop."""
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 from roll_gspo.config import PipelineConfig
 
-logger = logging.getLogger("roll_gspo")
 
 
 def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> None:
@@ -22,11 +20,8 @@ def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> None:
 
 @contextmanager
 def progress_bar(steps: Iterable[int], description: str):
-    """A tqdm bar over pipeline steps that log lines do not break."""
+    """A tqdm bar over pipeline steps (on stderr; the per-step lines go through logging)."""
     from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
 
-    steps = list(steps)
-    with logging_redirect_tqdm(loggers=[logging.getLogger("roll_gspo")]):
-        with tqdm(steps, desc=description, unit="step", dynamic_ncols=True) as bar:
-            yield bar
+    with tqdm(list(steps), desc=description, unit="step", dynamic_ncols=True) as bar:
+        yield bar

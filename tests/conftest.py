@@ -16,9 +16,6 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "e2e: starts Ray actors with vLLM and DeepSpeed (slow)")
-
 
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory):
