@@ -66,7 +66,7 @@ class HfInferStrategy:
         return scores
 
     def load_weights(self, named_tensors: List[Tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # tied names too
         with torch.no_grad():
             for name, tensor in named_tensors:
                 params[name].copy_(tensor)
