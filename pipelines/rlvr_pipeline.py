@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import ray
 import torch
@@ -35,34 +35,32 @@ class RLVRPipeline:
     def __init__(self, cfg: PipelineConfig):
         from transformers import AutoTokenizer
 
-        from roll_gspo.data import PromptSampler, load_prompts
+        from roll_gspo.data import PromptSampler
 
         self.cfg = cfg
         prepare_models(cfg, ["actor_train", "actor_infer", "reference"])
         self.resume_dir = resolve_resume(cfg.output_dir, cfg.resume_from_checkpoint)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
         self.domain_of_worker = self._reward_routes()
-        data = cfg.actor_train.data_args
-        default_domain = next(iter(cfg.rewards))
-        self.train_items, stats = load_prompts(
-            data.file_name, prompt_key=data.prompt_key, messages_key=data.messages_key, answer_key=data.answer_key,
-            domain_key=data.domain_key, default_domain=default_domain, tokenizer=self.tokenizer,
-            max_prompt_length=cfg.prompt_length, max_samples=data.max_samples)
+        self.train_items, stats = self._load_prompts(cfg.actor_train.data_args)
         self.filtered_prompts = stats["filtered_prompts"]
-        self.val_items = []
-        if cfg.validation.data_args.file_name:
-            val = cfg.validation.data_args
-            self.val_items, _ = load_prompts(
-                val.file_name, prompt_key=val.prompt_key, messages_key=val.messages_key, answer_key=val.answer_key,
-                domain_key=val.domain_key, default_domain=default_domain, tokenizer=self.tokenizer,
-                max_prompt_length=cfg.prompt_length, max_samples=val.max_samples)
+        self.val_items = self._load_prompts(cfg.validation.data_args)[0] if cfg.validation.data_args.file_name else []
         self._check_domains(self.train_items + self.val_items)
-        self.sampler = PromptSampler(self.train_items, cfg.rollout_batch_size, seed=cfg.seed, shuffle=data.shuffle)
+        self.sampler = PromptSampler(self.train_items, cfg.rollout_batch_size, seed=cfg.seed,
+                                     shuffle=cfg.actor_train.data_args.shuffle)
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
         self.start_step = 0
         self._start_workers()
 
     # -- set-up ------------------------------------------------------------------------------------
+    def _load_prompts(self, data):
+        from roll_gspo.data import load_prompts
+
+        return load_prompts(
+            data.file_name, prompt_key=data.prompt_key, messages_key=data.messages_key, answer_key=data.answer_key,
+            domain_key=data.domain_key, default_domain=next(iter(self.cfg.rewards)), tokenizer=self.tokenizer,
+            max_prompt_length=self.cfg.prompt_length, max_samples=data.max_samples)
+
     def _reward_routes(self) -> Dict[str, str]:
         """data domain -> reward block that scores it (`tag_included`, else the block's key)."""
         routes = {}

@@ -9,7 +9,6 @@ import time
 from typing import Dict, List
 
 import ray
-import torch
 
 from roll_gspo.config import PipelineConfig, mini_batch_size
 from roll_gspo.distributed.batch import Batch

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import types
 import typing
 import warnings
@@ -298,7 +297,7 @@ def load_config(config: str, overrides: Sequence[str] = ()) -> PipelineConfig:
         raise ConfigError([f"{path}: cannot be read as a YAML config: {exc}".replace("\n", " ")]) from None
     apply_overrides(raw_cfg, overrides)
     cfg = load_config_dict(raw_cfg)
-    validate_config(cfg, config_dir=path.parent)
+    validate_config(cfg)
     return cfg
 
 

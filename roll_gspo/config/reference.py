@@ -15,7 +15,6 @@ import dataclasses
 import json
 import sys
 import typing
-from pathlib import Path
 from typing import Any, List
 
 from roll_gspo.config.loader import REPO_ROOT, _field_types, _unwrap_optional

@@ -179,7 +179,7 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
     return warns
 
 
-def validate_config(cfg: PipelineConfig, config_dir: Optional[Path] = None) -> List[str]:
+def validate_config(cfg: PipelineConfig) -> List[str]:
     """Fill derived defaults, raise ConfigError on any problem, log and return the warnings."""
     _fill_derived(cfg)
     problems = _positive(cfg)

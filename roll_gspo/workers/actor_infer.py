@@ -9,7 +9,6 @@ import torch
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.modeling import pad_2d
 
 
 class ActorInferWorker(RankWorker):
