@@ -47,8 +47,6 @@ if REPO_ROOT not in sys.path:
 TARGET_STEP_OVER_RAW = 1.15
 TARGET_SYNC_OVER_STEP = 0.05
 PHASES = ("generate", "reward", "reference", "old_log_probs", "advantages", "train", "sync")
-TRAINER_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "old_log_probs",
-                   "advantages", "rollout_log_probs")
 
 
 # ------------------------------------------------------------------------------------------------

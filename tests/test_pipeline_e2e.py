@@ -78,8 +78,15 @@ def check_training_happened(cfg, records, model):
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(cfg.logging_dir))
 
 
-def test_gspo_zero2_vllm_with_kl_and_validation(tmp_path, tiny_model, ray_session):
-    cfg = write_config(tmp_path, tiny_model, eval_steps=2, use_kl_loss=True, save_steps=1)
+# The algorithm block of ROLL's GSPO page (seed 004), every key live.
+SEED_004_KEYS = dict(adv_estimator="reinforce", importance_sampling="seq", ppo_epochs=1, use_kl_loss=True,
+                     kl_loss_coef=0.001, loss_agg_mode="seq-mean-token-sum", whiten_advantages=True,
+                     advantage_clip=2.0, dual_clip_loss=True, reward_clip=10, reward_norm=None,
+                     reward_shift=False, reward_scale=False, add_token_level_kl=False)
+
+
+def test_seed_004_keys_zero2_vllm_with_kl_and_validation(tmp_path, tiny_model, ray_session):
+    cfg = write_config(tmp_path, tiny_model, eval_steps=2, save_steps=1, **SEED_004_KEYS)
     records = run(cfg)
     check_training_happened(cfg, records, tiny_model)
     assert "actor/kl_mean" in records[-1] or "actor/kl_loss" in records[-1]

@@ -138,7 +138,8 @@ class RoleConfig:
     strategy_args: StrategyArgs = _sub(StrategyArgs, "Backend and its options.")
     world_size: int = _f(1, "Ranks (Ray actors) of this role; data-parallel for training.")
     num_cpus_per_worker: float = _f(
-        1.0, "Ray CPUs reserved per rank. Fractions let roles share a small machine's cores.")
+        1.0, "Ray CPUs reserved per rank (> 0; each rank is one bundle of the role's placement "
+             "group). Fractions let roles share a small machine's cores.")
     num_gpus_per_worker: float = _f(
         0.0, "Ray GPUs per rank. Fractions (e.g. 0.5 on actor_train and actor_infer) colocate "
              "roles on one GPU; 0 runs on CPU.")

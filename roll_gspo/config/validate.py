@@ -72,7 +72,13 @@ def _positive(cfg: PipelineConfig) -> List[str]:
     for key in ("max_steps", "save_steps", "eval_steps"):
         if getattr(cfg, key) < 0:
             problems.append(f"{key}: must be >= 0, got {getattr(cfg, key)}")
+    for name in ("actor_train", "actor_infer", "reference"):
+        if getattr(cfg, name).num_cpus_per_worker <= 0:
+            problems.append(f"{name}.num_cpus_per_worker: must be > 0 (fractions are fine), got "
+                            f"{getattr(cfg, name).num_cpus_per_worker}")
     for domain, reward in cfg.rewards.items():
+        if reward.num_cpus_per_worker <= 0:
+            problems.append(f"rewards.{domain}.num_cpus_per_worker: must be > 0, got {reward.num_cpus_per_worker}")
         if reward.timeout_s <= 0:
             problems.append(f"rewards.{domain}.timeout_s: must be > 0, got {reward.timeout_s}")
     return problems

@@ -12,10 +12,13 @@ import socket
 from typing import Any, Dict, List, Optional
 
 import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_gspo.distributed.batch import Batch
 
 logger = logging.getLogger("roll_gspo.cluster")
+PLACEMENT_TIMEOUT_S = float(os.environ.get("ROLL_GSPO_PLACEMENT_TIMEOUT_S", "300"))
 
 # Environment every rank gets: vLLM in-process (no engine subprocess; 4 s start instead of 25),
 # no torch.compile of vLLM's sampler on CPU (20 s per fresh process), bounded vLLM KV cache.
@@ -82,6 +85,22 @@ def _check_resources(required_cpus: float, required_gpus: float) -> None:
                            + " (lower the roles' world_size / num_cpus_per_worker / num_gpus_per_worker)")
 
 
+def _reserve(name: str, world_size: int, num_cpus: float, num_gpus: float):
+    """A placement group with one bundle per rank, packed onto as few nodes as possible (ranks
+    of a role talk to each other most). Fails with the shortfall named instead of waiting forever."""
+    bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+    group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise RuntimeError(
+            f"role {name}: Ray could not reserve {world_size} x {bundle} within {PLACEMENT_TIMEOUT_S:.0f} s "
+            f"(available now: {ray.available_resources()}); lower world_size / num_cpus_per_worker / "
+            f"num_gpus_per_worker or add nodes") from None
+    return group
+
+
 class Cluster:
     """`world_size` Ray actors of `worker_cls`, one per rank of a role.
 
@@ -96,6 +115,7 @@ class Cluster:
         self.world_size = world_size
         remote_cls = ray.remote(worker_cls)
         init_kwargs = init_kwargs or {}
+        self.placement_group = _reserve(name, world_size, num_cpus, num_gpus)
         self.workers: List[Any] = []
         master_addr, master_port = None, None
         for rank in range(world_size):
@@ -103,6 +123,7 @@ class Cluster:
                         "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
             worker = remote_cls.options(
                 num_cpus=num_cpus, num_gpus=num_gpus, name=f"{name}-{rank}-{os.getpid()}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
             ).remote(*init_args, dist_env=dist_env, **init_kwargs)
             if rank == 0:
                 # The rendezvous lives where rank 0 landed (another node on a real cluster).
@@ -130,6 +151,7 @@ class Cluster:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+        remove_placement_group(self.placement_group)
 
 
 class RankWorker:
