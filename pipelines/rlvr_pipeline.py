@@ -116,8 +116,7 @@ class RLVRPipeline:
         prompts = self._prompt_batch(self.sampler.next_batch())
         with _timed(timings, "generate"):
             batch = self.actor_infer.dispatch("generate", prompts, gen=cfg.actor_infer.generating_args)
-        with _timed(timings, "reward"):
-            reward_metrics = self._reward(batch)
+        pending_rewards = self._start_rewards(batch)  # CPU reward workers run during the passes below
         self._add_sequence_tensors(batch)
         if self.reference is not None:
             with _timed(timings, "reference"):
@@ -127,6 +126,8 @@ class RLVRPipeline:
                 batch["old_log_probs"] = self.actor_train.dispatch("compute_log_probs", self._view(batch))["old_log_probs"]
             else:
                 batch["old_log_probs"] = batch["rollout_log_probs"]
+        with _timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
+            reward_metrics = self._collect_rewards(batch, pending_rewards)
         with _timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self._advantages(batch)
         with _timed(timings, "train"):
@@ -151,10 +152,8 @@ class RLVRPipeline:
         keys = ("prompt_ids", "prompt_text", "ground_truth", "domain")
         return Batch(meta={k: [item[k] for item in items] for k in keys})
 
-    def _reward(self, batch: Batch) -> Dict[str, float]:
-        """Score every response with its domain's reward cluster; adds tensor `scores`."""
-        scores = torch.zeros(len(batch))
-        statuses = [""] * len(batch)
+    def _start_rewards(self, batch: Batch) -> list:
+        """Send every response to its domain's reward cluster; returns what to collect."""
         pending = []
         for name, cluster in self.rewards.items():
             rows = [i for i, d in enumerate(batch["domain"]) if self.domain_of_worker[d] == name]
@@ -162,6 +161,12 @@ class RLVRPipeline:
                 shards = batch.select(rows).chunk(cluster.world_size)
                 refs = [w.compute_scores.remote(s) for w, s in zip(cluster.workers, shards)]
                 pending.append((rows, refs))
+        return pending
+
+    def _collect_rewards(self, batch: Batch, pending: list) -> Dict[str, float]:
+        """Wait for the scores; adds tensor `scores` to the batch and returns reward metrics."""
+        scores = torch.zeros(len(batch))
+        statuses = [""] * len(batch)
         for rows, refs in pending:
             result = Batch.concat(ray.get(refs))
             scores[rows] = result["scores"]
@@ -205,7 +210,7 @@ class RLVRPipeline:
         start = time.perf_counter()
         prompts = self._prompt_batch(self.val_items)
         batch = self.actor_infer.dispatch("generate", prompts, gen=self.cfg.validation.generating_args)
-        self._reward(batch)
+        self._collect_rewards(batch, self._start_rewards(batch))
         return {"val/accuracy": float(batch["scores"].mean()), "val/samples": float(len(batch)),
                 "time/validation_s": time.perf_counter() - start}
 

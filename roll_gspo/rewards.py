@@ -4,6 +4,7 @@ A reward function has the signature ``fn(prompt, response, ground_truth, **kwarg
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import math
@@ -40,6 +41,15 @@ def _last_number(text: str) -> Optional[str]:
     return found[-1] if found else None
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(ground_truth: str, in_main_thread: bool):
+    """A group's G responses share one ground truth: parse it once (60-70% of a call's time)."""
+    from math_verify import parse
+
+    kwargs = {} if in_main_thread else {"parsing_timeout": None}
+    return parse(ground_truth, **kwargs) or parse(f"${ground_truth}$", **kwargs)
+
+
 def math_verify_reward(prompt: str, response: str, ground_truth: Any, **kwargs) -> float:
     """1.0 if math-verify judges the response's final answer equal to ``ground_truth``, else 0.0.
 
@@ -55,7 +65,7 @@ def math_verify_reward(prompt: str, response: str, ground_truth: Any, **kwargs) 
         v_kw = {} if main else {"timeout_seconds": None}
 
         gt = str(ground_truth).strip()
-        gold = parse(gt, **p_kw) or parse(f"${gt}$", **p_kw)
+        gold = _parse_gold(gt, main)
         answer = strip_think(str(response or ""))
         pred = parse(answer, **p_kw)
         if not pred:

@@ -85,10 +85,24 @@ def test_resolve_model_errors(tmp_path):
         builtin.resolve_model(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="builtin:tiny-arith-base"):
         builtin.resolve_model("builtin:no-such-model")
-    if builtin.BUILTIN_MODELS["builtin:tiny-arith"].builder is None:
+    builtin.register_builtin_model("builtin:test-unbuildable", None)
+    try:
         with pytest.raises(RuntimeError, match="no builder"):
-            builtin.resolve_model("builtin:tiny-arith", cache_dir=str(tmp_path))
+            builtin.resolve_model("builtin:test-unbuildable", cache_dir=str(tmp_path))
+    finally:
+        del builtin.BUILTIN_MODELS["builtin:test-unbuildable"]
     assert builtin.resolve_model(str(tmp_path)) == str(tmp_path)
+
+
+def test_tiny_arith_is_built_by_the_warm_start_pipeline():
+    """`builtin:tiny-arith` names a provider module that registers the SFT warm start."""
+    import importlib
+
+    entry = builtin.BUILTIN_MODELS["builtin:tiny-arith"]
+    importlib.import_module(entry.provider)
+    from pipelines.warm_start import build_tiny_arith
+
+    assert builtin.BUILTIN_MODELS["builtin:tiny-arith"].builder is build_tiny_arith
 
 
 def test_register_builder_hook(tmp_path):

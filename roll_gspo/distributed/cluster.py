@@ -69,7 +69,7 @@ def _connect_or_start(required_cpus: float) -> None:
             logger.warning("no Ray head answers at %s (%s); starting a local Ray", address, exc)
     if not joined:
         num_cpus = max(os.cpu_count() or 1, int(required_cpus + 0.999))
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
         logger.info("started a local Ray with %d logical CPUs", num_cpus)
 
 

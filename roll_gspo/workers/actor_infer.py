@@ -9,6 +9,7 @@ import torch
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
+from roll_gspo.weight_sync import from_wire
 
 
 class ActorInferWorker(RankWorker):
@@ -59,8 +60,8 @@ class ActorInferWorker(RankWorker):
         """The engine's log-probs of given responses (used to verify weight sync)."""
         return self.strategy.score(batch["prompt_ids"], batch["response_ids"])
 
-    def load_weight_bucket(self, named_tensors) -> None:
-        self.strategy.load_weights(named_tensors)
-
-    def finish_weight_update(self) -> None:
-        self.strategy.finish_weight_update()
+    def load_weight_bucket(self, bucket, last: bool) -> None:
+        """One bucket of a weight sync (`weight_sync.to_wire` items, checkpoint naming)."""
+        self.strategy.load_weights([(name, from_wire(array, tag)) for name, array, tag in bucket])
+        if last:
+            self.strategy.finish_weight_update()
