@@ -56,29 +56,32 @@ def math_verify_reward(prompt: str, response: str, ground_truth: Any, **kwargs) 
     Falls back to the last number in the text when math-verify extracts nothing. Never raises.
     """
     try:
-        from math_verify import parse, verify
-
-        # math-verify's own timeouts use SIGALRM, which only works in the main thread; elsewhere
-        # (e.g. under score_with_timeout) the caller's timeout has to do.
-        main = threading.current_thread() is threading.main_thread()
-        p_kw = {} if main else {"parsing_timeout": None}
-        v_kw = {} if main else {"timeout_seconds": None}
-
-        gt = str(ground_truth).strip()
-        gold = _parse_gold(gt, main)
-        answer = strip_think(str(response or ""))
-        pred = parse(answer, **p_kw)
-        if not pred:
-            num = _last_number(answer)
-            pred = parse(num, **p_kw) if num is not None else []
-        if not pred:
-            return 0.0
-        if not gold:  # unparseable reference: fall back to comparing strings
-            return 1.0 if str(pred[-1]).strip() == gt else 0.0
-        return 1.0 if verify(gold, pred, **v_kw) else 0.0
+        return _verify_answer(strip_think(str(response or "")), str(ground_truth).strip(),
+                              threading.current_thread() is threading.main_thread())
     except Exception as e:  # garbage in, 0 out; the run must go on
         logger.debug("math_verify_reward failed: %s", e)
         return 0.0
+
+
+@functools.lru_cache(maxsize=65536)
+def _verify_answer(answer: str, gt: str, in_main_thread: bool) -> float:
+    """Score one (answer, ground truth) pair; cached, since a group's G samples often repeat."""
+    from math_verify import parse, verify
+
+    # math-verify's own timeouts use SIGALRM, which only works in the main thread; elsewhere
+    # (e.g. under score_with_timeout) the caller's timeout has to do.
+    p_kw = {} if in_main_thread else {"parsing_timeout": None}
+    v_kw = {} if in_main_thread else {"timeout_seconds": None}
+    gold = _parse_gold(gt, in_main_thread)
+    pred = parse(answer, **p_kw)
+    if not pred:
+        num = _last_number(answer)
+        pred = parse(num, **p_kw) if num is not None else []
+    if not pred:
+        return 0.0
+    if not gold:  # unparseable reference: fall back to comparing strings
+        return 1.0 if str(pred[-1]).strip() == gt else 0.0
+    return 1.0 if verify(gold, pred, **v_kw) else 0.0
 
 
 def regex_match_reward(prompt: str, response: str, ground_truth: Any, *,
