@@ -9,8 +9,9 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 install:
 	@bash scripts/install.sh
 
+# Extra Hydra overrides: make run ARGS="max_steps=100 resume_from_checkpoint=auto"
 run: install
-	$(PY) run_pipeline.py --config example_gspo.yaml
+	$(PY) run_pipeline.py --config example_gspo.yaml $(ARGS)
 
 test: install
 	$(PY) -m pytest tests -q
