@@ -94,7 +94,7 @@ def run_sft(cfg: PipelineConfig) -> Dict[str, float]:
                     # Rank r takes every world_size-th mini-batch slice so each gets whole ones.
                     per_rank = [batch.select([j for j in range(len(batch)) if (j // (mini // role.world_size))
                                               % role.world_size == r]) for r in range(role.world_size)]
-                    results = ray.get([w.sft_step.remote(s) for w, s in zip(trainer.workers, per_rank)])
+                    results = trainer.gather([w.sft_step.remote(s) for w, s in zip(trainer.workers, per_rank)])
                     metrics = {k: sum(r[k] for r in results) / len(results) for k in results[0]}
                     metrics["time/step_s"] = time.perf_counter() - began
                     step += len(rows) // mini

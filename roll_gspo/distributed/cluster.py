@@ -135,7 +135,20 @@ class Cluster:
 
     def execute_all(self, method: str, *args, **kwargs) -> List[Any]:
         """Call `method` on every rank with the same arguments; return the per-rank results."""
-        return ray.get(self.execute_all_async(method, *args, **kwargs))
+        return self.gather(self.execute_all_async(method, *args, **kwargs))
+
+    def gather(self, refs: List[ray.ObjectRef]) -> List[Any]:
+        """Results of per-rank calls, failing fast: when one rank raises, its peers may be blocked
+        in a collective waiting for it, so they are stopped and the rank's error is raised."""
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except Exception:
+                self.shutdown()
+                raise
+        return ray.get(list(refs))
 
     def execute_all_async(self, method: str, *args, **kwargs) -> List[ray.ObjectRef]:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
@@ -144,14 +157,16 @@ class Cluster:
         """Split `batch` evenly over ranks, call `method(shard, **kwargs)` on each, concatenate
         returned Batches (or return the list of per-rank results otherwise)."""
         shards = batch.chunk(self.world_size)
-        results = ray.get([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+        results = self.gather([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
         return Batch.concat(results) if all(isinstance(r, Batch) for r in results) else results
 
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
-        remove_placement_group(self.placement_group)
+        if self.placement_group is not None:
+            remove_placement_group(self.placement_group)
+            self.placement_group = None
 
 
 class RankWorker:
