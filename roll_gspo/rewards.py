@@ -5,13 +5,14 @@ A reward function has the signature ``fn(prompt, response, ground_truth, **kwarg
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import math
 import numbers
 import re
 import threading
 from typing import Any, Callable, Optional, Sequence, Tuple
+
+from roll_gspo.utils.imports import import_callable
 
 logger = logging.getLogger(__name__)
 
@@ -99,32 +100,8 @@ def regex_match_reward(prompt: str, response: str, ground_truth: Any, *,
 
 
 def load_reward_fn(path: str) -> Callable[..., Any]:
-    """Import a callable from ``"pkg.mod:fn"`` (attribute path after ``:``) or ``"pkg.mod.fn"``."""
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"reward function path must be 'pkg.module:function', got {path!r}")
-    path = path.strip()
-    if ":" in path:
-        mod_name, _, attr_path = path.partition(":")
-    else:
-        mod_name, _, attr_path = path.rpartition(".")
-    if not mod_name or not attr_path:
-        raise ValueError(f"reward function path {path!r} must look like 'pkg.module:function' "
-                         f"or 'pkg.module.function'")
-    try:
-        obj: Any = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise ImportError(f"cannot import module {mod_name!r} of reward function {path!r}: {e}") \
-            from e
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ImportError(f"reward function {path!r}: {mod_name!r} has no attribute "
-                              f"{attr_path!r}") from None
-    if not callable(obj):
-        raise ValueError(f"reward function {path!r} is not callable "
-                         f"(got {type(obj).__name__})")
-    return obj
+    """The reward function named ``"pkg.mod:fn"`` or ``"pkg.mod.fn"``; errors name the path."""
+    return import_callable(path)
 
 
 def _to_score(value: Any) -> float:

@@ -6,7 +6,6 @@ worker starts, and in ``--dry-run``.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 import os
@@ -235,15 +234,12 @@ def _check_model(name: str, key: str, cfg: PipelineConfig) -> Optional[str]:
 
 
 def _check_import(path: str, key: str) -> Optional[str]:
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
+    from roll_gspo.utils.imports import import_callable
+
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        return f"{key}: cannot import module {module_name!r} of {path!r}: {exc}"
-    if not callable(getattr(module, attr, None)):
-        return f"{key}: {path!r}: module {module_name!r} has no callable {attr!r}"
+        import_callable(path)
+    except Exception as exc:  # anything the user's module raises on import, too
+        return f"{key}: {exc}"
     return None
 
 
