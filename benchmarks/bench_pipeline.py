@@ -1,22 +1,25 @@
 #!/usr/bin/env python
 """How much does the RLVR pipeline cost on top of its engines?
 
-In one run, on the same tiny model and the same batches:
+In one run, on the same tiny model and the same batches, step by step:
 
 1. the real pipeline (``RLVRPipeline`` from a YAML, Ray actors, vLLM rollout, DeepSpeed ranks)
    runs W warm-up + N measured steps; every phase time of every step is kept, with the wall time
    of each ``step()`` call. The prompts given to the rollout and the batch given to the trainer
    are recorded on the way (a spy on ``Cluster.dispatch``, nothing in the pipeline changes);
-2. optionally (``--probe``, on by default), the same work is timed *inside* the pipeline's actors
-   (``__ray_call__``), which separates Ray dispatch/serialisation from the engines' own time;
-3. the pipeline's actors and Ray are shut down, then the raw components run alone on those
-   recorded inputs, with the thread settings read from the pipeline's own actors:
-   * raw vLLM: one process with an in-process ``vllm.LLM`` built with VllmStrategy's engine
-     arguments, generating the recorded prompt batches with the same sampling parameters;
+2. after each step, optionally (``--probe``, on by default), the same work is timed *inside* the
+   pipeline's actors (``__ray_call__``), which separates Ray dispatch/serialisation from the
+   engines' own time;
+3. then the raw components replay that step's inputs, each in its own process started once
+   before the first step, with the thread settings read from the pipeline's own actors:
+   * raw vLLM: an in-process ``vllm.LLM`` built with VllmStrategy's engine arguments, generating
+     the step's prompts with the same sampling parameters;
    * raw DeepSpeed: ``world_size`` plain processes (torch.distributed over gloo, no Ray) each
-     building ``DeepSpeedStrategy`` and doing the training phase's work on its shard of each
-     recorded batch: the old-log-prob forward pass (when ``old_logprob_source: trainer``), then
-     ppo_epochs x mini-batches of forward / GSPO ``policy_loss`` / backward / step;
+     building ``DeepSpeedStrategy`` and doing the training phase's work on its shard of the step's
+     batch: the old-log-prob forward pass (when ``old_logprob_source: trainer``), then
+     ppo_epochs x mini-batches of forward / GSPO ``policy_loss`` / backward / step.
+   Interleaving puts each raw figure next to the pipeline step it is compared with, so a machine
+   that speeds up or slows down during the run moves both sides alike;
 4. a table of medians, the ratios ``pipeline step / (raw generate + raw train)`` and
    ``sync / step`` against their targets, and the same figures as JSON (``--json``).
 
@@ -30,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import select
 import socket
 import statistics
 import subprocess
@@ -183,7 +187,9 @@ def per_step_lists(step_metrics: Sequence[Dict[str, float]], wall: Sequence[floa
 
 
 # ------------------------------------------------------------------------------------------------
-# Raw components, each in its own process (`--_worker vllm|train --_spec FILE`)
+# Raw components: child processes (`--_worker vllm|train`) that load their engine once, then answer
+# one JSON command per line on stdin with one JSON reply per line on a pipe (`--_reply_fd`), so the
+# driver can run them step by step between the pipeline's steps.
 # ------------------------------------------------------------------------------------------------
 def _thread_facts() -> Dict[str, Any]:
     import torch
@@ -192,8 +198,19 @@ def _thread_facts() -> Dict[str, Any]:
             "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
 
 
-def raw_vllm_worker(spec: Dict[str, Any]) -> None:
-    """vllm.LLM in this process, the recorded prompt batches, one generate call per step."""
+def _serve(reply_fd: int, ready: Dict[str, Any], handle) -> None:
+    """Send `ready`, then reply `handle(command)` to each command line until {"exit": true}."""
+    replies = os.fdopen(reply_fd, "w", buffering=1)
+    replies.write(json.dumps(ready) + "\n")
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("exit"):
+            break
+        replies.write(json.dumps(handle(command)) + "\n")
+
+
+def raw_vllm_worker(spec: Dict[str, Any], reply_fd: int) -> None:
+    """vllm.LLM in this process; each command {"prompts": [...]} is one timed generate call."""
     from vllm import LLM, SamplingParams
 
     threads_before = _thread_facts()
@@ -201,21 +218,21 @@ def raw_vllm_worker(spec: Dict[str, Any]) -> None:
     llm = LLM(**spec["engine_args"])
     startup = time.perf_counter() - start
     params = SamplingParams(**spec["sampling"])
-    timings, tokens = [], []
-    for prompts in spec["prompt_batches"]:
+
+    def generate(command):
         start = time.perf_counter()
-        outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-        timings.append(time.perf_counter() - start)
-        tokens.append(sum(len(c.token_ids) for out in outputs for c in out.outputs))
-    result = {"generate_s": timings, "tokens": tokens, "startup_s": startup, "threads_at_start": threads_before,
-              "threads_during_generate": _thread_facts()}
-    with open(spec["result_file"], "w") as handle:
-        json.dump(result, handle)
+        outputs = llm.generate([{"prompt_token_ids": list(p)} for p in command["prompts"]], params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        return {"generate_s": seconds, "tokens": sum(len(c.token_ids) for out in outputs for c in out.outputs),
+                "threads": _thread_facts()}
+
+    _serve(reply_fd, {"startup_s": startup, "threads_at_start": threads_before}, generate)
 
 
-def raw_train_worker(spec: Dict[str, Any]) -> None:
-    """One DeepSpeed rank (env RANK/WORLD_SIZE/MASTER_*): the pipeline's training-phase work on
-    this rank's shard of each recorded batch, with DeepSpeedStrategy and policy_loss, no Ray."""
+def raw_train_worker(spec: Dict[str, Any], reply_fd: int) -> None:
+    """One DeepSpeed rank (env RANK/WORLD_SIZE/MASTER_*): each command {"batch_file": path} is the
+    pipeline's training-phase work on this rank's shard of that batch, with DeepSpeedStrategy and
+    policy_loss, no Ray."""
     import torch
 
     from pipelines.common import prepare_models
@@ -231,15 +248,14 @@ def raw_train_worker(spec: Dict[str, Any]) -> None:
     temperature = cfg.actor_infer.generating_args.temperature or 1.0
     strategy = DeepSpeedStrategy(role, train=True, total_optimizer_steps=spec["total_optimizer_steps"], seed=cfg.seed)
     engine, rank, world = strategy.engine, strategy.rank, strategy.world_size
-    batches = [Batch(tensors).chunk(world)[rank] for tensors in torch.load(spec["batch_file"])]
     per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
 
     def log_probs_of(batch):
         return response_token_log_probs(engine, batch["input_ids"], batch["attention_mask"], batch["prompt_lengths"],
                                         batch["response_mask"].shape[1], temperature)[0]
 
-    old_s, update_s, total_s = [], [], []
-    for batch in batches:
+    def train(command):
+        batch = Batch(torch.load(command["batch_file"])).chunk(world)[rank]
         torch.distributed.barrier()
         start = time.perf_counter()
         if spec["old_logprob_source"] == "trainer":
@@ -269,26 +285,141 @@ def raw_train_worker(spec: Dict[str, Any]) -> None:
                     strategy.backward_and_step(loss)
         torch.distributed.barrier()
         end = time.perf_counter()
-        old_s.append(middle - start)
-        update_s.append(end - middle)
-        total_s.append(end - start)
-    if rank == 0:
-        result = {"old_log_probs_s": old_s, "update_s": update_s, "train_s": total_s,
-                  "optimizer_steps": int(engine.global_steps), "threads": _thread_facts()}
-        with open(spec["result_file"], "w") as handle:
-            json.dump(result, handle)
-    torch.distributed.barrier()
+        return {"old_log_probs_s": middle - start, "update_s": end - middle, "train_s": end - start,
+                "optimizer_steps": int(engine.global_steps)}
+
+    _serve(reply_fd, {"threads": _thread_facts()}, train)
 
 
-# ------------------------------------------------------------------------------------------------
-# The driver
-# ------------------------------------------------------------------------------------------------
+class RawProcess:
+    """The driver's handle on one raw-component child: JSON commands in, JSON replies out."""
+
+    def __init__(self, mode: str, spec: Dict[str, Any], env: Dict[str, str], log_path: str):
+        self.what, self.log_path = f"raw {mode}", log_path
+        spec_path = log_path + ".spec.json"
+        with open(spec_path, "w") as handle:
+            json.dump(spec, handle)
+        read_fd, write_fd = os.pipe()
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--_worker", mode, "--_spec", spec_path,
+             "--_reply_fd", str(write_fd)],
+            env=env, stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+            pass_fds=(write_fd,), text=True)
+        os.close(write_fd)
+        self.replies = os.fdopen(read_fd, "r")
+
+    def send(self, command: Dict[str, Any]) -> None:
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+
+    def receive(self, timeout: float = 1800) -> Dict[str, Any]:
+        # One reply per command, so nothing is ever left in the file object's buffer unseen by select.
+        ready, _, _ = select.select([self.replies], [], [], timeout)
+        line = self.replies.readline() if ready else None
+        if not line:
+            self.proc.kill()
+            tail = open(self.log_path).read()[-4000:]
+            why = "no reply within %.0f s" % timeout if line is None else f"exited (code {self.proc.wait()})"
+            raise RuntimeError(f"{self.what} {why}; log {self.log_path}:\n{tail}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send({"exit": True})
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+        self.log.close()
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+def _child_env(omp_threads: Optional[str]) -> Dict[str, str]:
+    from roll_gspo.distributed.cluster import DEFAULT_WORKER_ENV
+
+    env = dict(os.environ)
+    for key, value in DEFAULT_WORKER_ENV.items():
+        env.setdefault(key, value)
+    if omp_threads is None:
+        env.pop("OMP_NUM_THREADS", None)
+    else:
+        env["OMP_NUM_THREADS"] = str(omp_threads)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    return env
+
+
+class RawEngines:
+    """Raw vLLM (one process) and raw DeepSpeed (`world_size` processes over gloo), loaded once and
+    then driven one recorded batch at a time, so each raw measurement sits right next to the
+    pipeline step whose inputs it replays."""
+
+    def __init__(self, args, cfg, overrides: List[str], vllm_threads: Optional[str], train_threads: Optional[str],
+                 workdir: str):
+        from roll_gspo.config import mini_batch_size
+        from roll_gspo.strategies.vllm_strategy import VLLM_DTYPES
+
+        self.workdir = workdir
+        role, gen = cfg.actor_infer, cfg.actor_infer.generating_args
+        self.engine_args = {"model": role.model_args.model_name_or_path, "dtype": VLLM_DTYPES[role.model_args.dtype],
+                            "seed": cfg.seed, "max_model_len": cfg.prompt_length + cfg.response_length,
+                            "logprobs_mode": "processed_logprobs", "enforce_eager": True}
+        self.engine_args.update(role.strategy_args.strategy_config)  # as VllmStrategy
+        self.sampling = {"n": gen.num_return_sequences, "max_tokens": gen.max_new_tokens,
+                         "temperature": gen.temperature, "top_p": gen.top_p,
+                         "top_k": gen.top_k if gen.top_k > 0 else -1, "logprobs": 0}
+        responses = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+        train_spec = {"config": args.config, "overrides": overrides, "old_logprob_source": cfg.old_logprob_source,
+                      "total_optimizer_steps": cfg.max_steps * cfg.ppo_epochs * (responses // mini_batch_size(cfg))}
+        self.processes: List[RawProcess] = []
+        try:
+            self.vllm = self._start("vllm", {"engine_args": self.engine_args, "sampling": self.sampling},
+                                    _child_env(vllm_threads), "raw_vllm.log")
+            world, port = cfg.actor_train.world_size, _free_port()
+            self.trainers = []
+            for rank in range(world):
+                env = _child_env(train_threads)
+                env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port))
+                self.trainers.append(self._start("train", train_spec, env, f"raw_train_rank{rank}.log"))
+            self.vllm_ready = self.vllm.receive()
+            self.train_ready = [t.receive() for t in self.trainers]
+        except BaseException:
+            self.close()
+            raise
+        self.batches = 0
+
+    def _start(self, mode: str, spec: Dict[str, Any], env: Dict[str, str], log_name: str) -> RawProcess:
+        self.processes.append(RawProcess(mode, spec, env, os.path.join(self.workdir, log_name)))
+        return self.processes[-1]
+
+    def generate(self, prompts: List[List[int]]) -> Dict[str, Any]:
+        self.vllm.send({"prompts": prompts})
+        return self.vllm.receive()
+
+    def train(self, tensors: Dict[str, Any]) -> Dict[str, Any]:
+        import torch
+
+        batch_file = os.path.join(self.workdir, f"train_batch_{self.batches}.pt")
+        self.batches += 1
+        torch.save(tensors, batch_file)
+        for trainer in self.trainers:
+            trainer.send({"batch_file": batch_file})
+        return [trainer.receive() for trainer in self.trainers][0]  # timed between barriers: rank 0's
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# The driver
+# ------------------------------------------------------------------------------------------------
 def _actor_threads(worker) -> Dict[str, Any]:
     import ray
 
@@ -310,9 +441,10 @@ def _probe_train(self, shard, with_old_log_probs):
     return middle - start, time.perf_counter() - middle
 
 
-def run_pipeline(args, cfg, overrides: List[str]) -> Dict[str, Any]:
-    """W + N pipeline steps; returns metrics, wall times, recorded inputs, actor thread facts and
-    (unless --no-probe) in-actor timings of each measured step's work."""
+def run_interleaved(args, cfg, overrides: List[str], workdir: str) -> Dict[str, Any]:
+    """W + N pipeline steps, each followed by (unless --no-probe) the same work timed inside the
+    pipeline's actors and (unless --skip-raw) the raw engines replaying the step's inputs. Returns
+    the pipeline's metrics and wall times, the recorded inputs, thread facts, probe and raw timings."""
     import ray
 
     from pipelines.rlvr_pipeline import RLVRPipeline
@@ -329,13 +461,15 @@ def run_pipeline(args, cfg, overrides: List[str]) -> Dict[str, Any]:
     pipeline = RLVRPipeline(cfg)
     startup = time.perf_counter() - start
     recorded: Dict[str, List[Any]] = {"prompts": [], "train": []}
+    raw_engines = None
+    raw_steps: List[Dict[str, Any]] = []
     try:
         for cluster in (pipeline.actor_infer, pipeline.actor_train):
             original = cluster.dispatch
 
             def spy(method, batch, _original=original, **kwargs):
                 if method == "generate":
-                    recorded["prompts"].append(batch)
+                    recorded["prompts"].append([list(p) for p in batch["prompt_ids"]])
                 elif method == "train_step":
                     recorded["train"].append({k: v.clone() for k, v in batch.tensors.items()})
                 return _original(method, batch, **kwargs)
@@ -343,6 +477,13 @@ def run_pipeline(args, cfg, overrides: List[str]) -> Dict[str, Any]:
             cluster.dispatch = spy
         threads = {"actor_infer": _actor_threads(pipeline.actor_infer.workers[0]),
                    "actor_train": [_actor_threads(w) for w in pipeline.actor_train.workers]}
+        if not args.skip_raw:
+            # The raw processes get the thread settings of the actors they stand for.
+            vllm_threads = args.vllm_threads or threads["actor_infer"]["OMP_NUM_THREADS"]
+            train_threads = args.train_threads or threads["actor_train"][0]["OMP_NUM_THREADS"]
+            print(f"[bench] starting raw vLLM (OMP_NUM_THREADS={vllm_threads}) and raw DeepSpeed x "
+                  f"{cfg.actor_train.world_size} (OMP_NUM_THREADS={train_threads})", flush=True)
+            raw_engines = RawEngines(args, cfg, overrides, vllm_threads, train_threads, workdir)
         metrics, wall, probes = [], [], []
         total = args.warmup + args.steps
         for step in range(1, total + 1):
@@ -350,17 +491,35 @@ def run_pipeline(args, cfg, overrides: List[str]) -> Dict[str, Any]:
             result = pipeline.step(step)
             wall.append(time.perf_counter() - start)
             metrics.append(result)
-            line = f"  pipeline step {step}/{total}: {wall[-1]:.3f} s ({'warm-up' if step <= args.warmup else 'measured'})"
+            line = f"  step {step}/{total} ({'warm-up' if step <= args.warmup else 'measured'}): pipeline {wall[-1]:.3f} s"
             if args.probe and step > args.warmup:
                 probes.append(_probe_step(pipeline, cfg, recorded["prompts"][-1], recorded["train"][-1]))
                 line += "; in-actor " + ", ".join(f"{k} {v:.3f}" for k, v in probes[-1].items() if v is not None)
+            if raw_engines is not None:
+                raw_steps.append({"generate": raw_engines.generate(recorded["prompts"][-1]),
+                                  "train": raw_engines.train(recorded["train"][-1])})
+                line += (f"; raw generate {raw_steps[-1]['generate']['generate_s']:.3f}, "
+                         f"raw train {raw_steps[-1]['train']['train_s']:.3f}")
             print(line, flush=True)
         probe = _probe_summary(probes) if probes else {}
     finally:
+        if raw_engines is not None:
+            raw_engines.close()
         pipeline.shutdown()
         ray.shutdown()
+    raw_vllm = raw_train = None
+    if raw_engines is not None:
+        raw_vllm = {"generate_s": [s["generate"]["generate_s"] for s in raw_steps],
+                    "tokens": [s["generate"]["tokens"] for s in raw_steps],
+                    "startup_s": raw_engines.vllm_ready["startup_s"],
+                    "threads_at_start": raw_engines.vllm_ready["threads_at_start"],
+                    "threads_during_generate": raw_steps[-1]["generate"]["threads"],
+                    "engine_args": raw_engines.engine_args, "sampling": raw_engines.sampling}
+        raw_train = {key: [s["train"][key] for s in raw_steps] for key in ("old_log_probs_s", "update_s", "train_s")}
+        raw_train.update(optimizer_steps=raw_steps[-1]["train"]["optimizer_steps"],
+                         threads=raw_engines.train_ready[0]["threads"])
     return {"metrics": metrics, "wall": wall, "recorded": recorded, "threads": threads, "startup_s": startup,
-            "probe": probe}
+            "probe": probe, "raw_vllm": raw_vllm, "raw_train": raw_train}
 
 
 def _probe_step(pipeline, cfg, prompts, train_tensors) -> Dict[str, Optional[float]]:
@@ -373,7 +532,7 @@ def _probe_step(pipeline, cfg, prompts, train_tensors) -> Dict[str, Optional[flo
     from roll_gspo.distributed.batch import Batch
 
     generate = ray.get(pipeline.actor_infer.workers[0].__ray_call__.remote(
-        _probe_generate, prompts, cfg.actor_infer.generating_args))
+        _probe_generate, Batch(meta={"prompt_ids": prompts}), cfg.actor_infer.generating_args))
     with_old = cfg.old_logprob_source == "trainer"
     shards = Batch(dict(train_tensors)).chunk(pipeline.actor_train.world_size)
     results = ray.get([w.__ray_call__.remote(_probe_train, shard, with_old)
@@ -386,92 +545,6 @@ def _probe_summary(probes: Sequence[Dict[str, Optional[float]]]) -> Dict[str, An
     keys = ("generate", "old_log_probs", "train")
     per_step = {k: [p[k] for p in probes if p.get(k) is not None] for k in keys}
     return {**{k: median(v) for k, v in per_step.items()}, "per_step": per_step}
-
-
-def _run_child(mode: str, spec: Dict[str, Any], env: Dict[str, str], log_path: str) -> subprocess.Popen:
-    spec_path = log_path + ".spec.json"
-    with open(spec_path, "w") as handle:
-        json.dump(spec, handle)
-    log = open(log_path, "w")
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_worker", mode, "--_spec", spec_path],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-
-
-def _wait(procs: Sequence[subprocess.Popen], logs: Sequence[str], what: str, timeout: float = 1800) -> None:
-    deadline = time.time() + timeout
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise RuntimeError(f"{what} timed out; logs: {', '.join(logs)}")
-    failed = [(p, log) for p, log in zip(procs, logs) if p.returncode != 0]
-    if failed:
-        tail = open(failed[0][1]).read()[-4000:]
-        raise RuntimeError(f"{what} failed (exit {failed[0][0].returncode}); log {failed[0][1]}:\n{tail}")
-
-
-def _child_env(omp_threads: Optional[str]) -> Dict[str, str]:
-    from roll_gspo.distributed.cluster import DEFAULT_WORKER_ENV
-
-    env = dict(os.environ)
-    for key, value in DEFAULT_WORKER_ENV.items():
-        env.setdefault(key, value)
-    if omp_threads is None:
-        env.pop("OMP_NUM_THREADS", None)
-    else:
-        env["OMP_NUM_THREADS"] = str(omp_threads)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-    return env
-
-
-def run_raw_vllm(args, cfg, prompt_batches: List[List[List[int]]], omp_threads: Optional[str], workdir: str
-                 ) -> Dict[str, Any]:
-    from roll_gspo.strategies.vllm_strategy import VLLM_DTYPES
-
-    role, gen = cfg.actor_infer, cfg.actor_infer.generating_args
-    engine_args = {"model": role.model_args.model_name_or_path, "dtype": VLLM_DTYPES[role.model_args.dtype],
-                   "seed": cfg.seed, "max_model_len": cfg.prompt_length + cfg.response_length,
-                   "logprobs_mode": "processed_logprobs", "enforce_eager": True}
-    engine_args.update(role.strategy_args.strategy_config)  # as VllmStrategy
-    sampling = {"n": gen.num_return_sequences, "max_tokens": gen.max_new_tokens, "temperature": gen.temperature,
-                "top_p": gen.top_p, "top_k": gen.top_k if gen.top_k > 0 else -1, "logprobs": 0}
-    spec = {"engine_args": engine_args, "sampling": sampling, "prompt_batches": prompt_batches,
-            "result_file": os.path.join(workdir, "raw_vllm.json")}
-    log = os.path.join(workdir, "raw_vllm.log")
-    _wait([_run_child("vllm", spec, _child_env(omp_threads), log)], [log], "raw vLLM")
-    with open(spec["result_file"]) as handle:
-        result = json.load(handle)
-    result.update(engine_args=engine_args, sampling=sampling)
-    return result
-
-
-def run_raw_train(args, cfg, overrides: List[str], batches: List[Dict[str, Any]], omp_threads: Optional[str],
-                  workdir: str) -> Dict[str, Any]:
-    import torch
-
-    from roll_gspo.config import mini_batch_size
-
-    batch_file = os.path.join(workdir, "train_batches.pt")
-    torch.save(batches, batch_file)
-    responses = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
-    spec = {"config": args.config, "overrides": overrides, "batch_file": batch_file,
-            "old_logprob_source": cfg.old_logprob_source,
-            "total_optimizer_steps": cfg.max_steps * cfg.ppo_epochs * (responses // mini_batch_size(cfg)),
-            "result_file": os.path.join(workdir, "raw_train.json")}
-    world = cfg.actor_train.world_size
-    port = _free_port()
-    procs, logs = [], []
-    for rank in range(world):
-        env = _child_env(omp_threads)
-        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
-        logs.append(os.path.join(workdir, f"raw_train_rank{rank}.log"))
-        procs.append(_run_child("train", spec, env, logs[-1]))
-    _wait(procs, logs, "raw DeepSpeed training")
-    with open(spec["result_file"]) as handle:
-        return json.load(handle)
 
 
 def build_report(args, cfg, pipe: Dict[str, Any], raw_vllm: Optional[Dict[str, Any]],
@@ -547,6 +620,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--verbose", action="store_true", help="show the actors' logs")
     parser.add_argument("--_worker", choices=["vllm", "train"], help=argparse.SUPPRESS)
     parser.add_argument("--_spec", help=argparse.SUPPRESS)
+    parser.add_argument("--_reply_fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
@@ -558,7 +632,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args._worker:
         with open(args._spec) as handle:
             spec = json.load(handle)
-        (raw_vllm_worker if args._worker == "vllm" else raw_train_worker)(spec)
+        (raw_vllm_worker if args._worker == "vllm" else raw_train_worker)(spec, args._reply_fd)
         return 0
 
     from roll_gspo.config import load_config
@@ -566,24 +640,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workdir = tempfile.mkdtemp(prefix="bench_pipeline_")
     overrides = build_overrides(args.model, os.path.join(workdir, "output"), args.warmup + args.steps, args.override)
     cfg = load_config(args.config, overrides)
-    print(f"[bench] pipeline: {args.warmup} warm-up + {args.steps} measured steps (work dir {workdir})", flush=True)
+    print(f"[bench] {args.warmup} warm-up + {args.steps} measured steps, pipeline and raw engines interleaved "
+          f"(work dir {workdir})", flush=True)
     # Other work on the machine skews every figure: the load average is kept with the report.
     loads = {"start": os.getloadavg()}
-    pipe = run_pipeline(args, cfg, overrides)
-    loads["after_pipeline"] = os.getloadavg()
-    pipe["overrides"] = overrides
-    raw_vllm = raw_train = None
-    if not args.skip_raw:
-        time.sleep(2.0)  # let Ray's processes exit before the raw parts start
-        infer_threads = args.vllm_threads or pipe["threads"]["actor_infer"]["OMP_NUM_THREADS"]
-        train_threads = args.train_threads or pipe["threads"]["actor_train"][0]["OMP_NUM_THREADS"]
-        prompt_batches = [list(map(list, b["prompt_ids"])) for b in pipe["recorded"]["prompts"]]
-        print(f"[bench] raw vLLM (OMP_NUM_THREADS={infer_threads})", flush=True)
-        raw_vllm = run_raw_vllm(args, cfg, prompt_batches, infer_threads, workdir)
-        print(f"[bench] raw DeepSpeed x {cfg.actor_train.world_size} (OMP_NUM_THREADS={train_threads})", flush=True)
-        raw_train = run_raw_train(args, cfg, overrides, pipe["recorded"]["train"], train_threads, workdir)
+    run = run_interleaved(args, cfg, overrides, workdir)
+    run["overrides"] = overrides
     loads["end"] = os.getloadavg()
-    report = build_report(args, cfg, pipe, raw_vllm, raw_train, loads)
+    report = build_report(args, cfg, run, run["raw_vllm"], run["raw_train"], loads)
     print()
     print(format_table(report))
     if args.json_path:

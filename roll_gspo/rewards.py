@@ -10,7 +10,8 @@ import math
 import numbers
 import re
 import threading
-from typing import Any, Callable, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from roll_gspo.utils.imports import import_callable
 
@@ -120,37 +121,73 @@ def _to_score(value: Any) -> float:
     return score
 
 
-def score_with_timeout(fn: Callable[..., Any], args: Sequence[Any], timeout_s: Optional[float],
-                       kwargs: Optional[dict] = None) -> Tuple[float, str, str]:
-    """Call ``fn(*args, **kwargs)`` with a time limit: ``(score, "ok"|"error"|"timeout", message)``.
+def _checked_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict) -> Tuple[float, str, str]:
+    """``(score, "ok", "")``, or ``(0.0, "error", why)`` when fn raises or returns a non-number."""
+    try:
+        return _to_score(fn(*args, **kwargs)), "ok", ""
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - report anything the reward raises
+        return 0.0, "error", f"{type(e).__name__}: {e}"
 
-    Errors and non-numeric or non-finite results score 0.0 with status "error"; overruns score 0.0
-    with "timeout". The call runs in a daemon thread: a hung call is abandoned (Python threads
-    cannot be killed) and cannot block interpreter exit. ``timeout_s`` None or <= 0: no limit.
+
+def score_many_with_timeout(fn: Callable[..., Any], calls: Sequence[Sequence[Any]], timeout_s: Optional[float],
+                            kwargs: Optional[dict] = None) -> List[Tuple[float, str, str]]:
+    """``fn(*args, **kwargs)`` for each ``args`` in ``calls``, each call limited to ``timeout_s``:
+    a list of ``(score, "ok"|"error"|"timeout", message)``.
+
+    Errors and non-numeric or non-finite results score 0.0 with status "error"; a call that overruns
+    scores 0.0 with "timeout". All calls run in order in one daemon thread (a thread per call costs
+    a scheduler hand-off each, which on a busy machine is most of a cheap reward's time); a hung
+    call is abandoned there (Python threads cannot be killed, and a daemon one cannot block
+    interpreter exit) and a fresh thread goes on with the next. ``timeout_s`` None or <= 0: no
+    limit, calls run in the caller's thread.
     """
     kwargs = kwargs or {}
-    box: dict = {}
-
-    def _run() -> None:
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - report anything the reward raises
-            box["error"] = e
-
     if timeout_s is None or timeout_s <= 0:
-        _run()
-    else:
-        worker = threading.Thread(target=_run, name="reward-fn", daemon=True)
-        worker.start()
-        worker.join(timeout_s)
-        if worker.is_alive():
-            return 0.0, "timeout", f"reward function exceeded {timeout_s:g}s"
-    if "error" in box:
-        e = box["error"]
-        return 0.0, "error", f"{type(e).__name__}: {e}"
-    if "value" not in box:  # e.g. SystemExit inside the worker thread
-        return 0.0, "error", "reward function did not return"
-    try:
-        return _to_score(box["value"]), "ok", ""
-    except (TypeError, ValueError) as e:
-        return 0.0, "error", str(e)
+        return [_checked_call(fn, args, kwargs) for args in calls]
+    results: List[Optional[Tuple[float, str, str]]] = [None] * len(calls)
+    lock = threading.Lock()
+    # The call now running: its index, when it started, and which thread owns the results.
+    current = {"index": 0, "started": time.monotonic(), "owner": 0}
+
+    def run_from(first: int, owner: int) -> None:
+        for index in range(first, len(calls)):
+            with lock:
+                if current["owner"] != owner:
+                    return
+                current["index"], current["started"] = index, time.monotonic()
+            outcome = _checked_call(fn, calls[index], kwargs)
+            with lock:
+                if current["owner"] != owner:  # abandoned after a timeout: its result is void
+                    return
+                results[index] = outcome
+
+    def start(first: int, owner: int) -> threading.Thread:
+        thread = threading.Thread(target=run_from, args=(first, owner), name="reward-fn", daemon=True)
+        thread.start()
+        return thread
+
+    thread = start(0, 0)
+    while True:
+        with lock:
+            index, started = current["index"], current["started"]
+        thread.join(max(timeout_s - (time.monotonic() - started), 0.0) + 1e-3)
+        if not thread.is_alive():
+            break
+        with lock:
+            overran = (current["index"], current["started"]) == (index, started) and results[index] is None \
+                and time.monotonic() - started >= timeout_s
+            if overran:
+                results[index] = (0.0, "timeout", f"reward function exceeded {timeout_s:g}s")
+                current["owner"] += 1
+        if overran:
+            if index + 1 == len(calls):
+                break
+            thread = start(index + 1, current["owner"])
+    # A thread that ended without a result for its call (e.g. SystemExit inside it).
+    return [r if r is not None else (0.0, "error", "reward function did not return") for r in results]
+
+
+def score_with_timeout(fn: Callable[..., Any], args: Sequence[Any], timeout_s: Optional[float],
+                       kwargs: Optional[dict] = None) -> Tuple[float, str, str]:
+    """One call of :func:`score_many_with_timeout`."""
+    return score_many_with_timeout(fn, [args], timeout_s, kwargs)[0]

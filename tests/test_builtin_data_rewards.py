@@ -343,6 +343,33 @@ def test_score_with_timeout():
         assert (score, status) == (0.0, "error"), bad
 
 
+
+def test_score_many_with_timeout_goes_on_after_a_hang():
+    # One thread scores the lot; a hung call is abandoned, the calls after it are still scored,
+    # and the abandoned call's late result never overwrites its timeout.
+    def fn(prompt, response, truth):
+        if response == "hang":
+            time.sleep(1.5)
+            return 1.0
+        if response == "raise":
+            raise ValueError("boom")
+        if response == "exit":
+            raise SystemExit(3)
+        return float(response == truth)
+
+    calls = [("p", "7", "7"), ("p", "hang", "7"), ("p", "8", "7"), ("p", "raise", "7"), ("p", "exit", "7"),
+             ("p", "hang", "7"), ("p", "7", "7")]
+    t0 = time.time()
+    outcomes = rewards.score_many_with_timeout(fn, calls, 0.3)
+    assert time.time() - t0 < 1.4
+    assert [o[:2] for o in outcomes] == [(1.0, "ok"), (0.0, "timeout"), (0.0, "ok"), (0.0, "error"), (0.0, "error"),
+                                         (0.0, "timeout"), (1.0, "ok")]
+    assert "boom" in outcomes[3][2] and "SystemExit" in outcomes[4][2]
+    time.sleep(1.5)  # the hung calls finish now; results already returned stay as they were
+    assert outcomes[1] == (0.0, "timeout", "reward function exceeded 0.3s")
+    assert rewards.score_many_with_timeout(fn, calls[:1], None) == [(1.0, "ok", "")]
+    assert rewards.score_many_with_timeout(fn, [], 1.0) == []
+
 # ------------------------------------------------------------------------------ vLLM
 VLLM_SCRIPT = textwrap.dedent("""
     import json, sys, time

@@ -15,7 +15,7 @@ import torch
 from roll_gspo.config.schema import RewardConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.rewards import load_reward_fn, math_verify_reward, regex_match_reward, score_with_timeout
+from roll_gspo.rewards import load_reward_fn, math_verify_reward, regex_match_reward, score_many_with_timeout
 
 logger = logging.getLogger("roll_gspo.rewards")
 
@@ -38,11 +38,10 @@ class RewardWorker(RankWorker):
     def compute_scores(self, batch: Batch) -> Batch:
         """batch meta prompt_text, response_text, ground_truth -> tensor `scores` (B,) and meta
         `reward_status` ("ok" / "error" / "timeout")."""
+        calls = list(zip(batch["prompt_text"], batch["response_text"], batch["ground_truth"]))
+        outcomes = score_many_with_timeout(self.reward_fn, calls, self.cfg.timeout_s, self.cfg.reward_kwargs)
         scores, statuses = [], []
-        for prompt, response, truth in zip(batch["prompt_text"], batch["response_text"], batch["ground_truth"]):
-            score, status, message = score_with_timeout(
-                functools.partial(self.reward_fn, **self.cfg.reward_kwargs), (prompt, response, truth),
-                self.cfg.timeout_s)
+        for score, status, message in outcomes:
             if status != "ok":
                 logger.warning("reward %s on domain %r: %s (scored 0)", status, self.domain, message)
             scores.append(score)
