@@ -65,8 +65,9 @@ def response_token_log_probs(model, input_ids: torch.Tensor, attention_mask: tor
     targets = torch.gather(next_tokens, 1, index)
     log_probs = torch.gather(log_softmax, 2, targets[:, :, None]).squeeze(-1)
     entropy = None
-    if with_entropy:
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    if with_entropy:  # a metric, never differentiated: no autograd graph for it
+        with torch.no_grad():
+            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
     return log_probs, entropy
 
 

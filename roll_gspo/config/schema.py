@@ -21,6 +21,7 @@ ADV_ESTIMATORS = ["reinforce", "grpo", "rloo"]
 REWARD_NORMS = [None, "group", "batch", "running"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
 OLD_LOGPROB_SOURCES = ["trainer", "rollout"]
+WEIGHT_SYNC_TRANSPORTS = ["auto", "object_store"]
 DTYPES = ["fp32", "bf16", "fp16"]
 TRAIN_STRATEGIES = ["deepspeed_train"]
 INFER_STRATEGIES = ["vllm", "hf_infer"]
@@ -266,6 +267,12 @@ class PipelineConfig:
     model_update_frequency: int = _f(1, "Push trained weights to the rollout engine every N steps.")
     weight_sync_bucket_mb: float = _f(256.0, "Weights are sent to vLLM in buckets of at most this "
                                              "many MB (bounds the extra memory of a sync).")
+    weight_sync_transport: str = _f(
+        "auto", "How weight buckets reach the rollout ranks. auto: through one reused shared-memory "
+                "segment to ranks on the trainer's node (needs /dev/shm room for 2 buckets; falls back "
+                "with a warning), Ray's object store to the others. object_store: always the object "
+                "store (slower on one node; for debugging or a small /dev/shm).",
+        WEIGHT_SYNC_TRANSPORTS)
 
     # --- roles ---
     actor_train: RoleConfig = field(

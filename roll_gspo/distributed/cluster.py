@@ -192,5 +192,8 @@ class RankWorker:
     def rendezvous_address(self):
         return self._master
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def setup(self) -> None:
         pass

@@ -9,13 +9,14 @@ import torch
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.weight_sync import from_wire
+from roll_gspo.weight_sync import SharedSegmentReader, receive_bucket
 
 
 class ActorInferWorker(RankWorker):
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any]):
         super().__init__(dist_env)
         self.cfg = cfg
+        self.shared_weights = SharedSegmentReader()
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
@@ -61,7 +62,7 @@ class ActorInferWorker(RankWorker):
         return self.strategy.score(batch["prompt_ids"], batch["response_ids"])
 
     def load_weight_bucket(self, bucket, last: bool) -> None:
-        """One bucket of a weight sync (`weight_sync.to_wire` items, checkpoint naming)."""
-        self.strategy.load_weights([(name, from_wire(array, tag)) for name, array, tag in bucket])
+        """One bucket of a weight sync (checkpoint naming), by either transport of `weight_sync`."""
+        self.strategy.load_weights(receive_bucket(bucket, self.shared_weights))
         if last:
             self.strategy.finish_weight_update()

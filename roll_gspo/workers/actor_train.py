@@ -14,7 +14,7 @@ from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.modeling import micro_batches, response_token_log_probs
-from roll_gspo.weight_sync import broadcast_weights
+from roll_gspo.weight_sync import WeightSender, broadcast_weights
 
 
 class NonFiniteLossError(RuntimeError):
@@ -35,6 +35,7 @@ class ActorTrainWorker(RankWorker):
         self.role: RoleConfig = getattr(cfg, role_name)
         self.total_optimizer_steps = total_optimizer_steps
         self.temperature = cfg.actor_infer.generating_args.temperature or 1.0
+        self.weight_sender = None
 
     def setup(self) -> None:
         from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
@@ -144,7 +145,9 @@ class ActorTrainWorker(RankWorker):
 
     # -- weights and checkpoints ---------------------------------------------------------------
     def sync_weights_to(self, receivers: List[Any], bucket_mb: float) -> Dict[str, float]:
-        return broadcast_weights(self.strategy, receivers, bucket_mb)
+        if self.rank == 0 and self.weight_sender is None:  # the rollout ranks are fixed for the run
+            self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, int(bucket_mb * (1 << 20)))
+        return broadcast_weights(self.strategy, receivers, bucket_mb, self.weight_sender)
 
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(folder)
