@@ -4,7 +4,7 @@
 by one of two transports:
 
 * shared memory, to rollout ranks on its own node: the bucket is copied into one segment that is
-  reused every sync, and the receivers read it in place. No Ray object store (a put of a few MB
+  reused every sync, and the receivers copy it out. No Ray object store (a put of a few MB
   costs 1-20 ms of raylet round trips on a busy CPU box, against 0.1 ms for the copy);
 * Ray's object store, to rollout ranks on other nodes (and to all of them with
   `weight_sync_transport: object_store`), as numpy arrays.
@@ -34,8 +34,9 @@ def broadcast_weights(strategy, receivers: List[Any], bucket_mb: float, sender: 
     Runs on every training rank at once: under ZeRO-3 each bucket is gathered collectively
     (`strategy.iter_weight_buckets`), so at most one bucket of full weights is materialised at a
     time; rank 0 (the one with a `sender`) delivers each bucket to every rollout rank
-    (`load_weight_bucket`) before the next bucket is gathered; the last bucket also tells them
-    to drop caches computed with the old weights. Returns timing metrics.
+    (`load_weight_bucket`) before the next bucket is gathered. The first bucket opens the rollout
+    engine's update session, the last closes it (and drops caches computed with the old
+    weights). Returns timing metrics.
     """
     start = time.perf_counter()
     sent_bytes, buckets = 0, 0
@@ -44,12 +45,12 @@ def broadcast_weights(strategy, receivers: List[Any], bucket_mb: float, sender: 
         if sender is None:
             continue
         if pending is not None:
-            sender.send(pending, last=False)
+            sender.send(pending, first=buckets == 1, last=False)
         pending = bucket
         sent_bytes += sum(tensor.numel() * tensor.element_size() for _, tensor in bucket)
         buckets += 1
     if sender is not None and pending is not None:
-        sender.send(pending, last=True)
+        sender.send(pending, first=buckets == 1, last=True)
     return {"sync/seconds": time.perf_counter() - start, "sync/megabytes": sent_bytes / (1 << 20),
             "sync/buckets": float(buckets)}
 
@@ -68,14 +69,14 @@ class WeightSender:
         self.by_object_store = [r for r in receivers if r not in self.by_shared_memory]
         self.segment = SharedSegmentWriter() if self.by_shared_memory else None
 
-    def send(self, bucket: List[Tuple[str, torch.Tensor]], last: bool) -> None:
+    def send(self, bucket: List[Tuple[str, torch.Tensor]], first: bool, last: bool) -> None:
         calls = []
         if self.by_shared_memory:
             shared = self.segment.write(bucket)
-            calls += [r.load_weight_bucket.remote(shared, last=last) for r in self.by_shared_memory]
+            calls += [r.load_weight_bucket.remote(shared, first=first, last=last) for r in self.by_shared_memory]
         if self.by_object_store:
             ref = ray.put([(name, *to_wire(tensor)) for name, tensor in bucket])
-            calls += [r.load_weight_bucket.remote(ref, last=last) for r in self.by_object_store]
+            calls += [r.load_weight_bucket.remote(ref, first=first, last=last) for r in self.by_object_store]
         ray.get(calls)
         if self.segment is not None:
             self.segment.delivered()
@@ -86,8 +87,7 @@ class WeightSender:
 
 
 def receive_bucket(payload, reader: "SharedSegmentReader") -> List[Tuple[str, torch.Tensor]]:
-    """A rollout rank's view of one bucket, whichever transport brought it. Tensors may point into
-    shared memory: load them (copy) before the call returns, keep no reference."""
+    """A rollout rank's tensors of one bucket, whichever transport brought it."""
     if isinstance(payload, SharedBucket):
         return reader.read(payload)
     return [(name, from_wire(array, tag)) for name, array, tag in payload]
@@ -188,17 +188,16 @@ class SharedSegmentReader:
         for name, offset, shape, dtype_name in bucket.layout:
             dtype = getattr(torch, dtype_name)
             count = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-            raw = (torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=count, offset=offset) if count
-                   else torch.empty(0, dtype=torch.uint8))
+            # Copied out: loaders may keep a tensor past this call (vLLM buffers a layer's
+            # tensors until the layer is complete) while the next bucket overwrites the segment.
+            raw = (torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=count, offset=offset).clone()
+                   if count else torch.empty(0, dtype=torch.uint8))
             out.append((name, raw.view(dtype).view(shape)))
         return out
 
     def _open(self, name: str, owned_here: bool) -> None:
         if self.segment is not None:
-            try:
-                self.segment.close()
-            except BufferError:  # a caller still holds a view; the mapping goes with the process
-                pass
+            self.segment.close()
         self.segment = shared_memory.SharedMemory(name=name)
         if not owned_here:
             # Python < 3.13 registers an opened segment for removal at this process's exit; the

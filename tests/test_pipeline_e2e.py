@@ -113,16 +113,18 @@ def test_hf_infer_rollout_and_failing_reward_is_counted(tmp_path, tiny_model, ra
     assert sum(r["reward/errors"] for r in records if "reward/errors" in r) > 0
 
 
-@pytest.mark.parametrize("zero_stage, transport", [(2, "auto"), (3, "object_store")])
-def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session, zero_stage, transport):
+@pytest.mark.parametrize("zero_stage, transport, bucket_mb", [(2, "auto", 256.0), (3, "object_store", 0.02),
+                                                        (2, "auto", 0.02)])
+def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session, zero_stage, transport, bucket_mb):
     """After a step and a sync, vLLM's log-probs of fixed sequences equal the trainer's within
     float32 tolerance, and differ from before the step; by shared memory (same node) and by Ray's
-    object store."""
+    object store, in one bucket and in many (a layer's tensors then span buckets)."""
     import ray
 
     from pipelines.rlvr_pipeline import RLVRPipeline
 
     cfg = write_config(tmp_path, tiny_model, max_steps=1, weight_sync_transport=transport,
+                       weight_sync_bucket_mb=bucket_mb,
                        actor_train={"strategy_args": {"strategy_config": {"zero_optimization": {"stage": zero_stage}}}})
     pipeline = RLVRPipeline(cfg)
     try:

@@ -65,6 +65,9 @@ class HfInferStrategy:
             scores += [lp[: len(r)].tolist() for lp, r in zip(log_probs, responses)]
         return scores
 
+    def begin_weight_update(self) -> None:
+        pass
+
     def load_weights(self, named_tensors: List[Tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters(remove_duplicate=False))  # tied names too
         with torch.no_grad():

@@ -27,10 +27,6 @@ class VllmStrategy:
         }
         engine_args.update(role.strategy_args.strategy_config)
         self.llm = LLM(**engine_args)
-        # Each bucket of a weight sync is a partial reload; vLLM warns about the weights the
-        # bucket does not hold, which is expected here.
-        for name in ("inplace", "layerwise"):
-            logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}").setLevel(logging.ERROR)
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int
                  ) -> List[List[Tuple[List[int], List[float], bool]]]:
@@ -63,9 +59,41 @@ class VllmStrategy:
             scores.append([step[token].logprob for token, step in zip(r, steps)])
         return scores
 
+    # A weight update is one session of vLLM's layerwise reload, however many buckets it takes:
+    # a layer is processed (e.g. re-packed for the CPU GEMM kernels) once all its tensors have
+    # arrived, and a layer's tensors may span buckets. (`LLM.reload_weights` per bucket would
+    # finalise half-loaded layers and leave garbage in them.)
+    def begin_weight_update(self) -> None:
+        self.llm.collective_rpc(_begin_layerwise_reload)
+
     def load_weights(self, named_tensors: List[Tuple[str, Any]]) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors),
-                                                          "is_checkpoint_format": True})
+        self.llm.collective_rpc(_load_checkpoint_weights, args=(named_tensors,))
 
     def finish_weight_update(self) -> None:
-        self.llm.reset_prefix_cache()
+        self.llm.collective_rpc(_finish_layerwise_reload)
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+
+
+# Run on each vLLM worker (`collective_rpc` with a callable; in-process with the default
+# VLLM_ENABLE_V1_MULTIPROCESSING=0), as vLLM's own weight-transfer engines do.
+def _begin_layerwise_reload(worker) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(worker.get_model())
+
+
+def _load_checkpoint_weights(worker, named_tensors) -> None:
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(worker.vllm_config):
+        worker.get_model().load_weights(iter(named_tensors))
+
+
+def _finish_layerwise_reload(worker) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        finalize_layerwise_reload(worker.get_model(), worker.model_config)

@@ -61,8 +61,11 @@ class ActorInferWorker(RankWorker):
         """The engine's log-probs of given responses (used to verify weight sync)."""
         return self.strategy.score(batch["prompt_ids"], batch["response_ids"])
 
-    def load_weight_bucket(self, bucket, last: bool) -> None:
-        """One bucket of a weight sync (checkpoint naming), by either transport of `weight_sync`."""
+    def load_weight_bucket(self, bucket, first: bool, last: bool) -> None:
+        """One bucket of a weight sync (checkpoint naming), by either transport of `weight_sync`;
+        `first` and `last` open and close the engine's update session."""
+        if first:
+            self.strategy.begin_weight_update()
         self.strategy.load_weights(receive_bucket(bucket, self.shared_weights))
         if last:
             self.strategy.finish_weight_update()
