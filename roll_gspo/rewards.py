@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_INTEGER = re.compile(r"-?\d+")
 
 
 def strip_think(text: str) -> str:
@@ -68,6 +69,7 @@ def math_verify_reward(prompt: str, response: str, ground_truth: Any, **kwargs) 
 @functools.lru_cache(maxsize=65536)
 def _verify_answer(answer: str, gt: str, in_main_thread: bool) -> float:
     """Score one (answer, ground truth) pair; cached, since a group's G samples often repeat."""
+    import sympy
     from math_verify import parse, verify
 
     # math-verify's own timeouts use SIGALRM, which only works in the main thread; elsewhere
@@ -78,12 +80,26 @@ def _verify_answer(answer: str, gt: str, in_main_thread: bool) -> float:
     pred = parse(answer, **p_kw)
     if not pred:
         num = _last_number(answer)
-        pred = parse(num, **p_kw) if num is not None else []
+        if num is not None and _INTEGER.fullmatch(num):
+            # Built directly: math-verify would send it through sympy's string parser (~0.8 ms).
+            pred = [sympy.Integer(int(num)), str(int(num))]
+        else:
+            pred = parse(num, **p_kw) if num is not None else []
     if not pred:
         return 0.0
     if not gold:  # unparseable reference: fall back to comparing strings
         return 1.0 if str(pred[-1]).strip() == gt else 0.0
+    if _is_integer(gold[0]) and _is_integer(pred[0]):
+        # What verify concludes for two integers, without its ~0.3 ms of sympy machinery (most
+        # of a step's reward time on integer-answer tasks).
+        return 1.0 if gold[0] == pred[0] else 0.0
     return 1.0 if verify(gold, pred, **v_kw) else 0.0
+
+
+def _is_integer(value: Any) -> bool:
+    import sympy
+
+    return isinstance(value, sympy.Integer)
 
 
 def regex_match_reward(prompt: str, response: str, ground_truth: Any, *,

@@ -291,6 +291,9 @@ def test_load_sft_samples(tokenizer, tmp_path):
     ("<think>the answer is 47", "47", 0.0), ("#$%^&*(garbage", "47", 0.0), ("", "47", 0.0),
     ("-3", "-3", 1.0), ("3", "-3", 0.0), ("The answer is -3.", "-3", 1.0), ("47<eos>", "47", 1.0),
     ("0.5", "\\frac{1}{2}", 1.0), (None, "1", 0.0), ("47", 47, 1.0),
+    # the last-number fallback and the integer shortcut agree with math-verify's verify
+    ("J]S!kD2", "2", 1.0), ("ab007", "7", 1.0), ("zz-4", "-4", 1.0), ("zz-4", "4", 0.0), ("q1.5", "1.5", 1.0),
+    ("x12y", "13", 0.0), ("012", "12", 1.0), ("12", "\\frac{24}{2}", 1.0),
 ])
 def test_math_verify_reward(response, truth, expected):
     assert rewards.math_verify_reward("12+35=", response, truth) == expected
