@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -22,6 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import ray
 import torch
+
+from roll_gspo.distributed.batch import from_wire, to_wire
 
 logger = logging.getLogger("roll_gspo.weight_sync")
 ALIGN = 64  # bytes; every tensor starts on a cache line
@@ -91,22 +92,6 @@ def receive_bucket(payload, reader: "SharedSegmentReader") -> List[Tuple[str, to
     if isinstance(payload, SharedBucket):
         return reader.read(payload)
     return [(name, from_wire(array, tag)) for name, array, tag in payload]
-
-
-# -- object store -----------------------------------------------------------------------------------
-def to_wire(tensor: torch.Tensor) -> Tuple[np.ndarray, str]:
-    """numpy travels through Ray's object store without a pickling copy; numpy has no bfloat16,
-    so those go as their int16 bit patterns."""
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy(), "bfloat16"
-    return tensor.numpy(), ""
-
-
-def from_wire(array: np.ndarray, tag: str) -> torch.Tensor:
-    with warnings.catch_warnings():  # object-store arrays are read-only; loaders copy them anyway
-        warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(array)
-    return tensor.view(torch.bfloat16) if tag == "bfloat16" else tensor
 
 
 # -- shared memory ----------------------------------------------------------------------------------
