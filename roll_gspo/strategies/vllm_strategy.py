@@ -3,6 +3,7 @@ token log-probs, in-place weight reload."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Dict, List, Sequence, Tuple
 
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
@@ -15,6 +16,12 @@ class VllmStrategy:
     def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int):
         from vllm import LLM
 
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").lower() not in ("0", "false"):
+            # Weight sync hands tensors to the engine by reference; vLLM's multiprocess engine
+            # would need a data plane for them (its RPC serialises tensors as nested lists).
+            raise RuntimeError("the vllm strategy needs vLLM's in-process engine: set "
+                               "VLLM_ENABLE_V1_MULTIPROCESSING=0 (roll_gspo's workers default to it)")
+
         engine_args: Dict[str, Any] = {
             "model": role.model_args.model_name_or_path,
             "dtype": VLLM_DTYPES[role.model_args.dtype],
@@ -24,8 +31,11 @@ class VllmStrategy:
             # what the trainer scores; vLLM's default reports the raw logits' log-probs.
             "logprobs_mode": "processed_logprobs",
             "enforce_eager": True,
+            # Weight updates are driven through these methods on every vLLM worker.
+            "worker_extension_cls": EXTENSION,
         }
         engine_args.update(role.strategy_args.strategy_config)
+        _check_extension(engine_args["worker_extension_cls"])
         self.llm = LLM(**engine_args)
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int
@@ -64,36 +74,52 @@ class VllmStrategy:
     # arrived, and a layer's tensors may span buckets. (`LLM.reload_weights` per bucket would
     # finalise half-loaded layers and leave garbage in them.)
     def begin_weight_update(self) -> None:
-        self.llm.collective_rpc(_begin_layerwise_reload)
+        self.llm.collective_rpc("roll_gspo_begin_weight_update")
 
     def load_weights(self, named_tensors: List[Tuple[str, Any]]) -> None:
-        self.llm.collective_rpc(_load_checkpoint_weights, args=(named_tensors,))
+        self.llm.collective_rpc("roll_gspo_load_weights", args=(named_tensors,))
 
     def finish_weight_update(self) -> None:
-        self.llm.collective_rpc(_finish_layerwise_reload)
+        self.llm.collective_rpc("roll_gspo_finish_weight_update")
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
 
 
-# Run on each vLLM worker (`collective_rpc` with a callable; in-process with the default
-# VLLM_ENABLE_V1_MULTIPROCESSING=0), as vLLM's own weight-transfer engines do.
-def _begin_layerwise_reload(worker) -> None:
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+class WeightUpdateExtension:
+    """Mixed into every vLLM worker class (`worker_extension_cls`), so that `collective_rpc` can
+    call these by name, in-process or in vLLM's worker processes alike, as vLLM's own
+    weight-transfer engines do. A custom `worker_extension_cls` must subclass it."""
 
-    with set_current_vllm_config(worker.vllm_config):
-        initialize_layerwise_reload(worker.get_model())
+    def roll_gspo_begin_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.get_model())
+
+    def roll_gspo_load_weights(self, named_tensors) -> None:
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            # Pairs come back as lists from vLLM's multiprocess serialisation; loaders want tuples.
+            self.get_model().load_weights((name, tensor) for name, tensor in named_tensors)
+
+    def roll_gspo_finish_weight_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(self.get_model(), self.model_config)
 
 
-def _load_checkpoint_weights(worker, named_tensors) -> None:
-    from vllm.config import set_current_vllm_config
-
-    with set_current_vllm_config(worker.vllm_config):
-        worker.get_model().load_weights(iter(named_tensors))
+EXTENSION = f"{WeightUpdateExtension.__module__}.{WeightUpdateExtension.__qualname__}"
 
 
-def _finish_layerwise_reload(worker) -> None:
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+def _check_extension(qualname: str) -> None:
+    if qualname == EXTENSION:
+        return
+    from roll_gspo.utils.imports import import_object
 
-    with set_current_vllm_config(worker.vllm_config):
-        finalize_layerwise_reload(worker.get_model(), worker.model_config)
+    cls = import_object(qualname)
+    if not (isinstance(cls, type) and issubclass(cls, WeightUpdateExtension)):
+        raise ValueError(f"actor_infer.strategy_args.strategy_config.worker_extension_cls={qualname!r} must "
+                         f"subclass {EXTENSION} (weight sync calls its methods on every vLLM worker)")
