@@ -362,17 +362,13 @@ class RawEngines:
     def __init__(self, args, cfg, overrides: List[str], vllm_threads: Optional[str], train_threads: Optional[str],
                  workdir: str):
         from roll_gspo.config import mini_batch_size
-        from roll_gspo.strategies.vllm_strategy import VLLM_DTYPES
+        from roll_gspo.strategies.vllm_strategy import sampling_kwargs, vllm_engine_args
 
         self.workdir = workdir
-        role, gen = cfg.actor_infer, cfg.actor_infer.generating_args
-        self.engine_args = {"model": role.model_args.model_name_or_path, "dtype": VLLM_DTYPES[role.model_args.dtype],
-                            "seed": cfg.seed, "max_model_len": cfg.prompt_length + cfg.response_length,
-                            "logprobs_mode": "processed_logprobs", "enforce_eager": True}
-        self.engine_args.update(role.strategy_args.strategy_config)  # as VllmStrategy
-        self.sampling = {"n": gen.num_return_sequences, "max_tokens": gen.max_new_tokens,
-                         "temperature": gen.temperature, "top_p": gen.top_p,
-                         "top_k": gen.top_k if gen.top_k > 0 else -1, "logprobs": 0}
+        gen = cfg.actor_infer.generating_args
+        self.engine_args = vllm_engine_args(cfg.actor_infer, max_model_len=cfg.prompt_length + cfg.response_length,
+                                            seed=cfg.seed)
+        self.sampling = sampling_kwargs(gen, gen.num_return_sequences)
         responses = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
         train_spec = {"config": args.config, "overrides": overrides, "old_logprob_source": cfg.old_logprob_source,
                       "total_optimizer_steps": cfg.max_steps * cfg.ppo_epochs * (responses // mini_batch_size(cfg))}

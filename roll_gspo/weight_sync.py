@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import ray
 import torch
 
@@ -67,7 +66,7 @@ class WeightSender:
             logger.warning("weight sync: /dev/shm lacks room for 2 buckets of %.0f MB; using Ray's object store",
                            bucket_bytes / (1 << 20))
         self.by_shared_memory = [r for r, node in zip(receivers, nodes) if local and node == here]
-        self.by_object_store = [r for r in receivers if r not in self.by_shared_memory]
+        self.by_object_store = [r for r, node in zip(receivers, nodes) if not (local and node == here)]
         self.segment = SharedSegmentWriter() if self.by_shared_memory else None
 
     def send(self, bucket: List[Tuple[str, torch.Tensor]], first: bool, last: bool) -> None:
@@ -82,10 +81,6 @@ class WeightSender:
         if self.segment is not None:
             self.segment.delivered()
 
-    def close(self) -> None:
-        if self.segment is not None:
-            self.segment.close()
-
 
 def receive_bucket(payload, reader: "SharedSegmentReader") -> List[Tuple[str, torch.Tensor]]:
     """A rollout rank's tensors of one bucket, whichever transport brought it."""
@@ -98,9 +93,9 @@ def receive_bucket(payload, reader: "SharedSegmentReader") -> List[Tuple[str, to
 @dataclass(frozen=True)
 class SharedBucket:
     """What travels through Ray for a shared-memory bucket: the segment's name and where each
-    tensor lies in it (name, byte offset, shape, dtype name), and the writing process."""
+    tensor lies in it (name, byte offset, byte count, shape, dtype name), and the writing process."""
     segment: str
-    layout: Tuple[Tuple[str, int, Tuple[int, ...], str], ...]
+    layout: Tuple[Tuple[str, int, int, Tuple[int, ...], str], ...]
     writer_pid: int
 
 
@@ -128,14 +123,15 @@ class SharedSegmentWriter:
     def write(self, bucket: List[Tuple[str, torch.Tensor]]) -> SharedBucket:
         layout, size = [], 0
         for name, tensor in bucket:
-            layout.append((name, size, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
-            size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+            nbytes = tensor.numel() * tensor.element_size()
+            layout.append((name, size, nbytes, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+            size += -(-nbytes // ALIGN) * ALIGN
         if self.segment is None or self.segment.size < size:
             self._replace(max(size, ALIGN))
-        for (_, tensor), (_, offset, _, _) in zip(bucket, layout):
-            if tensor.numel():
+        for (_, tensor), (_, offset, nbytes, _, _) in zip(bucket, layout):
+            if nbytes:
                 raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-                torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=raw.numel(), offset=offset).copy_(raw)
+                torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=nbytes, offset=offset).copy_(raw)
         return SharedBucket(self.segment.name, tuple(layout), os.getpid())
 
     def delivered(self) -> None:
@@ -170,14 +166,12 @@ class SharedSegmentReader:
         if bucket.segment != self.name:
             self._open(bucket.segment, owned_here=bucket.writer_pid == os.getpid())
         out = []
-        for name, offset, shape, dtype_name in bucket.layout:
-            dtype = getattr(torch, dtype_name)
-            count = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        for name, offset, nbytes, shape, dtype_name in bucket.layout:
             # Copied out: loaders may keep a tensor past this call (vLLM buffers a layer's
             # tensors until the layer is complete) while the next bucket overwrites the segment.
-            raw = (torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=count, offset=offset).clone()
-                   if count else torch.empty(0, dtype=torch.uint8))
-            out.append((name, raw.view(dtype).view(shape)))
+            raw = (torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=nbytes, offset=offset).clone()
+                   if nbytes else torch.empty(0, dtype=torch.uint8))
+            out.append((name, raw.view(getattr(torch, dtype_name)).view(shape)))
         return out
 
     def _open(self, name: str, owned_here: bool) -> None:

@@ -12,6 +12,30 @@ logger = logging.getLogger("roll_gspo.vllm")
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int) -> Dict[str, Any]:
+    """`vllm.LLM` arguments for a role: ours, then the YAML's `strategy_config` over them."""
+    engine_args: Dict[str, Any] = {
+        "model": role.model_args.model_name_or_path,
+        "dtype": VLLM_DTYPES[role.model_args.dtype],
+        "seed": seed,
+        "max_model_len": max_model_len,
+        # Log-probs of the distribution actually sampled from (after temperature), which is
+        # what the trainer scores; vLLM's default reports the raw logits' log-probs.
+        "logprobs_mode": "processed_logprobs",
+        "enforce_eager": True,
+        # Weight updates are driven through these methods on every vLLM worker.
+        "worker_extension_cls": EXTENSION,
+    }
+    engine_args.update(role.strategy_args.strategy_config)
+    return engine_args
+
+
+def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
+    """`vllm.SamplingParams` arguments: `n` samples per prompt with their sampled log-probs."""
+    return {"n": n, "max_tokens": gen.max_new_tokens, "temperature": gen.temperature, "top_p": gen.top_p,
+            "top_k": gen.top_k if gen.top_k > 0 else -1, "logprobs": 0}
+
+
 class VllmStrategy:
     def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int):
         from vllm import LLM
@@ -22,19 +46,7 @@ class VllmStrategy:
             raise RuntimeError("the vllm strategy needs vLLM's in-process engine: set "
                                "VLLM_ENABLE_V1_MULTIPROCESSING=0 (roll_gspo's workers default to it)")
 
-        engine_args: Dict[str, Any] = {
-            "model": role.model_args.model_name_or_path,
-            "dtype": VLLM_DTYPES[role.model_args.dtype],
-            "seed": seed,
-            "max_model_len": max_model_len,
-            # Log-probs of the distribution actually sampled from (after temperature), which is
-            # what the trainer scores; vLLM's default reports the raw logits' log-probs.
-            "logprobs_mode": "processed_logprobs",
-            "enforce_eager": True,
-            # Weight updates are driven through these methods on every vLLM worker.
-            "worker_extension_cls": EXTENSION,
-        }
-        engine_args.update(role.strategy_args.strategy_config)
+        engine_args = vllm_engine_args(role, max_model_len=max_model_len, seed=seed)
         _check_extension(engine_args["worker_extension_cls"])
         self.llm = LLM(**engine_args)
 
@@ -43,8 +55,7 @@ class VllmStrategy:
         """Per prompt, `n` samples of (response token ids, their log-probs, finished-by-stop)."""
         from vllm import SamplingParams
 
-        params = SamplingParams(n=n, max_tokens=gen.max_new_tokens, temperature=gen.temperature,
-                                top_p=gen.top_p, top_k=gen.top_k if gen.top_k > 0 else -1, logprobs=0)
+        params = SamplingParams(**sampling_kwargs(gen, n))
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
         results = []
         for out in outputs:
