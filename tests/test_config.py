@@ -649,3 +649,12 @@ def test_reference_module_prints_and_checks(capsys):
     assert reference_main([]) == 0
     assert capsys.readouterr().out == render_reference()
     assert reference_main(["--check"]) == 0
+
+
+def test_a_foreign_vllm_worker_extension_is_refused_by_name():
+    from roll_gspo.strategies.vllm_strategy import EXTENSION, WeightUpdateExtension, _check_extension
+
+    _check_extension(EXTENSION)  # ours passes
+    with pytest.raises(ValueError, match="worker_extension_cls='roll_gspo.rewards.math_verify_reward' must subclass"):
+        _check_extension("roll_gspo.rewards.math_verify_reward")
+    assert WeightUpdateExtension.__module__ + "." + WeightUpdateExtension.__qualname__ == EXTENSION
