@@ -113,21 +113,26 @@ def test_hf_infer_rollout_and_failing_reward_is_counted(tmp_path, tiny_model, ra
     assert sum(r["reward/errors"] for r in records if "reward/errors" in r) > 0
 
 
-@pytest.mark.parametrize("zero_stage, transport, bucket_mb", [(2, "auto", 256.0), (3, "object_store", 0.02),
-                                                        (2, "auto", 0.02)])
-def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session, zero_stage, transport, bucket_mb):
-    """After a step and a sync, vLLM's log-probs of fixed sequences equal the trainer's within
-    float32 tolerance, and differ from before the step; by shared memory (same node) and by Ray's
-    object store, in one bucket and in many (a layer's tensors then span buckets)."""
+@pytest.mark.parametrize("zero_stage, transport, bucket_mb, update", [(2, "auto", 256.0, "auto"),
+                                                                (3, "object_store", 0.02, "layerwise"),
+                                                                (2, "auto", 0.02, "auto")])
+def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session, zero_stage, transport, bucket_mb,
+                                              update):
+    """After each of two steps and syncs, vLLM's log-probs of fixed sequences equal the
+    trainer's within float32 tolerance, and differ from before; by shared memory (same node) and
+    by Ray's object store, in one bucket and in many (a layer's tensors then span buckets), with
+    vLLM's layerwise reload and with the direct CPU update."""
     import ray
 
     from pipelines.rlvr_pipeline import RLVRPipeline
 
-    cfg = write_config(tmp_path, tiny_model, max_steps=1, weight_sync_transport=transport,
-                       weight_sync_bucket_mb=bucket_mb,
+    cfg = write_config(tmp_path, tiny_model, max_steps=2, weight_sync_transport=transport,
+                       weight_sync_bucket_mb=bucket_mb, vllm_weight_update=update,
                        actor_train={"strategy_args": {"strategy_config": {"zero_optimization": {"stage": zero_stage}}}})
     pipeline = RLVRPipeline(cfg)
     try:
+        mode = ray.get(pipeline.actor_infer.workers[0].__ray_call__.remote(lambda w: w.strategy.update_mode))
+        assert mode == ("direct" if update == "auto" else "layerwise")
         fixed = Batch(meta={"prompt_ids": [[20, 21, 15, 22], [23, 24, 15], [25, 15, 26, 27, 28]],
                             "response_ids": [[20, 21, 1], [22, 1], [23, 24, 25, 1]]})
         pipeline._add_sequence_tensors(fixed)
@@ -143,11 +148,13 @@ def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session,
         before = vllm_scores()
         for v, t in zip(before, trainer_scores()):
             assert torch.allclose(v, t, atol=1e-3), (v, t)
-        pipeline.step(1)  # generate, reward, train, sync
-        after_vllm, after_trainer = vllm_scores(), trainer_scores()
-        for v, t in zip(after_vllm, after_trainer):
-            assert torch.allclose(v, t, atol=1e-3), (v, t)
-        assert max(float((a - b).abs().max()) for a, b in zip(after_vllm, before)) > 1e-3
+        for step in (1, 2):
+            pipeline.step(step)  # generate, reward, train, sync
+            after_vllm, after_trainer = vllm_scores(), trainer_scores()
+            for v, t in zip(after_vllm, after_trainer):
+                assert torch.allclose(v, t, atol=1e-3), (step, v, t)
+            assert max(float((a - b).abs().max()) for a, b in zip(after_vllm, before)) > 1e-3
+            before = after_vllm
     finally:
         pipeline.shutdown()
 

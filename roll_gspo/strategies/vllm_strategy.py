@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
 
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 
@@ -37,7 +39,7 @@ def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
 
 
 class VllmStrategy:
-    def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int):
+    def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int, weight_update: str = "auto"):
         from vllm import LLM
 
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").lower() not in ("0", "false"):
@@ -49,6 +51,7 @@ class VllmStrategy:
         engine_args = vllm_engine_args(role, max_model_len=max_model_len, seed=seed)
         _check_extension(engine_args["worker_extension_cls"])
         self.llm = LLM(**engine_args)
+        self.update_mode = self.llm.collective_rpc("roll_gspo_prepare_weight_updates", args=(weight_update,))[0]
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int
                  ) -> List[List[Tuple[List[int], List[float], bool]]]:
@@ -80,10 +83,9 @@ class VllmStrategy:
             scores.append([step[token].logprob for token, step in zip(r, steps)])
         return scores
 
-    # A weight update is one session of vLLM's layerwise reload, however many buckets it takes:
-    # a layer is processed (e.g. re-packed for the CPU GEMM kernels) once all its tensors have
-    # arrived, and a layer's tensors may span buckets. (`LLM.reload_weights` per bucket would
-    # finalise half-loaded layers and leave garbage in them.)
+    # A weight update is one session, however many buckets it takes: begin, load each bucket,
+    # finish. Per bucket work would be wrong: a layer's tensors may span buckets, and a layer is
+    # processed (e.g. re-packed for the CPU GEMM kernels) once all of them have arrived.
     def begin_weight_update(self) -> None:
         self.llm.collective_rpc("roll_gspo_begin_weight_update")
 
@@ -98,28 +100,111 @@ class VllmStrategy:
 class WeightUpdateExtension:
     """Mixed into every vLLM worker class (`worker_extension_cls`), so that `collective_rpc` can
     call these by name, in-process or in vLLM's worker processes alike, as vLLM's own
-    weight-transfer engines do. A custom `worker_extension_cls` must subclass it."""
+    weight-transfer engines do. A custom `worker_extension_cls` must subclass it.
+
+    Two ways to take new weights (`vllm_weight_update`):
+
+    * ``layerwise``: vLLM's layerwise reload. Each layer is rebuilt in checkpoint format, loaded,
+      processed and copied back into the kernel-format tensors. Works for any model and
+      quantization; its Python bookkeeping costs ~20 ms per sync even on a tiny model.
+    * ``direct`` (what ``auto`` picks on CPU for unquantized models): the linear layers keep a
+      plain copy of their weights (vLLM on CPU frees it after packing it for oneDNN), the model's
+      own weight loaders copy each bucket into it, and finishing re-packs each linear layer with
+      the same `dispatch_cpu_unquantized_gemm` vLLM used at load time.
+    """
+
+    def roll_gspo_prepare_weight_updates(self, method: str) -> str:
+        """Choose and set up the update mode once, at start-up; returns it."""
+        self._roll_gspo_packed = None
+        if method == "auto":
+            self._roll_gspo_packed = _keep_plain_linear_weights(self.get_model(), self.vllm_config)
+        self._roll_gspo_unchecked = True
+        # Second names of one tensor (tied embeddings): the loaders refuse a bucket holding the
+        # alias without its first name, and loading the first name updates both.
+        first_names = {}
+        self._roll_gspo_aliases = {name for name, param in self.get_model().named_parameters(remove_duplicate=False)
+                                   if first_names.setdefault(id(param), name) != name}
+        return "layerwise" if self._roll_gspo_packed is None else "direct"
 
     def roll_gspo_begin_weight_update(self) -> None:
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+        if self._roll_gspo_packed is None:
+            from vllm.config import set_current_vllm_config
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-        with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(self.get_model())
+            with set_current_vllm_config(self.vllm_config):
+                initialize_layerwise_reload(self.get_model())
 
     def roll_gspo_load_weights(self, named_tensors) -> None:
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vllm_config):
             # Pairs come back as lists from vLLM's multiprocess serialisation; loaders want tuples.
-            self.get_model().load_weights((name, tensor) for name, tensor in named_tensors)
+            skip = self._roll_gspo_aliases if self._roll_gspo_packed is not None else ()
+            self.get_model().load_weights((name, tensor) for name, tensor in named_tensors if name not in skip)
 
     def roll_gspo_finish_weight_update(self) -> None:
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(self.get_model(), self.model_config)
+            if self._roll_gspo_packed is None:
+                from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+                finalize_layerwise_reload(self.get_model(), self.model_config)
+                return
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+            for name, layer in self._roll_gspo_packed:
+                if self._roll_gspo_unchecked and torch.isnan(layer.weight).any():
+                    # The plain copies start as NaN: a layer the first sync missed must not run on garbage.
+                    raise RuntimeError(f"weight sync sent no weights for vLLM layer {name!r}; its "
+                                       f"checkpoint names must match the trained model's")
+                dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+            self._roll_gspo_unchecked = False
+
+
+def _keep_plain_linear_weights(model, vllm_config) -> Optional[List[Tuple[str, Any]]]:
+    """For the direct update mode: give every CPU-packed linear layer of an unquantized model a
+    full-size weight again (NaN until the first sync), with its original weight loader. Returns
+    the (name, layer) pairs to re-pack after each update, or None when the model does not qualify
+    (not CPU, quantized, LoRA, a layer kind this does not know), leaving the model untouched."""
+    try:
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+        from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
+        from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
+        from vllm.platforms import current_platform
+    except ImportError as exc:  # another vLLM version: its layerwise reload still works
+        logger.warning("vLLM direct weight updates unavailable (%s); using layerwise reload", exc)
+        return None
+    if not current_platform.is_cpu() or vllm_config.model_config.quantization or vllm_config.lora_config:
+        return None
+    packed, freed = [], []
+    for name, layer in model.named_modules():
+        method = getattr(layer, "quant_method", None)
+        if method is not None and type(method) not in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
+            return None
+        if not hasattr(layer, "cpu_linear") or getattr(layer, "_cpu_skip_gemm_dispatch", False):
+            continue  # not packed: its weights are loaded in place as they are
+        weight = getattr(layer, "weight", None)
+        if not isinstance(weight, torch.nn.Parameter) or weight.ndim not in (1, 2):
+            return None
+        if weight.numel() == 0:  # packed, plain weight freed
+            recorded = get_layerwise_info(layer).restore_metadata[0].get("weight")
+            if recorded is None:
+                return None
+            freed.append((layer, recorded))
+        packed.append((name, layer))
+    megabytes = 0.0
+    for layer, recorded in freed:
+        with get_layerwise_info(layer).restore_device:
+            plain = materialize_meta_tensor(restore_layer_refs(recorded, layer)).fill_(float("nan"))
+        delattr(layer, "weight")
+        layer.register_parameter("weight", plain)
+        megabytes += plain.numel() * plain.element_size() / (1 << 20)
+    logger.info("vLLM weight updates: direct (%d packed layers re-packed per sync; plain copies of %d "
+                "linear weights kept, %.1f MB)", len(packed), len(freed), megabytes)
+    return packed
 
 
 EXTENSION = f"{WeightUpdateExtension.__module__}.{WeightUpdateExtension.__qualname__}"

@@ -27,7 +27,8 @@ class ActorInferWorker(RankWorker):
         if role.strategy_args.strategy_name == "vllm":
             from roll_gspo.strategies.vllm_strategy import VllmStrategy
 
-            self.strategy = VllmStrategy(role, max_model_len=cfg.prompt_length + cfg.response_length, seed=seed)
+            self.strategy = VllmStrategy(role, max_model_len=cfg.prompt_length + cfg.response_length, seed=seed,
+                                         weight_update=cfg.vllm_weight_update)
         else:
             from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
 
