@@ -116,31 +116,39 @@ class RLVRPipeline:
         prompts = self._prompt_batch(self.sampler.next_batch())
         with _timed(timings, "generate"):
             batch = self.actor_infer.dispatch("generate", prompts, gen=cfg.actor_infer.generating_args)
-        pending_rewards = self._start_rewards(batch)  # CPU reward workers run during the passes below
         self._add_sequence_tensors(batch)
+        view = self._view(batch)
+        pending_rewards = None  # the CPU reward workers score while the first log-prob pass runs
         if self.reference is not None:
             with _timed(timings, "reference"):
-                batch["ref_log_probs"] = self.reference.dispatch("compute_log_probs", self._view(batch))["ref_log_probs"]
+                calls = self.reference.dispatch_async("compute_log_probs", view)
+                pending_rewards = self._start_rewards(batch)
+                batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
         with _timed(timings, "old_log_probs"):
-            if cfg.old_logprob_source == "trainer":
-                batch["old_log_probs"] = self.actor_train.dispatch("compute_log_probs", self._view(batch))["old_log_probs"]
-            else:
-                batch["old_log_probs"] = batch["rollout_log_probs"]
+            calls = (self.actor_train.dispatch_async("compute_log_probs", view)
+                     if cfg.old_logprob_source == "trainer" else None)
+            if pending_rewards is None:
+                pending_rewards = self._start_rewards(batch)
+            batch["old_log_probs"] = (self.actor_train.collect(calls)["old_log_probs"] if calls is not None
+                                      else batch["rollout_log_probs"])
         with _timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
             reward_metrics = self._collect_rewards(batch, pending_rewards)
         with _timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self._advantages(batch)
+        sync_due = step % cfg.model_update_frequency == 0
         with _timed(timings, "train"):
-            train_metrics = self.actor_train.dispatch("train_step", self._view(batch))
-        if step % cfg.model_update_frequency == 0:
-            with _timed(timings, "sync"):
-                sync_metrics = self.sync_weights()
-        else:
-            sync_metrics = {}
+            # With a sync due, the ranks send the new weights to the rollout ranks at the end of the
+            # same call (one driver round trip less); its own time is the `sync` phase.
+            per_rank = self.actor_train.dispatch("train_step", self._view(batch),
+                                                 sync_to=self.actor_infer.workers if sync_due else None)
+        train_metrics, sync_metrics = _split_sync_metrics(per_rank)
+        if sync_due:
+            timings["sync"] = sync_metrics["sync/seconds"]
+            timings["train"] -= timings["sync"]
         step_seconds = sum(timings.values())
         lengths = batch["response_mask"].sum(-1)
         return {
-            **reward_metrics, **adv_metrics, **_mean_over_ranks(train_metrics), **sync_metrics,
+            **reward_metrics, **adv_metrics, **train_metrics, **sync_metrics,
             **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": step_seconds,
             "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
             "response/truncated_frac": 1.0 - sum(batch["finished"]) / len(batch),
@@ -272,6 +280,13 @@ def _timed(timings: Dict[str, float], name: str):
     start = time.perf_counter()
     yield
     timings[name] = time.perf_counter() - start
+
+
+def _split_sync_metrics(per_rank: List[Dict[str, float]]):
+    """Training metrics merged over ranks, and the weight sync's (`sync/*`) as rank 0, the
+    sender, measured them (empty without a sync)."""
+    train = [{k: v for k, v in metrics.items() if not k.startswith("sync/")} for metrics in per_rank]
+    return _mean_over_ranks(train), {k: v for k, v in per_rank[0].items() if k.startswith("sync/")}
 
 
 def _mean_over_ranks(per_rank: List[Dict[str, float]]) -> Dict[str, float]:

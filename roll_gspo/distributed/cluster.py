@@ -156,8 +156,16 @@ class Cluster:
     def dispatch(self, method: str, batch: Batch, **kwargs) -> Any:
         """Split `batch` evenly over ranks, call `method(shard, **kwargs)` on each, concatenate
         returned Batches (or return the list of per-rank results otherwise)."""
+        return self.collect(self.dispatch_async(method, batch, **kwargs))
+
+    def dispatch_async(self, method: str, batch: Batch, **kwargs) -> List[ray.ObjectRef]:
+        """`dispatch` without waiting: the per-rank calls, for `collect`."""
         shards = batch.chunk(self.world_size)
-        results = self.gather([getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)])
+        return [getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)]
+
+    def collect(self, refs: List[ray.ObjectRef]) -> Any:
+        """Results of `dispatch_async`, as `dispatch` returns them."""
+        results = self.gather(refs)
         return Batch.concat(results) if all(isinstance(r, Batch) for r in results) else results
 
     def shutdown(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -56,10 +56,11 @@ class ActorTrainWorker(RankWorker):
         self.engine.train()
         return Batch({"old_log_probs": torch.cat(parts)})
 
-    def train_step(self, batch: Batch) -> Dict[str, float]:
+    def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None) -> Dict[str, float]:
         """GSPO update on this rank's shard. Needs tensors input_ids, attention_mask,
         prompt_lengths, response_mask, old_log_probs, advantages (and ref_log_probs with
-        use_kl_loss). Returns metrics averaged over micro-batches."""
+        use_kl_loss). Returns metrics averaged over micro-batches; with `sync_to` (the rollout
+        workers), the new weights are then sent to them and the `sync/*` metrics added."""
         cfg, args = self.cfg, self.role.training_args
         per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
         metrics: Dict[str, List[float]] = defaultdict(list)
@@ -71,7 +72,10 @@ class ActorTrainWorker(RankWorker):
                 mini = batch.select(order[start:start + per_rank_mini])
                 self._train_mini_batch(mini, metrics, before_any_update=first)
                 first = False
-        return {k: float(sum(v) / len(v)) for k, v in metrics.items()}
+        result = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
+        if sync_to is not None:
+            result.update(self.sync_weights_to(sync_to, cfg.weight_sync_bucket_mb))
+        return result
 
     def _train_mini_batch(self, mini: Batch, metrics: Dict[str, List[float]], before_any_update: bool) -> None:
         cfg, args = self.cfg, self.role.training_args
