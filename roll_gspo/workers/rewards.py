@@ -18,6 +18,7 @@ from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.rewards import load_reward_fn, math_verify_reward, regex_match_reward, score_many_with_timeout
 
 logger = logging.getLogger("roll_gspo.rewards")
+WARM_UP_ANSWERS = ("4c%;5A", "$\\frac{1}{2}$", "\\boxed{x^2+1}", "x = 3.5%")
 
 
 class RewardWorker(RankWorker):
@@ -55,6 +56,10 @@ class MathRuleRewardWorker(RewardWorker):
     def build_reward_fn(self):
         # math-verify warns on every call that its SIGALRM timeout is off in threads; ours applies.
         logging.getLogger("math_verify").setLevel(logging.ERROR)
+        # Its first number and first LaTeX answer import sympy and the LaTeX parser (0.2-0.4 s
+        # each): paid here, while the models load, instead of inside some training step.
+        score_many_with_timeout(math_verify_reward, [("", answer, "1") for answer in WARM_UP_ANSWERS],
+                                self.cfg.timeout_s)
         return math_verify_reward
 
 
