@@ -73,6 +73,8 @@ def check_training_happened(cfg, records, model):
         for key in ("reward/mean", "actor/clipfrac", "actor/ratio_mean", "actor/grad_norm", "actor/entropy",
                     "time/step_s", "time/generate_s", "time/train_s", "sync/seconds", "rollout/logprob_gap"):
             assert key in record and record[key] is not None and math.isfinite(record[key]), key
+        # The sync rides on the train call but stays its own phase, timed by the sending rank.
+        assert record["time/sync_s"] == record["sync/seconds"] > 0
     assert weights_changed(model, os.path.join(cfg.output_dir, "final_model")) > 0
     assert os.path.exists(os.path.join(cfg.output_dir, "metrics.png"))
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(cfg.logging_dir))
