@@ -23,7 +23,7 @@ In one run, on the same tiny model and the same batches, step by step:
 4. a table of medians, the ratios ``pipeline step / (raw generate + raw train)`` and
    ``sync / step`` against their targets, and the same figures as JSON (``--json``).
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--steps 5] [--warmup 2] [--json out.json]
+    .venv/bin/python benchmarks/bench_pipeline.py [--steps 10] [--warmup 2] [--json out.json]
 
 See benchmarks/README.md for what each figure means.
 """
@@ -603,7 +603,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--config", default=os.path.join(REPO_ROOT, "examples", "example_gspo.yaml"))
     parser.add_argument("--model", default="builtin:tiny-arith-base", help="`pretrain` for the run")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up steps, not measured")
-    parser.add_argument("--steps", type=int, default=5, help="measured steps")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps")
     parser.add_argument("--json", dest="json_path", help="write the report here as JSON")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Hydra override for the YAML (repeatable)")

@@ -161,12 +161,14 @@ class RLVRPipeline:
         return Batch(meta={k: [item[k] for item in items] for k in keys})
 
     def _start_rewards(self, batch: Batch) -> list:
-        """Send every response to its domain's reward cluster; returns what to collect."""
+        """Send every response (its meta: texts, token ids, ground truth, domain; not the
+        trainer's tensors) to its domain's reward cluster; returns what to collect."""
+        responses = Batch(meta=batch.meta)
         pending = []
         for name, cluster in self.rewards.items():
             rows = [i for i, d in enumerate(batch["domain"]) if self.domain_of_worker[d] == name]
             if rows:
-                shards = batch.select(rows).chunk(cluster.world_size)
+                shards = responses.select(rows).chunk(cluster.world_size)
                 refs = [w.compute_scores.remote(s) for w, s in zip(cluster.workers, shards)]
                 pending.append((rows, refs))
         return pending

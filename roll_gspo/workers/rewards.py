@@ -37,8 +37,9 @@ class RewardWorker(RankWorker):
         raise NotImplementedError
 
     def compute_scores(self, batch: Batch) -> Batch:
-        """batch meta prompt_text, response_text, ground_truth -> tensor `scores` (B,) and meta
-        `reward_status` ("ok" / "error" / "timeout")."""
+        """batch: the responses' meta (prompt_text, response_text, ground_truth, prompt_ids,
+        response_ids, domain, finished) -> tensor `scores` (B,) and meta `reward_status`
+        ("ok" / "error" / "timeout")."""
         calls = list(zip(batch["prompt_text"], batch["response_text"], batch["ground_truth"]))
         outcomes = score_many_with_timeout(self.reward_fn, calls, self.cfg.timeout_s, self.cfg.reward_kwargs)
         scores, statuses = [], []
