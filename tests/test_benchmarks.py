@@ -84,7 +84,7 @@ def test_ratios_verdicts_table_and_overrides(bench):
 
 def test_cli_defaults(bench):
     args = bench.parse_args([])
-    assert (args.warmup, args.steps, args.model, args.probe) == (2, 5, "builtin:tiny-arith-base", True)
+    assert (args.warmup, args.steps, args.model, args.probe) == (2, 10, "builtin:tiny-arith-base", True)
     assert args.config.endswith("examples/example_gspo.yaml")
     with pytest.raises(SystemExit):
         bench.parse_args(["--steps", "0"])
