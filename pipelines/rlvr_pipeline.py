@@ -210,7 +210,7 @@ class RLVRPipeline:
             whiten_advantages=cfg.whiten_advantages, advantage_clip=cfg.advantage_clip)
 
     def sync_weights(self) -> Dict[str, float]:
-        results = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, self.cfg.weight_sync_bucket_mb)
+        results = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers)
         return results[0]
 
     # -- validation, checkpoints, the loop ------------------------------------------------------------

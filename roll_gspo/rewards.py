@@ -96,7 +96,6 @@ def _verify_answer(answer: str, gt: str, in_main_thread: bool) -> float:
     return 1.0 if verify(gold, pred, **v_kw) else 0.0
 
 
-
 def regex_match_reward(prompt: str, response: str, ground_truth: Any, *,
                        pattern: Optional[str] = None, **kwargs) -> float:
     """Exact match after strip, or with ``pattern``: its group(1) (or whole match) vs the truth."""

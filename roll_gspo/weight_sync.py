@@ -27,9 +27,8 @@ logger = logging.getLogger("roll_gspo.weight_sync")
 ALIGN = 64  # bytes; every tensor starts on a cache line
 
 
-def broadcast_weights(strategy, receivers: List[Any], bucket_mb: float, sender: Optional["WeightSender"]
-                      ) -> Dict[str, float]:
-    """Send `strategy`'s full weights to every rollout worker in `receivers`.
+def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSender"]) -> Dict[str, float]:
+    """Send `strategy`'s full weights to every rollout worker of `sender`.
 
     Runs on every training rank at once: under ZeRO-3 each bucket is gathered collectively
     (`strategy.iter_weight_buckets`), so at most one bucket of full weights is materialised at a
@@ -41,7 +40,7 @@ def broadcast_weights(strategy, receivers: List[Any], bucket_mb: float, sender: 
     start = time.perf_counter()
     sent_bytes, buckets = 0, 0
     pending = None  # each bucket is sent once the next one is known, so the last can say so
-    for bucket in strategy.iter_weight_buckets(int(bucket_mb * (1 << 20))):
+    for bucket in strategy.iter_weight_buckets(bucket_bytes):
         if sender is None:
             continue
         if pending is not None:

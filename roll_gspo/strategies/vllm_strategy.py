@@ -119,11 +119,12 @@ class WeightUpdateExtension:
         if method == "auto":
             self._roll_gspo_packed = _keep_plain_linear_weights(self.get_model(), self.vllm_config)
         self._roll_gspo_unchecked = True
-        # Second names of one tensor (tied embeddings): the loaders refuse a bucket holding the
-        # alias without its first name, and loading the first name updates both.
-        first_names = {}
-        self._roll_gspo_aliases = {name for name, param in self.get_model().named_parameters(remove_duplicate=False)
-                                   if first_names.setdefault(id(param), name) != name}
+        # Direct loads skip second names of one tensor (tied embeddings): the loaders refuse a
+        # bucket holding the alias without its first name, and loading the first updates both.
+        first_names: Dict[int, str] = {}
+        self._roll_gspo_aliases = set() if self._roll_gspo_packed is None else {
+            name for name, param in self.get_model().named_parameters(remove_duplicate=False)
+            if first_names.setdefault(id(param), name) != name}
         return "layerwise" if self._roll_gspo_packed is None else "direct"
 
     def roll_gspo_begin_weight_update(self) -> None:
@@ -139,8 +140,8 @@ class WeightUpdateExtension:
 
         with set_current_vllm_config(self.vllm_config):
             # Pairs come back as lists from vLLM's multiprocess serialisation; loaders want tuples.
-            skip = self._roll_gspo_aliases if self._roll_gspo_packed is not None else ()
-            self.get_model().load_weights((name, tensor) for name, tensor in named_tensors if name not in skip)
+            self.get_model().load_weights((name, tensor) for name, tensor in named_tensors
+                                          if name not in self._roll_gspo_aliases)
 
     def roll_gspo_finish_weight_update(self) -> None:
         from vllm.config import set_current_vllm_config
@@ -190,15 +191,16 @@ def _keep_plain_linear_weights(model, vllm_config) -> Optional[List[Tuple[str, A
         if not isinstance(weight, torch.nn.Parameter) or weight.ndim not in (1, 2):
             return None
         if weight.numel() == 0:  # packed, plain weight freed
-            recorded = get_layerwise_info(layer).restore_metadata[0].get("weight")
-            if recorded is None:
+            info = get_layerwise_info(layer)  # what vLLM recorded at load time
+            if "weight" not in info.restore_metadata[0]:
                 return None
-            freed.append((layer, recorded))
+            freed.append((layer, info))
         packed.append((name, layer))
     megabytes = 0.0
-    for layer, recorded in freed:
-        with get_layerwise_info(layer).restore_device:
-            plain = materialize_meta_tensor(restore_layer_refs(recorded, layer)).fill_(float("nan"))
+    for layer, info in freed:
+        with info.restore_device:
+            recorded = restore_layer_refs(info.restore_metadata[0]["weight"], layer)
+            plain = materialize_meta_tensor(recorded).fill_(float("nan"))
         delattr(layer, "weight")
         layer.register_parameter("weight", plain)
         megabytes += plain.numel() * plain.element_size() / (1 << 20)

@@ -74,7 +74,7 @@ class ActorTrainWorker(RankWorker):
                 first = False
         result = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
         if sync_to is not None:
-            result.update(self.sync_weights_to(sync_to, cfg.weight_sync_bucket_mb))
+            result.update(self.sync_weights_to(sync_to))
         return result
 
     def _train_mini_batch(self, mini: Batch, metrics: Dict[str, List[float]], before_any_update: bool) -> None:
@@ -148,10 +148,11 @@ class ActorTrainWorker(RankWorker):
         return {k: float(sum(v) / len(v)) for k, v in metrics.items()}
 
     # -- weights and checkpoints ---------------------------------------------------------------
-    def sync_weights_to(self, receivers: List[Any], bucket_mb: float) -> Dict[str, float]:
+    def sync_weights_to(self, receivers: List[Any]) -> Dict[str, float]:
+        bucket_bytes = int(self.cfg.weight_sync_bucket_mb * (1 << 20))
         if self.rank == 0 and self.weight_sender is None:  # the rollout ranks are fixed for the run
-            self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, int(bucket_mb * (1 << 20)))
-        return broadcast_weights(self.strategy, receivers, bucket_mb, self.weight_sender)
+            self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes)
+        return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
 
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(folder)
