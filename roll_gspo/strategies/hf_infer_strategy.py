@@ -2,7 +2,7 @@
 install or start, slower than vLLM. Also serves a frozen reference model's log-probs."""
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -10,15 +10,29 @@ from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 from roll_gspo.modeling import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
 
 
+def generate_kwargs(gen: GeneratingArgs, n: int, pad_id: int, eos_id: int) -> Dict[str, Any]:
+    """`generate` keywords for exactly the YAML's sampling keys. Every sampling key is given
+    explicitly: one left out is filled by transformers' own defaults (top_k 50, not "off")."""
+    sampling = gen.temperature > 0
+    return dict(max_new_tokens=gen.max_new_tokens, min_new_tokens=0, do_sample=sampling,
+                temperature=gen.temperature if sampling else 1.0, top_p=gen.top_p if sampling else 1.0,
+                top_k=gen.top_k if sampling and gen.top_k > 0 else 0, repetition_penalty=1.0,
+                num_return_sequences=n, pad_token_id=pad_id, eos_token_id=eos_id)
+
+
 class HfInferStrategy:
     def __init__(self, role: RoleConfig, *, seed: int, **_unused: Any):
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, GenerationConfig
 
         torch.manual_seed(seed)
         self.role = role
         self.model = load_causal_lm(role.model_args.model_name_or_path, role.model_args.dtype,
                                     role.model_args.attn_implementation).eval()
         self.model.requires_grad_(False)
+        # Sampling comes from the YAML's generating_args only: `generate` fills every key it is
+        # not given from the model folder's generation_config.json (e.g. Qwen2.5-Instruct's
+        # repetition_penalty 1.05, top_k 20), which the trainer's ratio never sees.
+        self.model.generation_config = GenerationConfig()
         self.tokenizer = AutoTokenizer.from_pretrained(role.model_args.model_name_or_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
@@ -33,12 +47,8 @@ class HfInferStrategy:
             # generate() wants left padding so every row's next token follows its prompt.
             input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts])
             attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-            sampling = gen.temperature > 0
-            out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention, max_new_tokens=gen.max_new_tokens,
-                do_sample=sampling, temperature=gen.temperature if sampling else None,
-                top_p=gen.top_p if sampling else None, top_k=(gen.top_k if gen.top_k > 0 else None) if sampling else None,
-                num_return_sequences=n, pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                      **generate_kwargs(gen, n, self.pad_id, self.eos_id))
             responses, finished = [], []
             for row in out[:, width:].tolist():
                 if self.eos_id in row:

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from roll_gspo.config.rollout_logprobs import vllm_logprobs_mode
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 
 logger = logging.getLogger("roll_gspo.vllm")
@@ -21,9 +22,14 @@ def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int) -> Dict
         "dtype": VLLM_DTYPES[role.model_args.dtype],
         "seed": seed,
         "max_model_len": max_model_len,
-        # Log-probs of the distribution actually sampled from (after temperature), which is
-        # what the trainer scores; vLLM's default reports the raw logits' log-probs.
-        "logprobs_mode": "processed_logprobs",
+        # The mode whose sampled-token log-probs are what the trainer scores (full distribution
+        # at the rollout temperature); see roll_gspo.config.rollout_logprobs. Where none is
+        # exact, processed ones are at least the sampled distribution (the config then refuses
+        # old_logprob_source: rollout).
+        "logprobs_mode": vllm_logprobs_mode(role.generating_args) or "processed_logprobs",
+        # Sampling comes from the YAML's generating_args only: vLLM's default ("auto") would take
+        # defaults (repetition_penalty, top_k, ...) from the model folder's generation_config.json.
+        "generation_config": "vllm",
         "enforce_eager": True,
         # Weight updates are driven through these methods on every vLLM worker.
         "worker_extension_cls": EXTENSION,

@@ -1,0 +1,92 @@
+"""Sampling uses exactly the YAML's generating_args: nothing from the model folder's
+generation_config.json, no library defaults, and vLLM's reported log-probs are the trainer's
+(full distribution) under top-p/top-k where that can be exact. Real transformers and vLLM."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+
+# What a chat model's folder may ship (Qwen2.5-Instruct ships repetition_penalty 1.05, top_k 20,
+# top_p 0.8, temperature 0.7), pushed to values whose effect cannot be missed.
+HOSTILE_GENERATION_CONFIG = {"repetition_penalty": 5.0, "top_k": 1, "top_p": 0.05, "temperature": 0.05,
+                             "no_repeat_ngram_size": 1, "min_new_tokens": 4, "do_sample": True,
+                             "max_new_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def hostile_model(tiny_model, tmp_path_factory):
+    """The tiny model's folder with a generation_config.json that would change sampling."""
+    folder = str(tmp_path_factory.mktemp("hostile") / "model")
+    shutil.copytree(tiny_model, folder)
+    path = os.path.join(folder, "generation_config.json")
+    with open(path) as handle:
+        config = json.load(handle)
+    config.update(HOSTILE_GENERATION_CONFIG)
+    with open(path, "w") as handle:
+        json.dump(config, handle)
+    return folder
+
+
+def role_for(folder, **generating):
+    role = RoleConfig(infer_batch_size=64)
+    role.model_args.model_name_or_path = folder
+    role.generating_args = GeneratingArgs(**generating)
+    return role
+
+
+PROMPTS = [[20, 21, 15, 22], [23, 24, 15]]
+
+
+def hf_samples(folder, gen, n):
+    from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
+
+    strategy = HfInferStrategy(role_for(folder), seed=0)
+    torch.manual_seed(123)
+    return strategy.generate(PROMPTS, gen, n)
+
+
+def test_hf_infer_ignores_the_model_folders_generation_config(tiny_model, hostile_model):
+    gen = GeneratingArgs(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=-1)
+    plain, hostile = hf_samples(tiny_model, gen, 4), hf_samples(hostile_model, gen, 4)
+    assert [[s[0] for s in p] for p in hostile] == [[s[0] for s in p] for p in plain]
+    assert [[s[1] for s in p] for p in hostile] == [[s[1] for s in p] for p in plain]
+    assert any(len(s[0]) > 2 for p in hostile for s in p)  # the folder's max_new_tokens 2 is not used
+
+
+def test_hf_infer_with_top_k_off_samples_the_whole_vocabulary(tiny_model):
+    """top_k: -1 means no cut; transformers' own default (top_k 50) must not sneak in. The random
+    tiny model is near uniform over ~100 tokens, so 600 draws of one token reach far beyond 50."""
+    samples = hf_samples(tiny_model, GeneratingArgs(max_new_tokens=1, temperature=1.0, top_k=-1), 600)
+    distinct = {s[0][0] for s in samples[0]}
+    assert len(distinct) > 60, len(distinct)
+
+
+@pytest.mark.e2e
+def test_vllm_uses_only_the_yaml_and_reports_full_distribution_log_probs_under_top_p(tiny_model, hostile_model):
+    """One in-process vLLM engine on the hostile folder, sampling at top_p 0.5 (temperature 1):
+    no default comes from generation_config.json, and the sampled tokens' log-probs are the
+    full-distribution ones the trainer scores (vLLM's processed log-probs would be renormalised
+    over the nucleus: ~0.7 nats higher per token here)."""
+    from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
+    from roll_gspo.strategies.vllm_strategy import VllmStrategy
+
+    gen = GeneratingArgs(max_new_tokens=6, temperature=1.0, top_p=0.5, top_k=-1)
+    strategy = VllmStrategy(role_for(hostile_model, max_new_tokens=6, temperature=1.0, top_p=0.5),
+                            max_model_len=32, seed=0)
+    try:
+        defaults = strategy.llm.get_default_sampling_params()
+        assert (defaults.repetition_penalty, defaults.top_k, defaults.top_p, defaults.temperature) == (1.0, 0, 1.0, 1.0)
+        samples = strategy.generate(PROMPTS, gen, 4)
+    finally:
+        del strategy
+    responses = [s[0] for per_prompt in samples for s in per_prompt]
+    engine_log_probs = [s[1] for per_prompt in samples for s in per_prompt]
+    assert any(len(r) > 2 for r in responses)  # the folder's max_new_tokens 2 is not used
+    prompts = [p for p in PROMPTS for _ in range(4)]
+    trainer_log_probs = HfInferStrategy(role_for(tiny_model), seed=0).score(prompts, responses, temperature=1.0)
+    for engine, trainer in zip(engine_log_probs, trainer_log_probs):
+        assert torch.allclose(torch.tensor(engine), torch.tensor(trainer), atol=1e-3), (engine, trainer)
