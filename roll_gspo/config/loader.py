@@ -12,7 +12,7 @@ import types
 import typing
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -282,6 +282,21 @@ def load_config_dict(raw_cfg: DictConfig) -> PipelineConfig:
     return _build(PipelineConfig, checked)
 
 
+def written_key_paths(raw_cfg: DictConfig) -> Set[str]:
+    """Dotted paths of every key the YAML (with overrides) writes, blocks and leaves alike."""
+    paths: Set[str] = set()
+
+    def visit(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                path = f"{prefix}.{key}" if prefix else str(key)
+                paths.add(path)
+                visit(value, path)
+
+    visit(OmegaConf.to_container(raw_cfg, resolve=False), "")
+    return paths
+
+
 def load_config(config: str, overrides: Sequence[str] = ()) -> PipelineConfig:
     """Compose `config` (path or example name), apply overrides, check strictly, validate.
 
@@ -297,7 +312,7 @@ def load_config(config: str, overrides: Sequence[str] = ()) -> PipelineConfig:
         raise ConfigError([f"{path}: cannot be read as a YAML config: {exc}".replace("\n", " ")]) from None
     apply_overrides(raw_cfg, overrides)
     cfg = load_config_dict(raw_cfg)
-    validate_config(cfg)
+    validate_config(cfg, yaml_keys=written_key_paths(raw_cfg))
     return cfg
 
 

