@@ -658,3 +658,167 @@ def test_a_foreign_vllm_worker_extension_is_refused_by_name():
     with pytest.raises(ValueError, match="worker_extension_cls='roll_gspo.rewards.math_verify_reward' must subclass"):
         _check_extension("roll_gspo.rewards.math_verify_reward")
     assert WeightUpdateExtension.__module__ + "." + WeightUpdateExtension.__qualname__ == EXTENSION
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 9: rollout log-probs, sampling keys, config holes, unread keys, stale and many steps
+# --------------------------------------------------------------------------------------------
+ROLLOUT = ["old_logprob_source=rollout"]
+
+
+@pytest.mark.parametrize("overrides", [
+    ROLLOUT + ["actor_infer.generating_args.top_p=0.9", "actor_infer.generating_args.temperature=0.7"],
+    ROLLOUT + ["actor_infer.generating_args.top_k=20", "actor_infer.generating_args.temperature=0.7"],
+    ROLLOUT + ["+actor_infer.strategy_args.strategy_config.logprobs_mode=processed_logprobs"],
+])
+def test_rollout_log_probs_that_are_not_the_trainers_are_refused(tmp_path, overrides):
+    message = problems(tmp_path, overrides=overrides)
+    assert "old_logprob_source: rollout would bias every importance ratio" in message
+    assert "old_logprob_source: trainer" in message  # the way out
+
+
+@pytest.mark.parametrize("overrides, exact", [
+    (ROLLOUT + ["actor_infer.generating_args.top_p=0.9"], True),             # temperature 1: raw log-probs
+    (ROLLOUT + ["actor_infer.generating_args.temperature=0.7"], True),       # no cut: processed log-probs
+    (ROLLOUT + ["actor_infer.generating_args.top_p=0.9", "actor_infer.generating_args.temperature=0.7",
+                "actor_infer.strategy_args.strategy_name=hf_infer"], True),  # hf_infer re-scores
+    (ROLLOUT + ["actor_infer.model_args.dtype=bf16"], False),                # allowed, but not exact
+])
+def test_exact_rollout_log_probs_are_accepted(tmp_path, overrides, exact):
+    from roll_gspo.config.rollout_logprobs import rollout_logprobs_are_exact
+
+    cfg = load(tmp_path, overrides=overrides)
+    ok, reason = rollout_logprobs_are_exact(cfg)
+    assert ok == exact and (ok or "bf16" in reason)
+
+
+@pytest.mark.parametrize("generating, mode", [
+    ({}, "processed_logprobs"), ({"temperature": 0.6}, "processed_logprobs"),
+    ({"top_p": 0.9}, "raw_logprobs"), ({"top_k": 20, "temperature": 0.0}, "raw_logprobs"),
+    ({"top_p": 0.9, "temperature": 0.6}, "processed_logprobs"),  # no exact mode: refused with rollout
+])
+def test_vllm_engine_args_pick_the_log_probs_the_trainer_scores_and_ignore_generation_config(generating, mode):
+    from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+    from roll_gspo.strategies.vllm_strategy import vllm_engine_args
+
+    role = RoleConfig(generating_args=GeneratingArgs(**generating))
+    args = vllm_engine_args(role, max_model_len=32, seed=0)
+    assert args["logprobs_mode"] == mode and args["generation_config"] == "vllm"
+
+
+@pytest.mark.parametrize("key", ["+actor_infer.strategy_args.strategy_config.generation_config=auto",
+                                 "+actor_infer.strategy_args.strategy_config.override_generation_config={top_k: 5}"])
+def test_sampling_defaults_from_the_model_folder_are_refused(tmp_path, key):
+    assert "sampling comes from actor_infer.generating_args only" in problems(tmp_path, overrides=[key])
+
+
+def test_logprobs_mode_override_with_trainer_log_probs_warns(tmp_path, config_log):
+    load(tmp_path, overrides=["+actor_infer.strategy_args.strategy_config.logprobs_mode=raw_logits"])
+    assert any("logprobs_mode = 'raw_logits' only changes the logged rollout/logprob_gap" in m
+               for m in warning_messages(config_log))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["kl_loss_coef=-0.001"], "kl_loss_coef: must be >= 0"),
+    (["init_kl_coef=-0.2"], "init_kl_coef: must be >= 0"),
+    (["actor_train.training_args.learning_rate=-1e-6"], "actor_train.training_args.learning_rate: must be >= 0"),
+    (["actor_train.training_args.warmup_steps=-1"], "actor_train.training_args.warmup_steps: must be >= 0"),
+    (["actor_train.training_args.max_grad_norm=-1.0"], "actor_train.training_args.max_grad_norm: must be >= 0"),
+    (["weight_sync_bucket_mb=-1"], "weight_sync_bucket_mb: must be > 0"),
+    (["actor_infer.generating_args.temperature=-0.5"], "actor_infer.generating_args.temperature: must be >= 0"),
+    (["actor_infer.generating_args.top_p=0"], "actor_infer.generating_args.top_p: must be in (0, 1]"),
+    (["actor_infer.generating_args.top_p=1.5"], "actor_infer.generating_args.top_p: must be in (0, 1]"),
+    (["validation.generating_args.top_p=0"], "validation.generating_args.top_p: must be in (0, 1]"),
+    (["actor_infer.generating_args.max_new_tokens=0"], "actor_infer.generating_args.max_new_tokens: must be >= 1"),
+    (["validation.generating_args.max_new_tokens=0"], "validation.generating_args.max_new_tokens: must be >= 1"),
+    (["actor_infer.generating_args.num_return_sequences=0"], "num_return_sequences: must be >= 1"),
+    (["validation.generating_args.num_return_sequences=0"], "num_return_sequences: must be >= 1"),
+    (["loss_norm_length=0"], "loss_norm_length: must be >= 1"),
+    (["reward_norm=group", "num_return_sequences_in_group=1"], "turns every reward into 0"),
+    (["+actor_infer.strategy_args.strategy_config.max_model_len=4096"],
+     "max_model_len = 4096 is less than prompt_length + response_length = 2048 + 4096 = 6144"),
+    (["+actor_train.strategy_args.strategy_config.bf16.enabled=true"],
+     "actor_train.strategy_args.strategy_config.bf16.enabled = True contradicts actor_train.model_args.dtype = fp32"),
+    (["actor_train.model_args.dtype=bf16", "+actor_train.strategy_args.strategy_config.bf16.enabled=false"],
+     "bf16.enabled = False contradicts actor_train.model_args.dtype = bf16"),
+    (["+reference.strategy_args.strategy_config.fp16.enabled=true"],
+     "reference.strategy_args.strategy_config.fp16.enabled = True contradicts reference.model_args.dtype = fp32"),
+    (["+actor_infer.strategy_args.strategy_config.dtype=bfloat16"],
+     "strategy_config.dtype = 'bfloat16' contradicts actor_infer.model_args.dtype = 'fp32'"),
+    (["actor_infer.model_args.model_name_or_path=/models/other"], "they must be the same policy"),
+    (["+actor_infer.strategy_args.strategy_config.model=/models/other"], "drop the engine's model"),
+])
+def test_config_holes_are_refused(tmp_path, overrides, expected):
+    assert expected in problems(tmp_path, overrides=overrides)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["actor_infer.generating_args.temperature=0", "actor_infer.generating_args.top_p=1.0"],
+    ["actor_train.training_args.max_grad_norm=0", "actor_train.training_args.learning_rate=0"],
+    ["loss_norm_length=512", "actor_infer.generating_args.max_new_tokens=4096"],
+    ["reward_norm=group", "num_return_sequences_in_group=2"],
+    ["+actor_infer.strategy_args.strategy_config.max_model_len=6144",
+     "+actor_infer.strategy_args.strategy_config.dtype=float32"],
+    ["+actor_train.strategy_args.strategy_config.bf16.enabled=false",
+     "+actor_train.strategy_args.strategy_config.fp16.enabled=auto"],
+    ["actor_train.model_args.model_name_or_path=builtin:tiny-arith",
+     "actor_infer.model_args.model_name_or_path=builtin:tiny-arith"],
+])
+def test_neighbours_of_the_config_holes_load(tmp_path, overrides):
+    load(tmp_path, overrides=overrides)
+
+
+def test_null_means_the_default_and_zero_is_not_null(tmp_path):
+    cfg = load(tmp_path)
+    assert (cfg.actor_infer.generating_args.max_new_tokens, cfg.loss_norm_length) == (4096, 4096)
+    assert cfg.validation.generating_args.num_return_sequences == 1
+
+
+@pytest.mark.parametrize("override, acts_in", [
+    ("actor_train.generating_args.temperature=0.7", "the setting that acts is actor_infer.generating_args"),
+    ("reference.training_args.learning_rate=1e-5", "the setting that acts is none: the reference is frozen"),
+    ("actor_infer.training_args.learning_rate=1e-5", "the setting that acts is actor_train.training_args"),
+    ("actor_infer.data_args.file_name=[builtin:arith/train]", "the setting that acts is actor_train.data_args"),
+    ("reference.generating_args.temperature=0.5", "the setting that acts is actor_infer.generating_args"),
+    ("reference.model_args.gradient_checkpointing=true", "the setting that acts is actor_train.model_args.gradient_checkpointing"),
+    ("actor_train.training_args.num_train_epochs=3", "the setting that acts is max_steps"),
+])
+def test_keys_a_role_never_reads_are_refused_with_where_they_act(tmp_path, override, acts_in):
+    key = override.split("=")[0]
+    message = problems(tmp_path, overrides=[override])
+    assert f"{key} = " in message and "is never read" in message and acts_in in message, message
+
+
+def test_unread_keys_at_their_default_and_built_configs_are_judged_by_value(tmp_path):
+    load(tmp_path, overrides=["actor_train.generating_args.temperature=1.0"])  # the default: no effect
+    cfg = PipelineConfig()
+    cfg.actor_train.data_args.file_name = ["builtin:arith/train"]
+    cfg.actor_train.training_args.gradient_accumulation_steps = 8
+    cfg.reference.training_args.learning_rate = 1e-3
+    with pytest.raises(ConfigError, match="reference.training_args.learning_rate = 0.001 is never read"):
+        validate_config(cfg)
+
+
+def test_every_role_block_is_classified_in_the_reads_table():
+    from roll_gspo.config.role_reads import ROLE_BLOCKS, UNREAD_KEYS
+    from roll_gspo.config.schema import RoleConfig
+
+    hints = typing.get_type_hints(RoleConfig)
+    blocks = {f.name for f in dataclasses.fields(RoleConfig) if dataclasses.is_dataclass(hints[f.name])}
+    for role, table in ROLE_BLOCKS.items():
+        assert set(table) == blocks, (role, blocks ^ set(table))
+    paths = {p for p, _ in _schema_fields(PipelineConfig)}
+    assert set(UNREAD_KEYS) <= paths
+
+
+def test_stale_rollouts_warn_and_explain_the_ratio(tmp_path, config_log):
+    load(tmp_path, overrides=["model_update_frequency=3"])
+    message = next(m for m in warning_messages(config_log) if "model_update_frequency = 3" in m)
+    assert "off-policy" in message and "importance ratio measures" in message and "not the older weights" in message
+
+
+def test_seed_004_with_default_batch_keys_warns_with_the_arithmetic(tmp_path, config_log):
+    load(tmp_path, SEED_004 + "actor_train:\n  data_args:\n    file_name: [builtin:arith/train]\n")
+    message = next(m for m in warning_messages(config_log) if "optimizer steps per rollout" in m)
+    assert message.startswith("512 optimizer steps per rollout") and "1 * 64 * 8 / (1 * 1 * 1) = 512" in message
+    assert "0.0003" in message and "mini-batch of 128" in message

@@ -51,8 +51,58 @@ Ways to set a key:
 """
 
 _ROLE_NOTE = ("Every role has the same blocks (`model_args`, `training_args`, `generating_args`, "
-              "`data_args`, `strategy_args`); a block's help says which role reads it, and the "
-              "others ignore it.")
+              "`data_args`, `strategy_args`); a key set in a block its role never reads is refused "
+              "(see [Which role reads which block](#which-role-reads-which-block)).")
+
+_CHECKS = """## Checks beyond types
+
+`validate_config` (every load, `--dry-run`, `--print-config`) refuses these, naming the keys and
+the way out, and lists every problem at once:
+
+- **Ranges.** Negative `kl_loss_coef`, `init_kl_coef`, `actor_train.training_args.learning_rate`,
+  `warmup_steps`, `max_grad_norm`, `weight_decay`; `adam_beta1/2` outside [0, 1);
+  `weight_sync_bucket_mb` <= 0; `temperature` < 0, `top_p` outside (0, 1], `top_k` < -1 (in
+  `actor_infer.generating_args` and `validation.generating_args`).
+- **Zero is not null.** An explicit 0 for `max_new_tokens`, `num_return_sequences` or
+  `loss_norm_length` is refused; only null means "the default".
+- **Degenerate normalisation.** `reward_norm: group` with `num_return_sequences_in_group: 1` (or
+  `batch` with a single response per step) normalises every reward to 0.
+- **Rollout log-probs that are not the trainer's.** `old_logprob_source: rollout` with vLLM,
+  `top_p` < 1 or `top_k` > 0 and a temperature other than 1 (or 0): vLLM's log-probs are either
+  after the top-p/top-k cut (renormalised over the kept tokens, ~0.7 nats per token higher at
+  top_p 0.5) or before the temperature, never the full tempered distribution the trainer scores,
+  so every ratio would be biased (GSPO's clip then zeroes the gradient of negative-advantage
+  responses). At temperature 1 (or 0) roll_gspo asks vLLM for `raw_logprobs`, which are exact, and
+  without truncation for `processed_logprobs`, exact at any temperature; hf_infer always re-scores
+  exactly. A `logprobs_mode` in `actor_infer.strategy_args.strategy_config` is refused with
+  `rollout` (with `trainer` it only changes the logged gap, and warns).
+- **Sampling from the YAML only.** `generation_config` / `override_generation_config` in the vLLM
+  `strategy_config` are refused; the engines never take sampling defaults (repetition_penalty,
+  top_k, ...) from the model folder's `generation_config.json`.
+- **One policy, one precision, enough room.** `actor_infer.model_args.model_name_or_path`
+  differing from actor_train's (or a vLLM `model` key); a vLLM `dtype` contradicting
+  `actor_infer.model_args.dtype`; DeepSpeed `bf16.enabled` / `fp16.enabled` in a
+  `strategy_config` contradicting the role's `model_args.dtype`; a vLLM `max_model_len` below
+  `prompt_length + response_length`; `max_new_tokens` above `response_length`.
+- **Keys a role never reads** (next section).
+
+And warns (logged, the run goes on):
+
+- **Many optimizer steps per rollout** (more than 16): `ppo_epochs * rollout_batch_size *
+  num_return_sequences_in_group / (per_device_train_batch_size * gradient_accumulation_steps *
+  world_size)`, printed with the numbers. ROLL's GSPO keys with the default batch keys give
+  1 * 64 * 8 / (1 * 1 * 1) = 512 steps: after the first few the policy is far from the one that
+  sampled, the 3e-4 / 4e-4 clip zeroes most gradients and the rollout is wasted. The GSPO paper
+  takes 4.
+- **Exactly one optimizer step per rollout**: every ratio is 1 and clipping never fires.
+- **Stale rollouts** (`model_update_frequency` > 1): up to N-1 of every N rollouts come from stale weights
+  (off-policy) and nothing corrects for it. With `old_logprob_source: trainer` the ratio measures
+  the change from the trainer's weights at the start of the step, not from the weights that
+  sampled (the staleness is invisible to the clip); with `rollout` it is measured from the stale
+  weights, starts far from 1 and a GSPO-sized clip zeroes most gradients.
+- The GSPO traps: a token-sized clip with sequence ratios, a sequence-sized clip with token
+  ratios, KL applied twice, rollout log-probs with token ratios or outside fp32.
+"""
 _ROLES = ("actor_train", "actor_infer", "reference")
 
 
@@ -140,9 +190,27 @@ def _section(instance: Any, path: str, level: int, title_help: str, note: str = 
     return lines
 
 
+def _role_reads_section() -> List[str]:
+    """The table of roll_gspo.config.role_reads, as Markdown."""
+    from roll_gspo.config.role_reads import ROLE_BLOCKS, UNREAD_KEYS
+
+    lines = ["## Which role reads which block", "",
+             "A key written in the YAML with a value other than its default, in a block (or at a key) "
+             "its role never reads, is refused with the setting that acts instead "
+             "(`roll_gspo/config/role_reads.py`; rlvr pipeline).", "",
+             "| role | reads | never reads (the setting that acts instead) |", "| --- | --- | --- |"]
+    for role, blocks in ROLE_BLOCKS.items():
+        reads = ", ".join(f"`{b}`" for b, where in blocks.items() if where is None)
+        unread = [f"`{b}`: {where}" for b, where in blocks.items() if where is not None]
+        unread += [f"`{k.partition('.')[2]}`: {where}" for k, where in UNREAD_KEYS.items() if k.startswith(role + ".")]
+        lines.append(f"| `{role}` | {reads} | {'; '.join(unread)} |")
+    return lines + [""]
+
+
 def render_reference() -> str:
     """The Markdown reference of every key of ``PipelineConfig``."""
     body = _section(PipelineConfig(), "", 2, "Run keys and algorithm keys (ROLL's names).")
+    body += _CHECKS.splitlines() + [""] + _role_reads_section()
     contents = ["Contents:", ""]
     for line in body:
         if line.startswith("#"):

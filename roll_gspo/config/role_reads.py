@@ -17,7 +17,7 @@ from roll_gspo.config.schema import PipelineConfig
 
 READ = None  # the role reads this block (all of its keys, unless UNREAD_KEYS says otherwise)
 
-# role -> block -> READ, or where the block's keys act instead (the refusal's way out).
+# role -> block -> READ, or the setting that acts instead (the refusal's way out).
 ROLE_BLOCKS: Dict[str, Dict[str, Optional[str]]] = {
     "actor_train": {
         "model_args": READ, "training_args": READ, "data_args": READ, "strategy_args": READ,
@@ -31,15 +31,15 @@ ROLE_BLOCKS: Dict[str, Dict[str, Optional[str]]] = {
     },
     "reference": {
         "model_args": READ, "strategy_args": READ,
-        "training_args": "nowhere: the reference is frozen (no optimizer step, no gradient); its forward "
-                         "passes take reference.infer_batch_size sequences",
+        "training_args": "none: the reference is frozen (no optimizer step, no gradient; its forward passes "
+                         "take reference.infer_batch_size sequences)",
         "generating_args": "actor_infer.generating_args (the reference scores the rollout's responses at "
                            "actor_infer's temperature)",
         "data_args": "actor_train.data_args (the reference scores the responses to those prompts)",
     },
 }
 
-# Single keys of a read block that a role still never reads: path -> where it acts instead.
+# Single keys of a read block that a role still never reads: path -> the setting that acts instead.
 UNREAD_KEYS: Dict[str, str] = {
     "actor_infer.model_args.gradient_checkpointing":
         "actor_train.model_args.gradient_checkpointing (only the training backward pass recomputes activations)",
@@ -81,7 +81,7 @@ def unread_key_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
                 where = acts_instead if acts_instead is not READ else UNREAD_KEYS.get(key)
                 if where is None or value == default[key] or not is_written(key, yaml_keys):
                     continue
-                problems.append(f"{key} = {value!r} is never read: {role} does not use "
-                                f"{block if acts_instead is not READ else key.rpartition('.')[2]}. "
-                                f"It acts in {where}; remove it here")
+                what = block if acts_instead is not READ else key.rpartition(".")[2]
+                problems.append(f"{key} = {value!r} is never read ({role} does not use {what}); the setting "
+                                f"that acts is {where}. Remove it here")
     return problems

@@ -70,7 +70,7 @@ class ModelArgs:
 
 @dataclass
 class TrainingArgs:
-    learning_rate: float = _f(1e-6, "Peak learning rate of AdamW. GSPO tolerates somewhat higher "
+    learning_rate: float = _f(1e-6, "Peak learning rate of AdamW (>= 0). GSPO tolerates somewhat higher "
                                     "rates than GRPO; too high collapses the policy.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     adam_beta1: float = _f(0.9, "AdamW beta1.")
@@ -82,22 +82,27 @@ class TrainingArgs:
         1, "Micro-batches accumulated per optimizer step. A mini-batch is "
            "per_device_train_batch_size * gradient_accumulation_steps * world_size sequences; the "
            "rollout batch is split into that many mini-batches (one optimizer step each).")
-    warmup_steps: int = _f(0, "Optimizer steps of linear LR warm-up from 0.")
+    warmup_steps: int = _f(0, "Optimizer steps of linear LR warm-up from 0 (>= 0).")
     lr_scheduler_type: str = _f("constant", "LR schedule after warm-up.", LR_SCHEDULERS)
-    max_grad_norm: float = _f(1.0, "Gradient clipping by global norm (0 disables).")
-    num_train_epochs: int = _f(1, "Passes over the data set (SFT pipeline only).")
+    max_grad_norm: float = _f(1.0, "Gradient clipping by global norm (0 disables; negative is refused).")
+    num_train_epochs: int = _f(1, "Passes over the data set (SFT pipeline only; an rlvr config that sets "
+                                  "it is refused: max_steps counts its steps).")
 
 
 @dataclass
 class GeneratingArgs:
-    max_new_tokens: Optional[int] = _f(None, "Generated tokens cap. Null means `response_length`.")
-    temperature: float = _f(1.0, "Sampling temperature. RL needs diversity inside a group: "
-                                 "near 1.0 for training, 0 (greedy) for validation.")
-    top_p: float = _f(1.0, "Nucleus sampling. Values < 1 bias the rollout away from the policy the "
-                           "trainer scores, which the importance ratio does not correct.")
-    top_k: int = _f(-1, "Top-k sampling (-1: off). Same caveat as top_p.")
+    max_new_tokens: Optional[int] = _f(None, "Generated tokens cap (>= 1). Null means `response_length`; "
+                                             "0 is refused, not replaced.")
+    temperature: float = _f(1.0, "Sampling temperature (>= 0). RL needs diversity inside a group: "
+                                 "near 1.0 for training, 0 (greedy) for validation. The trainer scores "
+                                 "at the same temperature.")
+    top_p: float = _f(1.0, "Nucleus sampling, in (0, 1]. Values < 1 bias the rollout away from the policy "
+                           "the trainer scores (full distribution), which the importance ratio does not "
+                           "correct. With old_logprob_source: rollout on vLLM it needs temperature 1 (or 0), "
+                           "else it is refused (see old_logprob_source).")
+    top_k: int = _f(-1, "Top-k sampling (-1 or 0: off). Same caveats as top_p.")
     num_return_sequences: Optional[int] = _f(
-        None, "Responses per prompt. Null means `num_return_sequences_in_group` (training) or 1 "
+        None, "Responses per prompt (>= 1). Null means `num_return_sequences_in_group` (training) or 1 "
               "(validation).")
 
 
@@ -127,16 +132,24 @@ class StrategyArgs:
     strategy_config: Dict[str, Any] = _f(
         {}, "Backend options. deepspeed_train: a DeepSpeed config (e.g. "
             "`{zero_optimization: {stage: 3}}`); batch, LR, clipping and dtype entries are filled "
-            "from training_args/model_args. vllm: `vllm.EngineArgs` keywords (e.g. "
-            "`max_model_len`, `enforce_eager`); unknown ones are rejected.")
+            "from training_args/model_args (a `bf16`/`fp16` `enabled` contradicting model_args.dtype "
+            "is refused). vllm: `vllm.EngineArgs` keywords (e.g. `max_model_len`, `enforce_eager`); "
+            "unknown ones are refused, and so are a `max_model_len` below prompt_length + "
+            "response_length, a `dtype` or `model` contradicting model_args, and "
+            "`generation_config`/`override_generation_config` (sampling comes from generating_args "
+            "only). `logprobs_mode` is set by roll_gspo (see old_logprob_source).")
 
 
 @dataclass
 class RoleConfig:
-    model_args: ModelArgs = _sub(ModelArgs, "Which model the role loads and how.")
-    training_args: TrainingArgs = _sub(TrainingArgs, "Optimizer and batch keys (actor_train).")
-    generating_args: GeneratingArgs = _sub(GeneratingArgs, "Sampling keys (actor_infer).")
-    data_args: DataArgs = _sub(DataArgs, "Training prompts (actor_train) or SFT data.")
+    model_args: ModelArgs = _sub(ModelArgs, "Which model the role loads and how. actor_train and "
+                                            "actor_infer must load the same folder (one policy).")
+    training_args: TrainingArgs = _sub(TrainingArgs, "Optimizer and batch keys (actor_train only; set "
+                                                     "elsewhere they are refused).")
+    generating_args: GeneratingArgs = _sub(GeneratingArgs, "Sampling keys (actor_infer only; set "
+                                                           "elsewhere they are refused).")
+    data_args: DataArgs = _sub(DataArgs, "Training prompts or SFT data (actor_train only; set "
+                                         "elsewhere they are refused).")
     strategy_args: StrategyArgs = _sub(StrategyArgs, "Backend and its options.")
     world_size: int = _f(1, "Ranks (Ray actors) of this role; data-parallel for training.")
     num_cpus_per_worker: float = _f(
@@ -227,7 +240,7 @@ class PipelineConfig:
                                   "counted (`data/filtered_prompts`).")
     response_length: int = _f(4096, "Maximum generated tokens per response.")
     ppo_epochs: int = _f(1, "Passes over each rollout batch. Optimizer steps per rollout = "
-                            "ppo_epochs * number of mini-batches.")
+                            "ppo_epochs * number of mini-batches; exactly 1 or more than 16 warns.")
     pg_clip_low: float = _f(3e-4, "Lower clip: ratios below 1 - pg_clip_low are clipped. GSPO "
                                   "paper: 3e-4 (sequence ratios live near 1); GRPO: 0.2.")
     pg_clip_high: float = _f(4e-4, "Upper clip: ratios above 1 + pg_clip_high are clipped. GSPO "
@@ -237,37 +250,48 @@ class PipelineConfig:
     dual_clip_c: float = _f(3.0, "Dual-clip constant c > 1 (3.0 as in the dual-clip PPO paper).")
     use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(policy || reference) to the loss (starts "
                                   "the reference role). The GSPO paper uses none.")
-    kl_loss_coef: float = _f(0.001, "Weight of the KL loss.")
+    kl_loss_coef: float = _f(0.001, "Weight of the KL loss (>= 0).")
     kl_estimator: str = _f("k3", "Per-token KL estimator: k1 (log-ratio), k2 (half squared), k3 "
                                  "(low-variance, always >= 0).", KL_ESTIMATORS)
     add_token_level_kl: bool = _f(False, "Subtract init_kl_coef * (old_logp - ref_logp) from each "
                                          "token's reward before advantages (starts the reference).")
-    init_kl_coef: float = _f(0.2, "Coefficient of the token-level KL penalty.")
+    init_kl_coef: float = _f(0.2, "Coefficient of the token-level KL penalty (>= 0).")
     loss_agg_mode: str = _f(
         "seq-mean-token-mean", "How the per-token loss matrix becomes a scalar. "
         "`seq-mean-token-mean` with importance_sampling seq is exactly GSPO's objective; "
         "`token-mean` weights long responses more; `seq-mean-token-sum` favours long responses; "
         "`seq-mean-token-sum-norm` divides by a constant length (Dr.GRPO).", LOSS_AGG_MODES)
-    loss_norm_length: Optional[int] = _f(None, "T_norm of `seq-mean-token-sum-norm`. Null: "
-                                               "response_length.")
+    loss_norm_length: Optional[int] = _f(None, "T_norm of `seq-mean-token-sum-norm` (>= 1). Null: "
+                                               "response_length; 0 is refused, not replaced.")
     whiten_advantages: bool = _f(False, "Masked z-score of advantages over the batch.")
     advantage_clip: Optional[float] = _f(None, "Clamp advantages to [-c, c] (null: off).")
     reward_clip: Optional[float] = _f(None, "Clamp rewards to [-c, c] after normalisation (null: off).")
     reward_norm: Optional[str] = _f(
         None, "Reward normalisation before the estimator: null, `group` (per prompt), `batch`, "
-              "`running` (running statistics, saved in checkpoints).", REWARD_NORMS)
+              "`running` (running statistics, saved in checkpoints). `group` with one response per "
+              "group (or `batch` with one per batch) is refused: it turns every reward into 0.",
+        REWARD_NORMS)
     reward_shift: bool = _f(False, "With reward_norm: only subtract the mean.")
     reward_scale: bool = _f(False, "With reward_norm: only divide by the std. Both false: full "
                                    "z-score; both true is an error.")
     old_logprob_source: str = _f(
         "trainer", "`trainer`: recompute old log-probs with the training engine (one extra forward "
-                   "pass, exact); `rollout`: use vLLM's sampled-token log-probs (saves the pass; "
-                   "GSPO's sequence ratio tolerates the engines' small mismatch). The mean "
-                   "|trainer - rollout| gap is logged either way when both are available.",
+                   "pass, exact); `rollout`: use the rollout engine's sampled-token log-probs (saves the "
+                   "pass; GSPO's sequence ratio tolerates the engines' small float mismatch). They are "
+                   "the trainer's full-distribution log-probs: hf_infer re-scores the responses; vLLM "
+                   "reports `processed_logprobs` without top-p/top-k and `raw_logprobs` with them at "
+                   "temperature 1 (or 0). vLLM with top_p < 1 or top_k > 0 at any other temperature "
+                   "has no exact mode, and a `logprobs_mode` in strategy_config overrides the choice: "
+                   "both are refused with `rollout`. The mean |trainer - rollout| gap is logged either "
+                   "way when both are available.",
         OLD_LOGPROB_SOURCES)
-    model_update_frequency: int = _f(1, "Push trained weights to the rollout engine every N steps.")
+    model_update_frequency: int = _f(
+        1, "Push trained weights to the rollout engine every N steps. N > 1 warns: rollouts between "
+           "syncs come from weights up to N-1 updates old and nothing corrects for it (the ratio "
+           "measures the change from the trainer's weights, or from the stale ones with "
+           "old_logprob_source: rollout).")
     weight_sync_bucket_mb: float = _f(256.0, "Weights are sent to vLLM in buckets of at most this "
-                                             "many MB (bounds the extra memory of a sync).")
+                                             "many MB (> 0; bounds the extra memory of a sync).")
     weight_sync_transport: str = _f(
         "auto", "How weight buckets reach the rollout ranks. auto: through one reused shared-memory "
                 "segment to ranks on the trainer's node (needs /dev/shm room for 2 buckets; falls back "
