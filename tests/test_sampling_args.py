@@ -65,7 +65,6 @@ def test_hf_infer_with_top_k_off_samples_the_whole_vocabulary(tiny_model):
     assert len(distinct) > 60, len(distinct)
 
 
-@pytest.mark.e2e
 def test_vllm_uses_only_the_yaml_and_reports_full_distribution_log_probs_under_top_p(tiny_model, hostile_model):
     """One in-process vLLM engine on the hostile folder, sampling at top_p 0.5 (temperature 1):
     no default comes from generation_config.json, and the sampled tokens' log-probs are the

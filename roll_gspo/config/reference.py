@@ -95,8 +95,8 @@ And warns (logged, the run goes on):
   sampled, the 3e-4 / 4e-4 clip zeroes most gradients and the rollout is wasted. The GSPO paper
   takes 4.
 - **Exactly one optimizer step per rollout**: every ratio is 1 and clipping never fires.
-- **Stale rollouts** (`model_update_frequency` > 1): up to N-1 of every N rollouts come from stale weights
-  (off-policy) and nothing corrects for it. With `old_logprob_source: trainer` the ratio measures
+- **Stale rollouts** (`model_update_frequency` > 1): up to N-1 of every N rollouts come from
+  stale weights (off-policy) and nothing corrects for it. With `old_logprob_source: trainer` the ratio measures
   the change from the trainer's weights at the start of the step, not from the weights that
   sampled (the staleness is invisible to the clip); with `rollout` it is measured from the stale
   weights, starts far from 1 and a GSPO-sized clip zeroes most gradients.
