@@ -172,7 +172,7 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
         problems.append(f"{key}.model = {engine['model']!r}: the rollout model is "
                         f"actor_infer.model_args.model_name_or_path ({infer_model!r}); drop the engine's model")
     needed = cfg.prompt_length + cfg.response_length
-    if "max_model_len" in engine and engine["max_model_len"] < needed:
+    if isinstance(engine.get("max_model_len"), int) and engine["max_model_len"] < needed:
         problems.append(f"{key}.max_model_len = {engine['max_model_len']} is less than prompt_length + "
                         f"response_length = {cfg.prompt_length} + {cfg.response_length} = {needed}: vLLM would "
                         f"refuse long prompts or cut responses short; raise it to {needed} or drop it (the default)")
