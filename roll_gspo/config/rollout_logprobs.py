@@ -65,7 +65,8 @@ def rollout_logprobs_bias(cfg: PipelineConfig) -> Optional[str]:
         return (f"actor_infer.generating_args top_p = {gen.top_p} / top_k = {gen.top_k} at temperature "
                 f"{gen.temperature}: vLLM reports log-probs either after the top-p/top-k cut "
                 f"(renormalised over the kept tokens) or before the temperature, never the full "
-                f"distribution at temperature {gen.temperature} that the trainer scores")
+                f"distribution at temperature {gen.temperature} that the trainer scores. Sample without "
+                f"truncation (top_p: 1.0, top_k: -1) or at temperature 1.0 (then they are exact)")
     return None
 
 

@@ -44,7 +44,7 @@ def _fill_derived(cfg: PipelineConfig) -> None:
     """Turn the schema's null defaults into their documented values, in place."""
     for role in (cfg.actor_train, cfg.actor_infer, cfg.reference):
         role.model_args.model_name_or_path = role.model_args.model_name_or_path or cfg.pretrain
-    # Only null means "the default": an explicit 0 stays 0 and is refused by _positive.
+    # Only null means "the default": an explicit 0 stays 0 and is refused by _range_problems.
     gen = cfg.actor_infer.generating_args
     gen.max_new_tokens = _default_if_none(gen.max_new_tokens, cfg.response_length)
     gen.num_return_sequences = _default_if_none(gen.num_return_sequences, cfg.num_return_sequences_in_group)
@@ -182,9 +182,8 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
                         f"taken from the model folder); set the sampling keys in generating_args and drop these")
     bias = rollout_logprobs_bias(cfg)
     if bias and cfg.old_logprob_source == "rollout":
-        problems.append(f"old_logprob_source: rollout would bias every importance ratio: {bias}. Use "
-                        f"old_logprob_source: trainer, or sample without truncation (top_p: 1.0, top_k: -1), "
-                        f"or at temperature 1.0 (then the rollout log-probs are exact)")
+        problems.append(f"old_logprob_source: rollout would bias every importance ratio: {bias}; or use "
+                        f"old_logprob_source: trainer (the default)")
     return problems
 
 
