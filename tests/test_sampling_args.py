@@ -89,3 +89,12 @@ def test_vllm_uses_only_the_yaml_and_reports_full_distribution_log_probs_under_t
     trainer_log_probs = HfInferStrategy(role_for(tiny_model), seed=0).score(prompts, responses, temperature=1.0)
     for engine, trainer in zip(engine_log_probs, trainer_log_probs):
         assert torch.allclose(torch.tensor(engine), torch.tensor(trainer), atol=1e-3), (engine, trainer)
+
+
+def test_hf_infer_greedy_gives_n_copies_of_the_greedy_response(tiny_model):
+    """Greedy with n > 1 (e.g. validation.generating_args.num_return_sequences: 2 at temperature 0):
+    transformers refuses num_return_sequences > 1 without sampling; vLLM returns n copies."""
+    samples = hf_samples(tiny_model, GeneratingArgs(max_new_tokens=4, temperature=0.0), 3)
+    assert [len(per_prompt) for per_prompt in samples] == [3, 3]
+    for per_prompt in samples:
+        assert all(s[0] == per_prompt[0][0] for s in per_prompt)

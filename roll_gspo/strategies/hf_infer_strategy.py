@@ -11,13 +11,14 @@ from roll_gspo.modeling import build_sequences, load_causal_lm, micro_batches, r
 
 
 def generate_kwargs(gen: GeneratingArgs, n: int, pad_id: int, eos_id: int) -> Dict[str, Any]:
-    """`generate` keywords for exactly the YAML's sampling keys. Every sampling key is given
-    explicitly: one left out is filled by transformers' own defaults (top_k 50, not "off")."""
-    sampling = gen.temperature > 0
-    return dict(max_new_tokens=gen.max_new_tokens, min_new_tokens=0, do_sample=sampling,
-                temperature=gen.temperature if sampling else 1.0, top_p=gen.top_p if sampling else 1.0,
-                top_k=gen.top_k if sampling and gen.top_k > 0 else 0, repetition_penalty=1.0,
-                num_return_sequences=n, pad_token_id=pad_id, eos_token_id=eos_id)
+    """`generate` keywords for exactly the YAML's sampling keys (the model's own generation
+    config is neutral). Sampling keys are given explicitly: one left out is filled by
+    transformers' defaults (top_k 50, not "off"). Greedy decoding takes one sequence per prompt."""
+    common = dict(max_new_tokens=gen.max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_id)
+    if gen.temperature <= 0:
+        return dict(common, do_sample=False, num_return_sequences=1)
+    return dict(common, do_sample=True, temperature=gen.temperature, top_p=gen.top_p,
+                top_k=gen.top_k if gen.top_k > 0 else 0, num_return_sequences=n)
 
 
 class HfInferStrategy:
@@ -47,8 +48,10 @@ class HfInferStrategy:
             # generate() wants left padding so every row's next token follows its prompt.
             input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts])
             attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention,
-                                      **generate_kwargs(gen, n, self.pad_id, self.eos_id))
+            kwargs = generate_kwargs(gen, n, self.pad_id, self.eos_id)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+            # Greedy: the n responses of a prompt are one response n times (as vLLM returns them).
+            out = out.repeat_interleave(n // kwargs["num_return_sequences"], dim=0)
             responses, finished = [], []
             for row in out[:, width:].tolist():
                 if self.eos_id in row:
