@@ -283,3 +283,70 @@ def test_compute_advantages_running_norm_needs_and_updates_state():
                                 reward_norm="running", running_stats=running, eps=EPS)
     torch.testing.assert_close(adv[:, 0], t([-1 / (1 + EPS), 1 / (1 + EPS)]))
     assert running.count == 2 and running.mean == pytest.approx(2.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Zero-variance sets: never divided by their std (issue 9, items 1 and 4)
+# --------------------------------------------------------------------------------------------
+F32 = torch.float32
+MIXED = [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]  # an all-correct group, then a mixed one
+
+
+def test_reward_scale_leaves_a_constant_group_unscaled_and_counts_it():
+    scaled, metrics = normalize_rewards(t(MIXED), 4, "group", scale=True, eps=EPS)
+    torch.testing.assert_close(scaled, t([1.0] * 4 + [0.0, 1 / (0.5 + EPS), 0.0, 1 / (0.5 + EPS)]))
+    assert metrics["reward/zero_std_groups"] == 1
+    assert metrics["critic/reward_norm_degenerate_sets"] == 1
+    full, _ = normalize_rewards(t(MIXED), 4, "group", eps=EPS)
+    torch.testing.assert_close(full, t([0.0] * 4 + [-0.5 / (0.5 + EPS), 0.5 / (0.5 + EPS)] * 2))
+    # With reward_clip 10 the constant group used to become [10] * 4 (1 / eps clipped).
+    adv, adv_metrics = compute_advantages(t(MIXED), torch.ones(8, 3, dtype=DT), group_size=4,
+                                          adv_estimator="reinforce", reward_norm="group",
+                                          reward_scale=True, reward_clip=10.0, eps=EPS)
+    assert float(adv.max()) < 2.01 and adv_metrics["reward/zero_std_groups"] == 1
+
+
+@pytest.mark.parametrize("mode", ["group", "batch", "running"])
+def test_constant_rewards_in_float32_are_not_blown_up(mode):
+    """0.7 repeated has a float32 mean that is not 0.7: its rounding noise over eps was ~0.06
+    (z-score) and 0.7 / eps (scale). Group, batch and the first running window act alike."""
+    rewards = torch.full((8,), 0.7, dtype=F32)
+    full, metrics = normalize_rewards(rewards, 8, mode, running=RunningMeanStd())
+    assert torch.equal(full, torch.zeros(8, dtype=F32))
+    assert metrics["critic/reward_norm_degenerate_sets"] == 1 and metrics["reward/zero_std_groups"] == 1
+    scaled, _ = normalize_rewards(rewards, 8, mode, scale=True, running=RunningMeanStd())
+    assert torch.equal(scaled, rewards)
+    shifted, _ = normalize_rewards(rewards, 8, mode, shift=True, running=RunningMeanStd())
+    assert torch.equal(shifted, torch.zeros(8, dtype=F32))
+
+
+def test_running_window_scales_once_it_has_spread():
+    running = RunningMeanStd()
+    first, _ = normalize_rewards(t([1.0, 1.0]), 2, "running", scale=True, running=running, eps=EPS)
+    torch.testing.assert_close(first, t([1.0, 1.0]))  # first window constant: left unscaled
+    second, metrics = normalize_rewards(t([0.0, 0.0]), 2, "running", scale=True, running=running,
+                                        eps=EPS)
+    torch.testing.assert_close(second, t([0.0, 0.0]))  # std of {1,1,0,0} is 0.5: scaled
+    assert metrics["critic/reward_norm_degenerate_sets"] == 0 and metrics["reward/zero_std_groups"] == 1
+    third, _ = normalize_rewards(t([1.0, 1.0]), 2, "running", scale=True, running=running, eps=EPS)
+    std = math.sqrt(running.var)
+    torch.testing.assert_close(third, t([1 / (std + EPS)] * 2))
+
+
+def test_grpo_constant_group_gets_exactly_zero_advantage():
+    scores = torch.tensor([0.7] * 8 + [0.0, 1.0] * 4, dtype=F32)
+    adv, _ = compute_advantages(scores, torch.ones(16, 2, dtype=F32), group_size=8, adv_estimator="grpo")
+    assert torch.equal(adv[:8], torch.zeros(8, 2, dtype=F32))
+    torch.testing.assert_close(adv[8:, 0], torch.tensor([-1.0, 1.0] * 4, dtype=F32), atol=1e-5, rtol=0)
+
+
+def test_whiten_equal_advantages_gives_zero():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=F32)
+    values = torch.full((2, 3), 0.7, dtype=F32)
+    assert torch.equal(whiten(values, mask), torch.zeros(2, 3, dtype=F32))
+    adv, _ = compute_advantages(torch.full((4,), 0.7, dtype=F32), torch.ones(4, 5, dtype=F32), group_size=2,
+                                adv_estimator="reinforce", whiten_advantages=True)
+    assert torch.equal(adv, torch.zeros(4, 5, dtype=F32))
+    # Near-constant values are damped smoothly by eps inside the root, not blown up.
+    tiny = torch.tensor([[0.7, 0.7 + 1e-6]], dtype=torch.float64)
+    assert float(whiten(tiny, torch.ones(1, 2)).abs().max()) < 1e-2

@@ -357,6 +357,27 @@ def test_kl_estimators_hand_values():
         kl_penalty(logp, ref, "k4")
 
 
+def test_k3_clamps_the_log_ratio_instead_of_overflowing():
+    """A valid token with logp - ref = -100 (the policy all but rules out what the reference
+    sampled): exp(100) is inf in fp32; the clamp to [-20, 20] keeps loss and gradient finite."""
+    logp = torch.tensor([[-101.0, math.log(0.5), -0.1]], dtype=torch.float32, requires_grad=True)
+    ref = torch.tensor([[-1.0, math.log(0.25), -120.0]], dtype=torch.float32)
+    kl = kl_penalty(logp, ref, "k3")
+    bound = 20.0
+    expected_low = math.exp(bound) - bound - 1  # log-ratio -100 clamped to -20
+    expected_high = math.exp(-bound) + bound - 1  # log-ratio 119.9 clamped to 20
+    torch.testing.assert_close(kl.detach(), torch.tensor(
+        [[expected_low, 0.5 + math.log(2) - 1, expected_high]]), rtol=1e-6, atol=1e-6)
+    loss, metrics = kl_loss(logp, ref, torch.ones(1, 3), estimator="k3", loss_agg_mode="token-mean")
+    assert math.isfinite(metrics["actor/kl_loss"])
+    grad = grad_of(loss, logp)
+    assert torch.isfinite(grad).all()
+    assert grad[0, 0] == 0 and grad[0, 2] == 0 and grad[0, 1] != 0  # clamped tokens: no gradient
+    # Inside the bound nothing changes: k3 of a log-ratio of -19.5 is exact.
+    inside = kl_penalty(torch.tensor([-20.5]), torch.tensor([-1.0]), "k3")
+    assert float(inside) == pytest.approx(math.exp(19.5) - 19.5 - 1, rel=1e-6)
+
+
 def test_kl_loss_aggregates_valid_tokens_only():
     logp = torch.tensor([[math.log(0.5), 50.0]], dtype=DT, requires_grad=True)
     ref = torch.tensor([[math.log(0.25), -50.0]], dtype=DT)

@@ -11,6 +11,13 @@ whiten -> clip advantages.
 Every standard deviation in this module is the POPULATION one (``unbiased=False``, divide by
 ``n``): a group of one response then has std 0 (advantage 0) instead of NaN, and a two-response
 group with rewards {0, 1} gets advantages of exactly +-1 (up to eps).
+
+A set whose std is at most eps (a group, batch or running window whose rewards are all equal,
+e.g. an all-correct group) is DEGENERATE: it has no spread to divide by, so it is never divided by
+its std (``1/eps`` would blow its rewards up to ~1e6 and drown the groups that carry signal).
+Centred, its values are exactly 0; scaled only (``reward_scale``), they are left unscaled.
+Statistics are taken in float64 so that equal values give a mean equal to each of them and a std
+of exactly 0.
 """
 from __future__ import annotations
 
@@ -138,6 +145,12 @@ def normalize_rewards(rewards: torch.Tensor, group_size: int, mode: Optional[str
     with this batch, then its mean/std are used; ``running`` is required).
     ``shift`` only: ``r - mean``; ``scale`` only: ``r / (std + eps)``; neither:
     ``(r - mean) / (std + eps)``; both: ValueError. std is the population std.
+
+    A degenerate set (std <= eps, see the module docstring) is not divided by its std: z-score and
+    shift give exactly 0 there, scale-only leaves its rewards unchanged. metrics add
+    ``critic/reward_norm_degenerate_sets`` (how many sets were left undivided: groups for
+    ``group``, 0 or 1 for ``batch`` / ``running``) and, when ``group_size`` divides the batch,
+    ``reward/zero_std_groups`` (prompt groups whose raw rewards are all equal; any ``mode``).
     """
     if mode not in REWARD_NORMS:
         raise ValueError(f"unknown reward_norm {mode!r}; valid values: {REWARD_NORMS}")
@@ -148,33 +161,45 @@ def normalize_rewards(rewards: torch.Tensor, group_size: int, mode: Optional[str
         raise ValueError(f"rewards must be (batch,), got {tuple(rewards.shape)}")
     rewards = rewards.to(_float_dtype(rewards))
     metrics = {"critic/rewards_raw_mean": _stats(rewards)["mean"]}
+    if group_size >= 1 and rewards.numel() % group_size == 0:
+        raw_groups = rewards.detach().to(torch.float64).view(-1, group_size)
+        metrics["reward/zero_std_groups"] = float(
+            (raw_groups.std(-1, unbiased=False) <= eps).sum()) if raw_groups.numel() else 0.0
     if mode is None:
         return rewards, metrics
 
+    values = rewards.to(torch.float64)  # exact statistics for equal values (module docstring)
     if mode == "group":
-        groups = rewards.view(_check_groups(rewards.numel(), group_size), group_size)
+        groups = values.view(_check_groups(values.numel(), group_size), group_size)
         mean = groups.mean(-1, keepdim=True).expand_as(groups).reshape(-1)
         std = groups.std(-1, unbiased=False, keepdim=True).expand_as(groups).reshape(-1)
+        degenerate_sets = int((groups.std(-1, unbiased=False) <= eps).sum())
     elif mode == "batch":
-        mean = rewards.mean() if rewards.numel() else rewards.new_zeros(())
-        std = rewards.std(unbiased=False) if rewards.numel() else rewards.new_zeros(())
+        mean = values.mean() if values.numel() else values.new_zeros(())
+        std = values.std(unbiased=False) if values.numel() else values.new_zeros(())
+        degenerate_sets = int(values.numel() > 0 and float(std) <= eps)
     else:  # running
         if running is None:
             raise ValueError("reward_norm 'running' needs a RunningMeanStd (running=...)")
         running.update(rewards)
-        mean = torch.tensor(running.mean, dtype=rewards.dtype, device=rewards.device)
-        std = torch.tensor(running.std, dtype=rewards.dtype, device=rewards.device)
+        mean = torch.tensor(running.mean, dtype=torch.float64, device=rewards.device)
+        std = torch.tensor(running.std, dtype=torch.float64, device=rewards.device)
         metrics["critic/reward_running_count"] = float(running.count)
+        degenerate_sets = int(running.std <= eps)
 
+    degenerate = std <= eps
+    centred = torch.where(degenerate, torch.zeros_like(values), values - mean)
+    divisor = torch.where(degenerate, torch.ones_like(std), std + eps)
     if shift:
-        normed = rewards - mean
+        normed = centred
     elif scale:
-        normed = rewards / (std + eps)
+        normed = values / divisor
     else:
-        normed = (rewards - mean) / (std + eps)
+        normed = centred / divisor
     metrics["critic/reward_norm_mean"] = float(mean.float().mean()) if mean.numel() else 0.0
     metrics["critic/reward_norm_std"] = float(std.float().mean()) if std.numel() else 0.0
-    return normed, metrics
+    metrics["critic/reward_norm_degenerate_sets"] = float(degenerate_sets)
+    return normed.to(rewards.dtype), metrics
 
 
 def clip_rewards(rewards: torch.Tensor,
@@ -289,14 +314,17 @@ def grpo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, gr
     """Group z-score: ``(r_i - mean_group) / (std_group + eps)`` with the population std.
 
     token_rewards, response_mask: ``(B, T)``; ``r_i`` is the sum of row i's valid token rewards.
-    Returns ``(B, T)``: the response's value on each valid token, 0 elsewhere.
+    Returns ``(B, T)``: the response's value on each valid token, 0 elsewhere. A degenerate group
+    (std <= eps: all rewards equal) gets exactly 0, not its rounding noise divided by eps.
     """
     _check_rewards_and_mask(token_rewards, response_mask)
     num_groups = _check_groups(token_rewards.shape[0], group_size)
     scores = masked_sum(token_rewards, response_mask, dim=-1).view(num_groups, group_size)
-    mean = scores.mean(-1, keepdim=True)
-    std = scores.std(-1, unbiased=False, keepdim=True)
-    return _broadcast_over_tokens(((scores - mean) / (std + eps)).reshape(-1), response_mask)
+    values = scores.to(torch.float64)
+    mean = values.mean(-1, keepdim=True)
+    std = values.std(-1, unbiased=False, keepdim=True)
+    zscore = torch.where(std <= eps, torch.zeros_like(values), (values - mean) / (std + eps))
+    return _broadcast_over_tokens(zscore.to(scores.dtype).reshape(-1), response_mask)
 
 
 @register_adv_estimator("rloo")
@@ -317,13 +345,16 @@ def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, gr
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Masked z-score over the whole batch: ``(x - mean) / (std + eps)``, population std.
+    """Masked z-score over the whole batch: ``(x - mean) / sqrt(var + eps)``, population variance.
 
-    values, mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask.
+    values, mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask. eps sits inside the square
+    root and the statistics are float64, so a batch whose valid values are all equal whitens to
+    exactly 0 (with eps outside, its rounding noise over eps gave a constant push of ~0.9).
     """
-    mean = masked_mean(values, mask)
-    var = masked_mean((values - mean).square(), mask)
-    whitened = (values - mean) / (var.sqrt() + eps)
+    wide = values.to(torch.float64)
+    mean = masked_mean(wide, mask)
+    var = masked_mean((wide - mean).square(), mask)
+    whitened = ((wide - mean) / torch.sqrt(var + eps)).to(values.dtype)
     return torch.where(_bool_mask(mask), whitened, torch.zeros((), dtype=whitened.dtype,
                                                                device=whitened.device))
 

@@ -51,6 +51,10 @@ __all__ = [
 LOSS_AGG_MODES: List[str] = [
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KL_ESTIMATORS: List[str] = ["k1", "k2", "k3"]
+# k3 takes exp(ref - logp): one token the policy has all but ruled out (logp - ref = -100) would
+# overflow fp32 to inf and stop the run. Its log-ratio is clamped to this bound first (verl uses
+# the same), which keeps exp below ~5e8; tokens beyond it contribute a constant, no gradient.
+K3_LOG_RATIO_BOUND = 20.0
 
 Count = Union[int, float, torch.Tensor]
 
@@ -399,7 +403,8 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
 
     * ``k1``: ``logp - ref``                          (unbiased, can be negative)
     * ``k2``: ``0.5 * (logp - ref)^2``
-    * ``k3``: ``exp(ref - logp) - (ref - logp) - 1``  (unbiased, >= 0, low variance)
+    * ``k3``: ``exp(ref - logp) - (ref - logp) - 1``  (unbiased, >= 0, low variance), with
+      ``logp - ref`` clamped to ``[-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND]`` so it stays finite.
     """
     _check_choice("kl estimator", estimator, KL_ESTIMATORS)
     log_ratio = log_probs - ref_log_probs
@@ -407,6 +412,7 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
         return log_ratio
     if estimator == "k2":
         return 0.5 * log_ratio.square()
+    log_ratio = log_ratio.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
     return torch.exp(-log_ratio) + log_ratio - 1.0
 
 

@@ -225,7 +225,7 @@ class PipelineConfig:
 
     # --- GSPO / rollout keys (ROLL's names) ---
     adv_estimator: str = _f(
-        "grpo", "Advantage estimator: `grpo` (group z-score), `rloo` (leave-one-out baseline), "
+        "grpo", "Advantage estimator: `grpo` (group z-score; a group of equal rewards gets 0), `rloo` (leave-one-out baseline), "
                 "`reinforce` (reward-to-go; pair with reward_norm or whitening for a baseline).",
         ADV_ESTIMATORS)
     importance_sampling: str = _f(
@@ -252,7 +252,10 @@ class PipelineConfig:
                                   "the reference role). The GSPO paper uses none.")
     kl_loss_coef: float = _f(0.001, "Weight of the KL loss (>= 0).")
     kl_estimator: str = _f("k3", "Per-token KL estimator: k1 (log-ratio), k2 (half squared), k3 "
-                                 "(low-variance, always >= 0).", KL_ESTIMATORS)
+                                 "(low-variance, always >= 0). k3 clamps the log-ratio logp - ref_logp "
+                                 "to [-20, 20] before exp (as verl does), so one extreme token cannot "
+                                 "overflow to inf; a token beyond the clamp adds no gradient.",
+                           KL_ESTIMATORS)
     add_token_level_kl: bool = _f(False, "Subtract init_kl_coef * (old_logp - ref_logp) from each "
                                          "token's reward before advantages (starts the reference).")
     init_kl_coef: float = _f(0.2, "Coefficient of the token-level KL penalty (>= 0).")
@@ -263,7 +266,9 @@ class PipelineConfig:
         "`seq-mean-token-sum-norm` divides by a constant length (Dr.GRPO).", LOSS_AGG_MODES)
     loss_norm_length: Optional[int] = _f(None, "T_norm of `seq-mean-token-sum-norm` (>= 1). Null: "
                                                "response_length; 0 is refused, not replaced.")
-    whiten_advantages: bool = _f(False, "Masked z-score of advantages over the batch.")
+    whiten_advantages: bool = _f(False, "Masked z-score of advantages over the batch, "
+                                        "(A - mean) / sqrt(var + 1e-8): a batch whose advantages "
+                                        "are all equal whitens to 0.")
     advantage_clip: Optional[float] = _f(None, "Clamp advantages to [-c, c] (null: off).")
     reward_clip: Optional[float] = _f(None, "Clamp rewards to [-c, c] after normalisation (null: off).")
     reward_norm: Optional[str] = _f(
@@ -273,7 +278,11 @@ class PipelineConfig:
         REWARD_NORMS)
     reward_shift: bool = _f(False, "With reward_norm: only subtract the mean.")
     reward_scale: bool = _f(False, "With reward_norm: only divide by the std. Both false: full "
-                                   "z-score; both true is an error.")
+                                   "z-score; both true is an error. A set (group, batch, running "
+                                   "window) whose std is <= 1e-6, i.e. all rewards equal, is never "
+                                   "divided by it: scaled only it keeps its rewards, centred (z-score "
+                                   "or shift) it becomes 0; such prompt groups are counted in "
+                                   "`reward/zero_std_groups`.")
     old_logprob_source: str = _f(
         "trainer", "`trainer`: recompute old log-probs with the training engine (one extra forward "
                    "pass, exact); `rollout`: use the rollout engine's sampled-token log-probs (saves the "
