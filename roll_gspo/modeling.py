@@ -2,6 +2,7 @@
 causal LM, laying out prompt+response batches, and per-token log-probs of sampled tokens."""
 from __future__ import annotations
 
+import inspect
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -46,33 +47,50 @@ def build_sequences(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[
     return input_ids, attention_mask, prompt_lengths, response_mask
 
 
+def _accepts_logits_to_keep(model) -> bool:
+    """Whether the (possibly DeepSpeed-wrapped) causal LM's forward takes `logits_to_keep`."""
+    module = getattr(model, "module", model)
+    try:
+        return "logits_to_keep" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def response_token_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                              prompt_lengths: torch.Tensor, response_len: int, temperature: float = 1.0,
                              with_entropy: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs (and optionally entropies) of the response tokens under `model`.
 
     input_ids, attention_mask: (B, L), right-padded prompt+response. prompt_lengths: (B,).
-    Returns (log_probs (B, response_len), entropy (B, response_len) or None); positions past a
-    row's response hold garbage and must be masked by the caller's response_mask.
+    Returns (log_probs (B, response_len), entropy (B, response_len) or None), fp32; positions past
+    a row's response hold garbage and must be masked by the caller's response_mask.
     Logits are divided by `temperature` so the scored policy is the one the rollout sampled.
+
+    Memory: the model computes logits only from the first response position on (`logits_to_keep`),
+    and the log-softmax runs in chunks (`roll_gspo.algorithms.logprobs`), so one (B, S, V) logits
+    tensor (and its gradient when training) is the only vocabulary-wide allocation.
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, :-1].float()
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    next_tokens = input_ids[:, 1:]
-    # Position p-1 predicts token p; response token t of row i sits at prompt_len_i + t.
-    offsets = torch.arange(response_len, device=input_ids.device)
-    index = (prompt_lengths.to(input_ids.device)[:, None] - 1 + offsets[None, :]).clamp(max=logits.shape[1] - 1)
-    picked_logits = torch.gather(logits, 1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
-    log_softmax = torch.log_softmax(picked_logits, dim=-1)
-    targets = torch.gather(next_tokens, 1, index)
-    log_probs = torch.gather(log_softmax, 2, targets[:, :, None]).squeeze(-1)
-    entropy = None
-    if with_entropy:  # a metric, never differentiated: no autograd graph for it
-        with torch.no_grad():
-            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-    return log_probs, entropy
+    from roll_gspo.algorithms.logprobs import sampled_token_log_probs
+
+    batch, length = input_ids.shape
+    device = input_ids.device
+    prompt_lengths = prompt_lengths.to(device)
+    # Position p-1 predicts token p; response token t of row i sits at prompt_len_i + t. Clamped at
+    # the last predicting position: what lies past a row's response is garbage either way.
+    offsets = torch.arange(response_len, device=device)
+    position = (prompt_lengths[:, None] - 1 + offsets[None, :]).clamp(max=length - 2)  # (B, T)
+    targets = torch.gather(input_ids, 1, position + 1)
+    first = int(position.min()) if position.numel() else length - 1
+    keep = length - first
+    kwargs = {"logits_to_keep": keep} if _accepts_logits_to_keep(model) else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
+    logits = logits[:, logits.shape[1] - keep:]  # positions first..L-1 (a view)
+    rows = torch.arange(batch, device=device).repeat_interleave(response_len)
+    log_probs, entropy = sampled_token_log_probs(
+        logits, rows, (position - first).reshape(-1), targets.reshape(-1),
+        temperature if temperature not in (0.0, None) else 1.0, with_entropy)
+    shape = (batch, response_len)
+    return log_probs.view(shape), entropy.view(shape) if entropy is not None else None
 
 
 def micro_batches(size: int, micro: int) -> List[slice]:

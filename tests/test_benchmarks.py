@@ -88,3 +88,21 @@ def test_cli_defaults(bench):
     assert args.config.endswith("examples/example_gspo.yaml")
     with pytest.raises(SystemExit):
         bench.parse_args(["--steps", "0"])
+
+
+def test_logprob_memory_benchmark_smoke():
+    """benchmarks/bench_logprob_memory.py at a small size (152k vocabulary, 16 + 256 tokens, the
+    scoring pass): the chunked log-prob pass must peak well below the old one (issue 9, item 16)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_logprob_memory.py"
+    spec = importlib.util.spec_from_file_location("bench_logprob_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = module.parse_args(["--prompt-len", "16", "--response-len", "256", "--passes", "scoring"])
+    results = module.run(args)
+    before, after = results["scoring"]["before"], results["scoring"]["after"]
+    one_copy_mb = 272 * 151936 * 4 / 2 ** 20
+    assert before["checksum"] == pytest.approx(after["checksum"], rel=1e-5)  # same log-probs
+    assert before["peak_mb"] > 2 * one_copy_mb  # the old path holds several logits-sized tensors
+    assert after["peak_mb"] < 0.8 * before["peak_mb"]
+    table = module.format_table(results, args)
+    assert "scoring" in table and "train" not in table.splitlines()[-1]

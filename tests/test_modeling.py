@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from roll_gspo.modeling import build_sequences, pad_2d
@@ -16,3 +17,81 @@ def test_build_sequences_lays_out_right_padded_rows():
 def test_pad_2d_truncates_to_width_and_handles_empty():
     assert pad_2d([[1, 2, 3], [4]], pad_value=-1, width=2).tolist() == [[1, 2], [4, -1]]
     assert pad_2d([]).shape == (0, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Log-probs of sampled tokens in bounded memory (issue 9, item 16): equal to the straightforward
+# computation, in value and gradient.
+# --------------------------------------------------------------------------------------------
+def reference_log_probs(model, input_ids, attention_mask, prompt_lengths, response_len, temperature, with_entropy):
+    """The straightforward implementation (full fp32 logits, gather, log_softmax)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
+    logits = logits / temperature
+    index = (prompt_lengths[:, None] - 1 + torch.arange(response_len)[None, :]).clamp(max=logits.shape[1] - 1)
+    picked = torch.gather(logits, 1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
+    log_softmax = torch.log_softmax(picked, dim=-1)
+    log_probs = torch.gather(log_softmax, 2, torch.gather(input_ids[:, 1:], 1, index)[:, :, None]).squeeze(-1)
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1) if with_entropy else None
+    return log_probs, entropy
+
+
+def ragged_batch(vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (5, 2, 9)]
+    responses = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (7, 3, 1)]
+    return build_sequences(prompts, responses, pad_token_id=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_log_probs_equal_the_straightforward_ones_in_value_and_gradient(tiny_model, monkeypatch, temperature):
+    from transformers import AutoModelForCausalLM
+
+    from roll_gspo.algorithms import logprobs
+    from roll_gspo.modeling import response_token_log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    vocab = model.config.vocab_size
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 3 * vocab)  # several chunks, one ending mid-row
+    input_ids, attention, prompt_lengths, response_mask = ragged_batch(vocab)
+    width = response_mask.shape[1]
+    weights = torch.randn(response_mask.shape, generator=torch.Generator().manual_seed(1)) * response_mask
+    results = {}
+    for name, fn in (("chunked", response_token_log_probs), ("reference", reference_log_probs)):
+        model.zero_grad()
+        log_probs, entropy = fn(model, input_ids, attention, prompt_lengths, width, temperature, True)
+        (log_probs * weights).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[name] = (log_probs.detach(), entropy, grads)
+    (lp, ent, grads), (ref_lp, ref_ent, ref_grads) = results["chunked"], results["reference"]
+    valid = response_mask.bool()
+    assert lp.shape == ref_lp.shape == (3, 7) and lp.dtype == torch.float32
+    torch.testing.assert_close(lp[valid], ref_lp[valid], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent[valid], ref_ent[valid], rtol=1e-5, atol=1e-5)
+    assert not ent.requires_grad
+    assert grads.keys() == ref_grads.keys() and grads
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6)
+    with torch.no_grad():  # the scoring path (old log-probs, reference) gives the same numbers
+        no_grad_lp, none = response_token_log_probs(model, input_ids, attention, prompt_lengths, width, temperature)
+    assert none is None
+    torch.testing.assert_close(no_grad_lp[valid], ref_lp[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_sampled_token_log_probs_gradcheck_with_repeated_positions(monkeypatch):
+    from roll_gspo.algorithms import logprobs
+
+    monkeypatch.setattr(logprobs, "CHUNK_ELEMENTS", 2 * 5)
+    logits = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    rows, positions = torch.tensor([0, 0, 1, 1, 1]), torch.tensor([0, 2, 1, 1, 2])  # (1, 1) twice
+    targets = torch.tensor([4, 0, 3, 1, 2])
+    weights = torch.randn(5, dtype=torch.float64)
+    (chunked,) = torch.autograd.grad((logprobs.sampled_token_log_probs(logits, rows, positions, targets, 0.6)[0]
+                                      * weights).sum(), logits)
+    direct = torch.log_softmax(logits[rows, positions].float() / 0.6, -1).gather(-1, targets[:, None]).squeeze(-1)
+    (expected_grad,) = torch.autograd.grad((direct * weights).sum(), logits)
+    assert chunked.dtype == torch.float64 and chunked[1, 1].abs().sum() > 0
+    torch.testing.assert_close(chunked, expected_grad, rtol=1e-5, atol=1e-6)
+    log_probs, entropy = logprobs.sampled_token_log_probs(logits, rows, positions, targets, 1.0, with_entropy=True)
+    expected = torch.log_softmax(logits[rows, positions].float(), -1)
+    torch.testing.assert_close(log_probs, expected.gather(-1, targets[:, None]).squeeze(-1))
+    torch.testing.assert_close(entropy, -(expected.exp() * expected).sum(-1))
