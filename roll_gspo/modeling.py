@@ -95,3 +95,55 @@ def response_token_log_probs(model, input_ids: torch.Tensor, attention_mask: tor
 
 def micro_batches(size: int, micro: int) -> List[slice]:
     return [slice(i, min(i + micro, size)) for i in range(0, size, micro)]
+
+
+def num_micro_batches(size: int, micro: int) -> int:
+    return -(-size // micro)
+
+
+def score_micro_batches(model, batch, micro: int, temperature: float, passes: Optional[int] = None) -> torch.Tensor:
+    """(B, T) log-probs of `batch`'s responses (a `Batch` with input_ids, attention_mask,
+    prompt_lengths, response_mask), `micro` rows per forward pass.
+
+    `passes` (>= the micro-batch count) pads the work with forward passes whose output is dropped:
+    under ZeRO-3 every forward all-gathers parameters, so each rank must run as many passes as its
+    peers even when the shards are uneven (or one is empty), or the ranks deadlock.
+    """
+    width = batch["response_mask"].shape[1] if len(batch) else 0
+    parts = []
+    for chunk in micro_batches(len(batch), micro):
+        micro_batch = batch.select(range(chunk.start, chunk.stop))
+        log_probs, _ = response_token_log_probs(model, micro_batch["input_ids"], micro_batch["attention_mask"],
+                                                micro_batch["prompt_lengths"], width, temperature)
+        parts.append(log_probs)
+    for _ in range(len(parts), passes or 0):  # padding passes: one token of context, one scored
+        ids = torch.zeros(1, 2, dtype=torch.long)
+        response_token_log_probs(model, ids, torch.ones_like(ids), torch.ones(1, dtype=torch.long), 1, temperature)
+    return torch.cat(parts) if parts else torch.zeros(0, width)
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout probability in `model` to 0; returns how many were nonzero.
+
+    RL forward passes must see one deterministic policy: old log-probs are scored in eval mode and
+    new ones in train mode, so with dropout the importance ratio is not 1 before any update.
+    Covers `nn.Dropout*` modules, float attributes named like `*dropout*` / `*pdrop*` that
+    attention code reads at forward time (Qwen2's `attention_dropout`) and the same keys of the
+    model's config. Callers that save the config copy it first.
+    """
+    changed, seen = 0, set()
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p:
+            module.p, changed = 0.0, changed + 1
+        config = getattr(module, "config", None)
+        targets = [module]
+        if hasattr(config, "to_dict") and id(config) not in seen:
+            seen.add(id(config))
+            targets.append(config)
+        for target in targets:
+            for name, value in list(vars(target).items()):
+                if (("dropout" in name or "pdrop" in name) and isinstance(value, float)
+                        and not isinstance(value, bool) and value != 0.0):
+                    setattr(target, name, 0.0)
+                    changed += 1
+    return changed

@@ -7,12 +7,12 @@ import logging
 import math
 import os
 from contextlib import nullcontext
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from roll_gspo.config.schema import RoleConfig
-from roll_gspo.modeling import load_causal_lm
+from roll_gspo.modeling import disable_dropout, load_causal_lm
 
 logger = logging.getLogger("roll_gspo.deepspeed")
 
@@ -109,7 +109,11 @@ class DeepSpeedStrategy:
                                role.model_args.attn_implementation)
         if train and role.model_args.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.model_config = model.config
+        self.model_config = copy.deepcopy(model.config)  # saved as loaded, dropout included
+        # Old log-probs (eval mode), new ones (train mode) and the reference must score one policy.
+        if disable_dropout(model):
+            logger.info("dropout disabled in %s: RL forward passes run without it",
+                        role.model_args.model_name_or_path)
         if train:
             args = role.training_args
             optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay,
@@ -146,6 +150,15 @@ class DeepSpeedStrategy:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(tensor)
         return tensor.tolist()
+
+    def scoring_passes(self, local_passes: int) -> Optional[int]:
+        """Forward passes each rank must run to score its shard: under ZeRO-3 (a forward pass is
+        collective) the most any rank needs; otherwise None (each rank runs its own)."""
+        if self.zero_stage != 3:
+            return None
+        tensor = torch.tensor([local_passes], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return int(tensor.item())
 
     # -- weights -----------------------------------------------------------------------------
     def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:

@@ -4,7 +4,6 @@ the whole mini-batch across ranks and micro-batches."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -13,8 +12,9 @@ from roll_gspo.algorithms import kl_loss, policy_loss
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.modeling import micro_batches, response_token_log_probs
+from roll_gspo.modeling import micro_batches, num_micro_batches, response_token_log_probs, score_micro_batches
 from roll_gspo.weight_sync import WeightSender, broadcast_weights
+from roll_gspo.workers.train_metrics import SplitInvariantMetrics
 
 
 class NonFiniteLossError(RuntimeError):
@@ -46,24 +46,27 @@ class ActorTrainWorker(RankWorker):
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch) -> Batch:
-        """Old log-probs of this rank's shard, in micro-batches of `infer_batch_size`."""
+        """Old log-probs of this rank's shard, in micro-batches of `infer_batch_size` (as many
+        forward passes as the busiest rank under ZeRO-3, where a forward pass is collective)."""
+        micro = self.role.infer_batch_size
+        passes = self.strategy.scoring_passes(num_micro_batches(len(batch), micro))
         self.engine.eval()
-        parts = []
-        for chunk in micro_batches(len(batch), self.role.infer_batch_size):
-            log_probs, _ = forward_log_probs(self.engine, batch.select(range(chunk.start, chunk.stop)),
-                                             self.temperature)
-            parts.append(log_probs)
-        self.engine.train()
-        return Batch({"old_log_probs": torch.cat(parts)})
+        try:
+            log_probs = score_micro_batches(self.engine, batch, micro, self.temperature, passes)
+        finally:
+            self.engine.train()
+        return Batch({"old_log_probs": log_probs})
 
     def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None) -> Dict[str, float]:
         """GSPO update on this rank's shard. Needs tensors input_ids, attention_mask,
         prompt_lengths, response_mask, old_log_probs, advantages (and ref_log_probs with
-        use_kl_loss). Returns metrics averaged over micro-batches; with `sync_to` (the rollout
-        workers), the new weights are then sent to them and the `sync/*` metrics added."""
+        use_kl_loss). Returns the call's metrics over all ranks (`SplitInvariantMetrics`: the
+        loss is the mini-batch loss, averaged over mini-batches; token metrics are means over all
+        tokens); with `sync_to` (the rollout workers), the new weights are then sent to them and
+        the `sync/*` metrics added."""
         cfg, args = self.cfg, self.role.training_args
         per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        metrics: Dict[str, List[float]] = defaultdict(list)
+        metrics = SplitInvariantMetrics()
         generator = torch.Generator().manual_seed(cfg.seed + int(self.engine.global_steps))
         first = True
         for _ in range(cfg.ppo_epochs):
@@ -72,12 +75,12 @@ class ActorTrainWorker(RankWorker):
                 mini = batch.select(order[start:start + per_rank_mini])
                 self._train_mini_batch(mini, metrics, before_any_update=first)
                 first = False
-        result = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
+        result = metrics.reduce(self.strategy.all_reduce_sum)
         if sync_to is not None:
             result.update(self.sync_weights_to(sync_to))
         return result
 
-    def _train_mini_batch(self, mini: Batch, metrics: Dict[str, List[float]], before_any_update: bool) -> None:
+    def _train_mini_batch(self, mini: Batch, metrics: SplitInvariantMetrics, before_any_update: bool) -> None:
         cfg, args = self.cfg, self.role.training_args
         mask = mini["response_mask"]
         # Normalisers of the whole mini-batch over all ranks, so the gradient does not depend on
@@ -100,19 +103,18 @@ class ActorTrainWorker(RankWorker):
                                                norm_length=cfg.loss_norm_length)
                 loss = loss + cfg.kl_loss_coef * kl_value
                 pg_metrics = {**pg_metrics, **kl_metrics}
+            token_count = float(micro_mask.sum())
+            micro_metrics = {**pg_metrics,
+                             "actor/entropy": float((entropy * micro_mask).sum() / max(token_count, 1.0))}
             if before_any_update and "rollout_log_probs" in micro:
                 # Trainer vs rollout engine on the same, not yet updated, policy.
                 gap = (log_probs.detach() - micro["rollout_log_probs"]).abs()
-                metrics["rollout/logprob_gap"].append(float((gap * micro_mask).sum() / micro_mask.sum().clamp(min=1)))
+                micro_metrics["rollout/logprob_gap"] = float((gap * micro_mask).sum() / max(token_count, 1.0))
             self._check_finite(loss, pg_metrics)
             self.strategy.backward_and_step(loss)
-            for key, value in pg_metrics.items():
-                metrics[key].append(value)
-            token_count = float(micro_mask.sum())
-            if token_count:
-                metrics["actor/entropy"].append(float((entropy * micro_mask).sum() / token_count))
-        metrics["actor/grad_norm"].append(self.strategy.grad_norm())
-        metrics["actor/lr"].append(self.strategy.learning_rate())
+            metrics.add_micro(micro_metrics, token_count)
+        metrics.end_mini_batch()
+        metrics.add_step({"actor/grad_norm": self.strategy.grad_norm(), "actor/lr": self.strategy.learning_rate()})
 
     def _check_finite(self, loss: torch.Tensor, details: Dict[str, float]) -> None:
         """Raise before a NaN/inf gradient exists. The other ranks then wait in their next
@@ -129,7 +131,7 @@ class ActorTrainWorker(RankWorker):
         the response tokens (response_mask), normalised over the mini-batch across ranks."""
         args = self.role.training_args
         per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        metrics: Dict[str, List[float]] = defaultdict(list)
+        metrics = SplitInvariantMetrics()
         for start in range(0, len(batch), per_rank_mini):
             mini = batch.select(range(start, min(start + per_rank_mini, len(batch))))
             (num_tokens,) = self.strategy.all_reduce_sum([float(mini["response_mask"].sum())])
@@ -140,12 +142,13 @@ class ActorTrainWorker(RankWorker):
                 loss = -(log_probs * mask).sum() / max(num_tokens, 1.0)
                 self._check_finite(loss, {})
                 self.strategy.backward_and_step(loss)
-                metrics["sft/loss"].append(float(-(log_probs.detach() * mask).sum() / mask.sum().clamp(min=1)))
+                tokens = float(mask.sum())
                 correct = (log_probs.detach().exp() > 0.5).float()
-                metrics["sft/token_acc"].append(float((correct * mask).sum() / mask.sum().clamp(min=1)))
-            metrics["actor/grad_norm"].append(self.strategy.grad_norm())
-            metrics["actor/lr"].append(self.strategy.learning_rate())
-        return {k: float(sum(v) / len(v)) for k, v in metrics.items()}
+                metrics.add_micro({"sft/loss": float(-(log_probs.detach() * mask).sum()) / max(tokens, 1.0),
+                                   "sft/token_acc": float((correct * mask).sum()) / max(tokens, 1.0)}, tokens)
+            metrics.end_mini_batch()
+            metrics.add_step({"actor/grad_norm": self.strategy.grad_norm(), "actor/lr": self.strategy.learning_rate()})
+        return metrics.reduce(self.strategy.all_reduce_sum)
 
     # -- weights and checkpoints ---------------------------------------------------------------
     def sync_weights_to(self, receivers: List[Any]) -> Dict[str, float]:

@@ -9,7 +9,7 @@ import torch
 from roll_gspo.config.schema import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.modeling import micro_batches, response_token_log_probs
+from roll_gspo.modeling import num_micro_batches, score_micro_batches
 
 
 class ReferenceWorker(RankWorker):
@@ -25,19 +25,20 @@ class ReferenceWorker(RankWorker):
         if role.strategy_args.strategy_name == "deepspeed_train":
             from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
 
-            self.model = DeepSpeedStrategy(role, train=False, seed=cfg.seed).engine  # ZeRO-3 can shard it
+            self.strategy = DeepSpeedStrategy(role, train=False, seed=cfg.seed)  # ZeRO-3 can shard it
+            self.model = self.strategy.engine
         else:
             from roll_gspo.modeling import load_causal_lm
 
+            self.strategy = None
             self.model = load_causal_lm(role.model_args.model_name_or_path, role.model_args.dtype).eval()
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch) -> Batch:
-        parts = []
-        for chunk in micro_batches(len(batch), self.infer_batch_size):
-            micro = batch.select(range(chunk.start, chunk.stop))
-            log_probs, _ = response_token_log_probs(self.model, micro["input_ids"], micro["attention_mask"],
-                                                    micro["prompt_lengths"], micro["response_mask"].shape[1],
-                                                    self.temperature)
-            parts.append(log_probs)
-        return Batch({"ref_log_probs": torch.cat(parts)})
+        """Reference log-probs of this rank's shard, in micro-batches of `infer_batch_size`. Under
+        ZeRO-3 a forward pass is collective: every rank runs as many as the busiest one, so a
+        batch that does not split evenly over the ranks cannot deadlock them."""
+        passes = (self.strategy.scoring_passes(num_micro_batches(len(batch), self.infer_batch_size))
+                  if self.strategy is not None else None)
+        log_probs = score_micro_batches(self.model, batch, self.infer_batch_size, self.temperature, passes)
+        return Batch({"ref_log_probs": log_probs})
