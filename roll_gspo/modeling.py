@@ -78,7 +78,7 @@ def response_token_log_probs(model, input_ids: torch.Tensor, attention_mask: tor
     # Position p-1 predicts token p; response token t of row i sits at prompt_len_i + t. Clamped at
     # the last predicting position: what lies past a row's response is garbage either way.
     offsets = torch.arange(response_len, device=device)
-    position = (prompt_lengths[:, None] - 1 + offsets[None, :]).clamp(max=length - 2)  # (B, T)
+    position = (prompt_lengths[:, None] - 1 + offsets[None, :]).clamp(min=0, max=length - 2)  # (B, T)
     targets = torch.gather(input_ids, 1, position + 1)
     first = int(position.min()) if position.numel() else length - 1
     keep = length - first
