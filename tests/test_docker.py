@@ -125,9 +125,10 @@ def test_compose_cluster_matches_the_image_and_the_readme():
         assert (DOCKER_DIR / service["build"]["context"]).resolve() == REPO_ROOT
         assert service["environment"]["RAY_AUTH_MODE"] == "token", name  # README: heads require the token
         assert any(volume.endswith(":/home/roll/.ray") for volume in service["volumes"]), name
-    head, worker = services["ray-head"]["command"], services["ray-worker"]["command"]
-    port = next(arg.split("=")[1] for arg in head if arg.startswith("--port="))
-    assert "--head" in head and f"--address=ray-head:{port}" in worker
+    head, worker = " ".join(services["ray-head"]["command"]), services["ray-worker"]["command"]
+    port = re.search(r"--port=(\d+)", head).group(1)
+    assert "ray get-auth-token --generate" in head and "ray start --head" in head
+    assert f"--address=ray-head:{port}" in worker
     # Nodes that run actors see the same cache and output/ at the same paths.
     assert set(services["ray-head"]["volumes"]) == set(services["ray-worker"]["volumes"])
     submit = " ".join(services["submit"]["command"])
