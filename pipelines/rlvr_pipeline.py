@@ -19,7 +19,7 @@ from roll_gspo.algorithms import RunningMeanStd, compute_advantages
 from roll_gspo.checkpoint import finish_checkpoint, new_checkpoint_dir, read_state, resolve_resume
 from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.cluster import Cluster, init_ray
+from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
 from roll_gspo.modeling import build_sequences
 from roll_gspo.tracking import MetricsTracker, plot_metrics
 from roll_gspo.utils.imports import import_object
@@ -91,7 +91,7 @@ class RLVRPipeline:
 
         def cluster(name, worker_cls, role, **kwargs):
             return Cluster(name, worker_cls, role.world_size, role.num_cpus_per_worker, role.num_gpus_per_worker,
-                           init_args=(cfg,), init_kwargs=kwargs)
+                           init_args=(cfg,), init_kwargs=kwargs, env=worker_env(cfg, role))
 
         self.actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
                                    total_optimizer_steps=total_optimizer_steps)
@@ -99,7 +99,8 @@ class RLVRPipeline:
         self.reference = cluster("reference", ReferenceWorker, cfg.reference) if needs_reference(cfg) else None
         self.rewards = {
             name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
-                          reward.num_cpus_per_worker, 0, init_args=(reward,), init_kwargs={"domain": name})
+                          reward.num_cpus_per_worker, 0, init_args=(reward,), init_kwargs={"domain": name},
+                          env=worker_env(cfg))
             for name, reward in cfg.rewards.items()}
         clusters = [self.actor_train, self.actor_infer, *([self.reference] if self.reference else []),
                     *self.rewards.values()]

@@ -302,7 +302,7 @@ def load_config_dict(raw_cfg: DictConfig) -> PipelineConfig:
     raw = OmegaConf.to_container(raw_cfg, resolve=False)
     _normalise_legacy_values(raw)  # before the walk, which would reject a bool here
     roll_compat.normalise_roll_values(raw)
-    anchors = {k for k in raw if isinstance(k, str) and k.startswith("_")}
+    anchors = {k for k in raw if isinstance(k, str) and (k.startswith("_") or k in roll_compat.DEEPSPEED_ANCHORS)}
     pipeline_keys = {k: v for k, v in raw.items() if k not in anchors}
 
     problems: List[str] = []

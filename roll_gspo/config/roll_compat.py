@@ -25,6 +25,11 @@ import dataclasses
 import typing
 from typing import Any, Dict, List, Optional
 
+# Top-level blocks of configs/deepspeed_zero*.yaml (ROLL's DeepSpeed presets), composed in by a
+# `defaults:` list: interpolation anchors (`${deepspeed_zero3}`), removed after resolution.
+DEEPSPEED_ANCHORS = ("deepspeed_zero", "deepspeed_zero2", "deepspeed_zero2_cpuoffload", "deepspeed_zero3",
+                     "deepspeed_zero3_cpuoffload")
+
 # --------------------------------------------------------------------------------------------
 # Strategies not built here: name -> (what to use instead, what else to change)
 # --------------------------------------------------------------------------------------------
