@@ -2,6 +2,7 @@
 causal LM, laying out prompt+response batches, and per-token log-probs of sampled tokens."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -48,7 +49,8 @@ def build_sequences(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[
 
 def response_token_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                              prompt_lengths: torch.Tensor, response_len: int, temperature: float = 1.0,
-                             with_entropy: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                             with_entropy: bool = False, entropy_grad: bool = False,
+                             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs (and optionally entropies) of the response tokens under `model`.
 
     input_ids, attention_mask: (B, L), right-padded prompt+response. prompt_lengths: (B,).
@@ -69,8 +71,8 @@ def response_token_log_probs(model, input_ids: torch.Tensor, attention_mask: tor
     targets = torch.gather(next_tokens, 1, index)
     log_probs = torch.gather(log_softmax, 2, targets[:, :, None]).squeeze(-1)
     entropy = None
-    if with_entropy:  # a metric, never differentiated: no autograd graph for it
-        with torch.no_grad():
+    if with_entropy:  # a metric (no autograd graph) unless an entropy bonus is trained on
+        with (nullcontext() if entropy_grad else torch.no_grad()):
             entropy = -(log_softmax.exp() * log_softmax).sum(-1)
     return log_probs, entropy
 

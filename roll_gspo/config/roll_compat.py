@@ -381,6 +381,23 @@ def _dtype_problems(name: str, role) -> List[str]:
     return problems
 
 
+def under_dataset_dir(name: str, dataset_dir: Optional[str]) -> str:
+    """`name` under `dataset_dir` when a file is there (relative names only), else as written."""
+    import os
+
+    if dataset_dir and not name.startswith("builtin:") and not os.path.isabs(name):
+        candidate = os.path.join(dataset_dir, name)
+        if os.path.exists(candidate):
+            return candidate
+    return name
+
+
+def checkpoint_base(cfg) -> str:
+    """The folder whose `checkpoints/` holds the run's checkpoints: checkpoint_config.output_dir
+    when set, else output_dir (never timestamped, so `resume_from_checkpoint: auto` finds them)."""
+    return cfg.checkpoint_config.output_dir or cfg.output_dir
+
+
 def roll_warnings(cfg) -> List[str]:
     warns = []
     if cfg.value_clip is not None:

@@ -422,10 +422,11 @@ def _check_vllm_engine_keys(cfg: PipelineConfig) -> List[str]:
 def preflight(cfg: PipelineConfig) -> None:
     """Check what exists outside the config; raise ConfigError listing every problem."""
     problems: List[Optional[str]] = []
-    for name in cfg.actor_train.data_args.file_name:
-        problems.append(_check_data_file(name, "actor_train.data_args.file_name"))
-    for name in cfg.validation.data_args.file_name:
-        problems.append(_check_data_file(name, "validation.data_args.file_name"))
+    for block in ("actor_train", "validation"):
+        data = getattr(cfg, block).data_args
+        for name in data.file_name:
+            problems.append(_check_data_file(roll_compat.under_dataset_dir(name, data.dataset_dir),
+                                             f"{block}.data_args.file_name"))
     roles = ["actor_train"] + (["actor_infer"] if cfg.pipeline == "rlvr" else [])
     roles += ["reference"] if cfg.pipeline == "rlvr" and needs_reference(cfg) else []
     for role in roles:
