@@ -271,6 +271,11 @@ def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], probl
                                 f"contradicts {', '.join(clash)}; keep one family of keys")
             else:
                 checked.update(mapped)
+    # ROLL's TensorBoard folder is tracker_kwargs.log_dir (its logging_dir holds text logs); here
+    # it is logging_dir. ROLL appends exp_name and a timestamp; this project does not.
+    tracker_kwargs = checked.get("tracker_kwargs") or {}
+    if checked.get("track_with") == "tensorboard" and "log_dir" in tracker_kwargs:
+        checked["logging_dir"] = tracker_kwargs.pop("log_dir")
     # global_template: the template of every role's data
     template = checked.get("global_template")
     if template is not None:
@@ -352,6 +357,7 @@ def roll_semantic_problems(cfg) -> List[str]:
                         "use deepspeed_train")
     for role_name in ("actor_train", "reference"):
         problems += _dtype_problems(role_name, getattr(cfg, role_name))
+        problems += foreign_strategy_key_problems(role_name, getattr(cfg, role_name))
     if not 0.0 <= cfg.difficulty_low_threshold <= cfg.difficulty_high_threshold <= 1.0 and cfg.difficulty_mask:
         problems.append(f"difficulty_low_threshold / difficulty_high_threshold = "
                         f"{cfg.difficulty_low_threshold} / {cfg.difficulty_high_threshold}: need "
@@ -364,6 +370,29 @@ def roll_semantic_problems(cfg) -> List[str]:
             cfg.actor_train.data_args.preprocessing_num_workers < 1:
         problems.append("actor_train.data_args.preprocessing_num_workers: must be >= 1 or null")
     return problems
+
+
+# Megatron-LM / FSDP keys of ROLL's megatron_* / fsdp2_* strategy_config: DeepSpeed would ignore
+# them silently, so a YAML whose strategy name was changed to deepspeed_* must drop them.
+FOREIGN_STRATEGY_KEYS = (
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+    "context_parallel_size", "virtual_pipeline_model_parallel_size", "expert_tensor_parallel_size",
+    "use_distributed_optimizer", "recompute_granularity", "recompute_method", "recompute_num_layers",
+    "sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "moe_token_dispatcher_type",
+    "bias_activation_fusion", "apply_rope_fusion", "moe_grouped_gemm", "moe_layer_recompute",
+    "fsdp_size", "param_dtype", "reduce_dtype", "reshard_after_forward", "offload_policy",
+)
+
+
+def foreign_strategy_key_problems(name: str, role) -> List[str]:
+    if not role.strategy_args.strategy_name.startswith("deepspeed"):
+        return []
+    foreign = [k for k in (role.strategy_args.strategy_config or {}) if k in FOREIGN_STRATEGY_KEYS]
+    if not foreign:
+        return []
+    return [f"{name}.strategy_args.strategy_config: {foreign} are Megatron/FSDP options, which DeepSpeed "
+            f"would silently ignore; drop them and give a DeepSpeed config (e.g. `${{deepspeed_zero3}}` "
+            f"from configs/deepspeed_zero3.yaml; parallel sizes come from world_size / device_mapping)"]
 
 
 def _dtype_problems(name: str, role) -> List[str]:
