@@ -38,7 +38,8 @@ def _declared(path: str) -> bool:
 def cpu_overrides(yaml_path: Path, output_dir) -> list:
     """The GPU placement of ROLL's YAMLs turned into a CPU run, on the command line."""
     over = [f"~{key}" for key in OTHER_OWNERS if not _declared(key)]
-    over += ["rewards.math_rule.world_size=1", "max_steps=2", f"output_dir={output_dir}",
+    over += ["actor_infer.strategy_args.strategy_config.block_size=32",  # vLLM's CPU attention
+             "rewards.math_rule.world_size=1", "max_steps=2", f"output_dir={output_dir}",
              f"logging_dir={output_dir}/logs", f"checkpoint_config.output_dir={output_dir}/ckpt",
              f"tracker_kwargs.log_dir={output_dir}/tb"]
     if yaml_path == ZERO3_SP2:  # FlashAttention and sequence parallelism are GPU-only
@@ -145,9 +146,11 @@ def test_refused_key_prints_reason(in_roll_dir, override, reason):
     assert reason in refusal(GSPO, [override, *extra])
 
 
-def test_fa2_on_cpu_is_refused(in_roll_dir):
-    message = refusal(GSPO, ["actor_train.model_args.attn_implementation=fa2"])
+def test_gpu_only_values_on_cpu_are_refused(in_roll_dir):
+    message = refusal(GSPO, ["actor_train.model_args.attn_implementation=fa2",
+                             "actor_infer.strategy_args.strategy_config.block_size=16"])
     assert "flash_attention_2 (ROLL's fa2) needs a CUDA GPU" in message
+    assert "block_size = 16: vLLM's CPU attention needs a multiple of 32" in message
 
 
 def test_hydra_block_only_keys_with_meaning_here(tmp_path, in_roll_dir):
