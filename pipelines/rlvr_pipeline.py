@@ -65,7 +65,7 @@ class RLVRPipeline:
             require_columns=("difficulty",) if self.cfg.difficulty_loss_weight and data is self.cfg.actor_train.data_args else ())
 
     def _reward_routes(self) -> Dict[str, str]:
-        """data domain -> reward block that scores it (`tag_included`, else the block's key)."""
+        """data domain or tag -> reward block that scores it (the block's key and its `tag_included`)."""
         routes = {}
         for name, reward in self.cfg.rewards.items():
             for domain in [name, *reward.tag_included]:  # a block's own name routes to it, too (ROLL's `domain`)

@@ -376,3 +376,21 @@ def test_gspo_example_trains_two_steps_with_zero3_cpu_offload(tmp_path, session_
     metrics = _run(GSPO, tmp_path, ["+entropy_loss_coef=0.01"])
     steps = [m for m in metrics if m["step"] > 0]
     assert len(steps) == 2 and all("actor/kl_loss" in m and "actor/entropy_loss" in m for m in steps)
+
+
+def test_max_ckpt_to_keep_zero_keeps_every_checkpoint(tmp_path):
+    from roll_gspo.checkpoint import complete_checkpoints, finish_checkpoint, new_checkpoint_dir
+
+    for step in (1, 2, 3):
+        finish_checkpoint(new_checkpoint_dir(str(tmp_path), step), {"step": step}, str(tmp_path), keep=0)
+    assert len(complete_checkpoints(str(tmp_path))) == 3
+    finish_checkpoint(new_checkpoint_dir(str(tmp_path), 4), {"step": 4}, str(tmp_path), keep=2)
+    assert len(complete_checkpoints(str(tmp_path))) == 2
+
+
+def test_frozen_engine_runs_zero2_presets_as_stage_0():
+    from roll_gspo.strategies.deepspeed_strategy import frozen_engine_config
+
+    zero2 = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
+    assert frozen_engine_config(zero2)["zero_optimization"] == {"stage": 0}
+    assert frozen_engine_config({"zero_optimization": {"stage": 3}})["zero_optimization"]["stage"] == 3

@@ -73,6 +73,19 @@ def build_deepspeed_config(role: RoleConfig, world_size: int, hidden_size: int =
     return _deep_merge(derived, user)
 
 
+def frozen_engine_config(ds_config: Dict[str, Any]) -> Dict[str, Any]:
+    """A frozen engine's config (reference, `deepspeed_infer`): ZeRO-1/2 only partition optimizer
+    and gradient states, which it has none of, so they run as stage 0 (DeepSpeed refuses them
+    without an optimizer); stage 3 still shards the weights. Optimizer offload does not apply."""
+    config = copy.deepcopy(ds_config)
+    zero = config.setdefault("zero_optimization", {})
+    zero.pop("offload_optimizer", None)
+    if zero.get("stage", 0) in (1, 2):
+        zero["stage"] = 0
+        zero.pop("offload_param", None)
+    return config
+
+
 def lr_lambda(warmup_steps: int, total_steps: int, kind: str):
     """LR multiplier per optimizer step: linear warm-up, then constant / linear / cosine decay."""
     def factor(step: int) -> float:
@@ -119,6 +132,8 @@ class DeepSpeedStrategy:
 
         hidden_size = getattr(AutoConfig.from_pretrained(role.model_args.model_name_or_path), "hidden_size", 0)
         self.ds_config = build_deepspeed_config(role, self.world_size, hidden_size or 0)
+        if not train:
+            self.ds_config = frozen_engine_config(self.ds_config)
         self.zero_stage = self.ds_config["zero_optimization"].get("stage", 0)
         self._hf_ds_config = None
         if self.zero_stage == 3:
