@@ -313,12 +313,9 @@ def test_sample_masks_and_weights():
 def test_system_envs_reach_every_worker(ray_session):
     import ray
 
-    from roll_gspo.distributed.cluster import Cluster, worker_env
+    from roll_gspo.distributed.cluster import Cluster, RankWorker, worker_env
 
-    class EnvProbe:
-        def __init__(self, dist_env=None):
-            pass
-
+    class EnvProbe(RankWorker):
         def read(self, name):
             return os.environ.get(name)
 
@@ -367,6 +364,10 @@ def test_zero3_sp2_trains_two_steps_on_cpu(tmp_path, session_cache):
     assert [m["step"] for m in metrics][-2:] == [1, 2]
     steps = [m for m in metrics if m["step"] > 0]
     assert all("actor/difficulty_mask_ratio" in m and "actor/max_len_mask_ratio" in m for m in steps)
+    # A random model solves nothing, so difficulty_mask leaves every response out: no gradient.
+    for m in steps:
+        if m["actor/samples_used"] == 0:
+            assert m["actor/grad_norm"] == 0
     assert (tmp_path / "ckpt" / "checkpoints" / "step_2" / "COMPLETE").exists()   # checkpoint_config.output_dir
     assert list((tmp_path / "tb").glob("events.*"))                              # tracker_kwargs.log_dir
 
