@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import typing
 from typing import Any, List
@@ -238,7 +239,9 @@ def _roll_note(path: str, note: str) -> str:
         return f"ROLL's name for `{meta['alias_of']}`{' (negated)' if meta.get('alias_invert') else ''}."
     if "refused_unless" in meta:
         return f"Accepted at `{meta['refused_unless']}` only; otherwise refused: {meta['refusal']}"
-    return "Acts as described in its entry below."
+    help_text = " ".join(meta.get("help", "").split())
+    first = re.split(r"(?<=[a-z0-9)`])\.\s+(?=[A-Z])", help_text)[0].rstrip(".")
+    return f"Acts: {first}." if first else "Acts (see its entry below)."
 
 
 def render_roll_table() -> List[str]:
