@@ -28,6 +28,9 @@ GSPO = ROLL_DIR / "example_gspo.yaml"
 # them from the command line, afterwards the YAMLs are read as written.
 OTHER_OWNERS = ("actor_train.device_mapping", "actor_infer.device_mapping", "reference.device_mapping",
                 "actor_train.data_args.domain_interleave_probs")
+# ROLL's files set num_train_epochs, which an rlvr run never reads (max_steps decides, in ROLL as
+# well); it is refused with that reason (test_never_read_roll_keys), so the runs drop it.
+NEVER_READ = ("~actor_train.training_args.num_train_epochs",)
 
 
 def _declared(path: str) -> bool:
@@ -37,7 +40,7 @@ def _declared(path: str) -> bool:
 
 def cpu_overrides(yaml_path: Path, output_dir) -> list:
     """The GPU placement of ROLL's YAMLs turned into a CPU run, on the command line."""
-    over = [f"~{key}" for key in OTHER_OWNERS if not _declared(key)]
+    over = [f"~{key}" for key in OTHER_OWNERS if not _declared(key)] + list(NEVER_READ)
     over += ["actor_infer.strategy_args.strategy_config.block_size=32",  # vLLM's CPU attention
              "rewards.math_rule.world_size=1", "max_steps=2", f"output_dir={output_dir}",
              f"logging_dir={output_dir}/logs", f"checkpoint_config.output_dir={output_dir}/ckpt",
@@ -139,11 +142,24 @@ def test_megatron_strategy_config_after_a_rename_is_refused(in_roll_dir):
     ("actor_train.data_args.template=base", "fixed instruction text"),
     ("actor_train.model_args.model_type=trl", "a policy role is a causal LM"),
     ("checkpoint_config.type=oss", "valid values: 'file_system'"),
-    ("actor_train.strategy_args.strategy_config.bf16.enabled=true", "contradicts actor_train.model_args.dtype"),
+    ("actor_train.strategy_args.strategy_config.bf16.enabled=true", "contradicts actor_train.model_args.dtype = fp32"),
 ])
 def test_refused_key_prints_reason(in_roll_dir, override, reason):
     extra = ["actor_train.model_args.dtype=fp32"] if "bf16.enabled" in override else []
     assert reason in refusal(GSPO, [override, *extra])
+
+
+def test_never_read_roll_keys(in_roll_dir):
+    path = GSPO
+    over = [o for o in cpu_overrides(path, "/tmp/unused") if o not in NEVER_READ]
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), over)
+    assert "num_train_epochs = 50 is never read" in str(info.value)
+    # ROLL's `template` on the rollout and reference roles repeats the training one: accepted;
+    # a different one is refused as never read.
+    assert "template" not in str(info.value)
+    message = refusal(path, ["actor_infer.data_args.template=chatml"])
+    assert "actor_infer.data_args.template = 'chatml' is never read" in message
 
 
 def test_gpu_only_values_on_cpu_are_refused(in_roll_dir):

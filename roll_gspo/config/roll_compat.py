@@ -276,6 +276,14 @@ def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], probl
     tracker_kwargs = checked.get("tracker_kwargs") or {}
     if checked.get("track_with") == "tensorboard" and "log_dir" in tracker_kwargs:
         checked["logging_dir"] = tracker_kwargs.pop("log_dir")
+    # ROLL writes `data_args.template` on every role; the rollout and reference roles read no
+    # data, so the copy that repeats the acting (training) template says nothing and is cleared.
+    # A different one stays and is refused as never read (role_reads).
+    acting = checked.get("global_template") or (checked.get("actor_train", {}).get("data_args") or {}).get("template")
+    for role in ("actor_infer", "reference"):
+        data = (checked.get(role) or {}).get("data_args") or {}
+        if data.get("template") is not None and data.get("template") == acting:
+            data["template"] = None
     # global_template: the template of every role's data
     template = checked.get("global_template")
     if template is not None:
@@ -361,7 +369,6 @@ def roll_semantic_problems(cfg) -> List[str]:
         problems.append("actor_train.strategy_args.strategy_name: deepspeed_infer is a frozen engine; "
                         "use deepspeed_train")
     for role_name in ("actor_train", "reference"):
-        problems += _dtype_problems(role_name, getattr(cfg, role_name))
         problems += foreign_strategy_key_problems(role_name, getattr(cfg, role_name))
     if not 0.0 <= cfg.difficulty_low_threshold <= cfg.difficulty_high_threshold <= 1.0 and cfg.difficulty_mask:
         problems.append(f"difficulty_low_threshold / difficulty_high_threshold = "
@@ -398,21 +405,6 @@ def foreign_strategy_key_problems(name: str, role) -> List[str]:
     return [f"{name}.strategy_args.strategy_config: {foreign} are Megatron/FSDP options, which DeepSpeed "
             f"would silently ignore; drop them and give a DeepSpeed config (e.g. `${{deepspeed_zero3}}` "
             f"from configs/deepspeed_zero3.yaml; parallel sizes come from world_size / device_mapping)"]
-
-
-def _dtype_problems(name: str, role) -> List[str]:
-    """A DeepSpeed `bf16`/`fp16` block that contradicts model_args.dtype ('auto' follows it)."""
-    problems = []
-    config = role.strategy_args.strategy_config or {}
-    for key in ("bf16", "fp16"):
-        enabled = (config.get(key) or {}).get("enabled", "auto") if isinstance(config.get(key), dict) else "auto"
-        if enabled == "auto":
-            continue
-        if bool(enabled) != (role.model_args.dtype == key):
-            problems.append(f"{name}.strategy_args.strategy_config.{key}.enabled = {enabled} contradicts "
-                            f"{name}.model_args.dtype = {role.model_args.dtype!r}; set it to 'auto' (follows "
-                            f"dtype; configs/deepspeed_zero*.yaml do) or make them agree")
-    return problems
 
 
 def under_dataset_dir(name: str, dataset_dir: Optional[str]) -> str:

@@ -153,7 +153,8 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
                         f"from the other one). Leave both null to follow `pretrain`, or name the same folder")
     for role_name in ("actor_train", "reference"):
         role = getattr(cfg, role_name)
-        if role.strategy_args.strategy_name != "deepspeed_train" or (role_name == "reference" and not needs_reference(cfg)):
+        if role.strategy_args.strategy_name not in ("deepspeed_train", "deepspeed_infer") or (
+                role_name == "reference" and not needs_reference(cfg)):
             continue
         for ds_key, dtype in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
             section = role.strategy_args.strategy_config.get(ds_key)
