@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import os
 import tempfile
 import types
 import typing

@@ -246,7 +246,7 @@ def _roll_note(path: str, note: str) -> str:
 
 def render_roll_table() -> List[str]:
     """The ROLL-key table: every key of ROLL's RLVR YAMLs and what it does here."""
-    from roll_gspo.config.roll_compat import ROLL_KEY_NOTES
+    from roll_gspo.config.roll_keys import ROLL_KEY_NOTES
 
     lines = ["## ROLL keys", "",
              "Every key of ROLL's RLVR YAMLs (its GSPO example, the qwen2.5-7B-rlvr_megatron configs "
