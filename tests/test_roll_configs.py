@@ -411,3 +411,21 @@ def test_frozen_engine_runs_zero2_presets_as_stage_0():
     zero2 = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}}
     assert frozen_engine_config(zero2)["zero_optimization"] == {"stage": 0}
     assert frozen_engine_config({"zero_optimization": {"stage": 3}})["zero_optimization"]["stage"] == 3
+
+
+def test_hydra_searchpath_acts_and_misspelt_hydra_keys_fail(tmp_path):
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    (presets / "my_zero.yaml").write_text("_my_zero:\n  zero_optimization:\n    stage: 1\n")
+    (tmp_path / "run.yaml").write_text(
+        "defaults:\n  - my_zero@_here_\n  - deepspeed_zero2@_here_\n"
+        f"hydra:\n  searchpath:\n    - file://{presets}\n"
+        "_ds: ${_my_zero}\n"
+        "actor_train:\n  data_args:\n    file_name: [builtin:arith/train]\n"
+        "  strategy_args:\n    strategy_config: ${_ds}\n"
+        "rollout_batch_size: 8\nnum_return_sequences_in_group: 8\n")
+    cfg = load_config(str(tmp_path / "run.yaml"))
+    assert cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"] == 1
+    (tmp_path / "bad.yaml").write_text("hydra:\n  run:\n    dirr: .\nmax_steps: 1\n")
+    with pytest.raises(ConfigError, match="dirr"):
+        load_config(str(tmp_path / "bad.yaml"))
