@@ -18,8 +18,9 @@ import torch
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
 from roll_gspo.checkpoint import finish_checkpoint, new_checkpoint_dir, read_state, resolve_resume
 from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
+from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.cluster import Cluster, init_ray
+from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
 from roll_gspo.modeling import build_sequences
 from roll_gspo.tracking import MetricsTracker, plot_metrics
 from roll_gspo.utils.imports import import_object
@@ -28,7 +29,7 @@ from pipelines.common import prepare_models, progress_bar
 
 logger = logging.getLogger("roll_gspo")
 TRAINER_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "old_log_probs",
-                   "advantages", "ref_log_probs", "rollout_log_probs")
+                   "advantages", "ref_log_probs", "rollout_log_probs", "loss_mask")
 
 
 class RLVRPipeline:
@@ -39,7 +40,7 @@ class RLVRPipeline:
 
         self.cfg = cfg
         prepare_models(cfg, ["actor_train", "actor_infer", "reference"])
-        self.resume_dir = resolve_resume(cfg.output_dir, cfg.resume_from_checkpoint)
+        self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
         self.domain_of_worker = self._reward_routes()
         self.train_items, stats = self._load_prompts(cfg.actor_train.data_args)
@@ -59,13 +60,15 @@ class RLVRPipeline:
         return load_prompts(
             data.file_name, prompt_key=data.prompt_key, messages_key=data.messages_key, answer_key=data.answer_key,
             domain_key=data.domain_key, default_domain=next(iter(self.cfg.rewards)), tokenizer=self.tokenizer,
-            max_prompt_length=self.cfg.prompt_length, max_samples=data.max_samples)
+            max_prompt_length=self.cfg.prompt_length, max_samples=data.max_samples, template=data.template,
+            tag_key=data.tag_key, dataset_dir=data.dataset_dir, num_proc=data.preprocessing_num_workers,
+            require_columns=("difficulty",) if self.cfg.difficulty_loss_weight and data is self.cfg.actor_train.data_args else ())
 
     def _reward_routes(self) -> Dict[str, str]:
-        """data domain -> reward block that scores it (`tag_included`, else the block's key)."""
+        """data domain or tag -> reward block that scores it (the block's key and its `tag_included`)."""
         routes = {}
         for name, reward in self.cfg.rewards.items():
-            for domain in reward.tag_included or [name]:
+            for domain in [name, *reward.tag_included]:  # a block's own name routes to it, too (ROLL's `domain`)
                 routes[domain] = name
         return routes
 
@@ -91,7 +94,7 @@ class RLVRPipeline:
 
         def cluster(name, worker_cls, role, **kwargs):
             return Cluster(name, worker_cls, role.world_size, role.num_cpus_per_worker, role.num_gpus_per_worker,
-                           init_args=(cfg,), init_kwargs=kwargs)
+                           init_args=(cfg,), init_kwargs=kwargs, env=worker_env(cfg, role))
 
         self.actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
                                    total_optimizer_steps=total_optimizer_steps)
@@ -99,7 +102,8 @@ class RLVRPipeline:
         self.reference = cluster("reference", ReferenceWorker, cfg.reference) if needs_reference(cfg) else None
         self.rewards = {
             name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
-                          reward.num_cpus_per_worker, 0, init_args=(reward,), init_kwargs={"domain": name})
+                          reward.num_cpus_per_worker, 0, init_args=(reward,), init_kwargs={"domain": name},
+                          env=worker_env(cfg))
             for name, reward in cfg.rewards.items()}
         clusters = [self.actor_train, self.actor_infer, *([self.reference] if self.reference else []),
                     *self.rewards.values()]
@@ -135,6 +139,7 @@ class RLVRPipeline:
             reward_metrics = self._collect_rewards(batch, pending_rewards)
         with _timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self._advantages(batch)
+            adv_metrics.update(self._apply_sample_weights(batch))
         sync_due = step % cfg.model_update_frequency == 0
         with _timed(timings, "train"):
             # With a sync due, the ranks send the new weights to the rollout ranks at the end of the
@@ -157,7 +162,8 @@ class RLVRPipeline:
         }
 
     def _prompt_batch(self, items: List[dict]) -> Batch:
-        keys = ("prompt_ids", "prompt_text", "ground_truth", "domain")
+        keys = ("prompt_ids", "prompt_text", "ground_truth", "domain") + (
+            ("difficulty",) if "difficulty" in items[0] else ())
         return Batch(meta={k: [item[k] for item in items] for k in keys})
 
     def _start_rewards(self, batch: Batch) -> list:
@@ -209,6 +215,30 @@ class RLVRPipeline:
             kl=kl, kl_coef=cfg.init_kl_coef if kl is not None else 0.0,
             whiten_advantages=cfg.whiten_advantages, advantage_clip=cfg.advantage_clip)
 
+    def _apply_sample_weights(self, batch: Batch) -> Dict[str, float]:
+        """ROLL's per-response masks and loss weights: a weight w > 0 scales the response's
+        advantages (the clipped surrogate is linear in A for a positive factor, so this is w times
+        its loss); w = 0 leaves it out of the loss via `loss_mask`. Nothing when all are off."""
+        cfg = self.cfg
+        if not (cfg.max_len_mask or cfg.difficulty_mask or cfg.error_max_len_clip or cfg.difficulty_loss_weight
+                or cfg.length_loss_weight):
+            return {}
+        from roll_gspo.algorithms.sample_weights import sample_loss_weights
+
+        lengths = batch["response_mask"].sum(-1)
+        truncated = torch.tensor([not f for f in batch["finished"]], dtype=torch.bool)
+        difficulty = (torch.tensor([float(d) for d in batch["difficulty"]]) if cfg.difficulty_loss_weight
+                      else None)
+        weights, metrics = sample_loss_weights(
+            batch["scores"], lengths, truncated, cfg.num_return_sequences_in_group,
+            max_len_mask=cfg.max_len_mask, difficulty_mask=cfg.difficulty_mask,
+            difficulty_low=cfg.difficulty_low_threshold, difficulty_high=cfg.difficulty_high_threshold,
+            error_max_len_clip=cfg.error_max_len_clip, error_max_len_threshold=cfg.error_max_len_threshold,
+            difficulty=difficulty, length_loss_weight=cfg.length_loss_weight)
+        batch["advantages"] = batch["advantages"] * weights[:, None]
+        batch["loss_mask"] = batch["response_mask"] * (weights > 0).float()[:, None]
+        return metrics
+
     def sync_weights(self) -> Dict[str, float]:
         results = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers)
         return results[0]
@@ -225,11 +255,11 @@ class RLVRPipeline:
                 "time/validation_s": time.perf_counter() - start}
 
     def save_checkpoint(self, step: int) -> None:
-        folder = new_checkpoint_dir(self.cfg.output_dir, step)
+        folder = new_checkpoint_dir(checkpoint_base(self.cfg), step)
         self.actor_train.execute_all("save_checkpoint", folder)
         state = {"step": step, "sampler": self.sampler.state_dict(),
                  "running_stats": self.running_stats.state_dict() if self.running_stats else None}
-        finish_checkpoint(folder, state, self.cfg.output_dir, self.cfg.save_total_limit)
+        finish_checkpoint(folder, state, checkpoint_base(self.cfg), self.cfg.save_total_limit)
 
     def _load_checkpoint(self, folder: str) -> None:
         state = read_state(folder)

@@ -12,7 +12,7 @@ import ray
 
 from roll_gspo.config import PipelineConfig, mini_batch_size
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.cluster import Cluster, init_ray
+from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
 from roll_gspo.modeling import build_sequences
 from roll_gspo.tracking import MetricsTracker
 
@@ -74,7 +74,8 @@ def run_sft(cfg: PipelineConfig) -> Dict[str, float]:
     started_ray = not ray.is_initialized()
     init_ray(role.world_size * role.num_cpus_per_worker, role.world_size * role.num_gpus_per_worker)
     trainer = Cluster("sft_actor_train", ActorTrainWorker, role.world_size, role.num_cpus_per_worker,
-                      role.num_gpus_per_worker, init_args=(cfg,), init_kwargs={"total_optimizer_steps": total})
+                      role.num_gpus_per_worker, init_args=(cfg,), init_kwargs={"total_optimizer_steps": total},
+                      env=worker_env(cfg, role))
     ray.get(trainer.setup_async())
     tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -1,6 +1,7 @@
 """Prompt and SFT data loading (local JSONL / JSON / parquet via `datasets`) and prompt sampling."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -8,6 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from roll_gspo import builtin
+from roll_gspo.chat_templates import render_chat
 
 # Data are local files only; never let `datasets` reach for a hub. Must be set before import.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -34,12 +36,45 @@ def _load_table(path: str) -> Tuple[List[str], Dict[str, list]]:
     return list(ds.column_names), ds.to_dict()
 
 
-def _resolve_files(files: Sequence[str]) -> List[str]:
+def _resolve_files(files: Sequence[str], dataset_dir: Optional[str] = None) -> List[str]:
+    """Built-in names and paths; a relative path is looked up under `dataset_dir` first."""
     if isinstance(files, str):
         files = [files]
     if not files:
         raise ValueError("no data files given (set `data_args.file_name`)")
-    return [builtin.resolve_data_file(f) for f in files]
+    return [builtin.resolve_data_file(_under_dataset_dir(f, dataset_dir)) for f in files]
+
+
+def _under_dataset_dir(name: str, dataset_dir: Optional[str]) -> str:
+    if not dataset_dir or name.startswith(builtin.BUILTIN_PREFIX) or os.path.isabs(name):
+        return name
+    candidate = os.path.join(dataset_dir, name)
+    if os.path.exists(candidate):
+        return candidate
+    if not os.path.exists(name):
+        raise ValueError(f"data file {name!r} found neither under dataset_dir ({candidate}) nor as written")
+    return name
+
+
+def _as_messages(value: Any) -> List[dict]:
+    """Chat messages from a row: a list of {role, content}, or its JSON string (ROLL's data)."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return list(value)
+
+
+def _prompt_text(messages: Any, prompt: Any, tokenizer, template: Optional[str],
+                 apply_chat_template: bool) -> Tuple[str, bool]:
+    """(text, is_chat) of one row: messages (or, with a named template, the prompt as one user
+    turn) rendered with the template; without one, messages use the tokenizer's template and a
+    plain prompt is used as written."""
+    if _present(messages):
+        if template:
+            return render_chat(template, tokenizer, _as_messages(messages)), True
+        return _render_messages(_as_messages(messages), tokenizer, apply_chat_template), True
+    if template:
+        return render_chat(template, tokenizer, [{"role": "user", "content": str(prompt)}]), True
+    return str(prompt), False
 
 
 def _present(value: Any) -> bool:
@@ -60,15 +95,22 @@ def load_prompts(files: Sequence[str], *, prompt_key: str = "prompt",
                  messages_key: str = "messages", answer_key: str = "ground_truth",
                  domain_key: str = "domain", default_domain: str, tokenizer,
                  max_prompt_length: int, max_samples: Optional[int] = None,
-                 apply_chat_template: bool = True) -> Tuple[List[dict], Dict[str, Any]]:
+                 apply_chat_template: bool = True, template: Optional[str] = None,
+                 tag_key: str = "tag", dataset_dir: Optional[str] = None,
+                 num_proc: Optional[int] = None,
+                 require_columns: Sequence[str] = ()) -> Tuple[List[dict], Dict[str, Any]]:
     """Load prompts for RL: items ``{prompt_text, prompt_ids, ground_truth, domain}`` and stats.
 
     A row's chat ``messages`` (when present) are rendered with the tokenizer's chat template;
     otherwise ``prompt`` is used as is (tokenized with the tokenizer's special tokens, e.g. a bos).
     Prompts over ``max_prompt_length`` tokens are dropped and counted. ``max_samples`` keeps the
-    first N kept prompts over all files.
+    first N kept prompts over all files. A named ``template`` (roll_gspo.chat_templates) renders
+    messages and plain prompts alike. A row's reward route is its ``domain``, else its ``tag``
+    column (``tag_key``), else ``default_domain``. ``num_proc`` > 1 tokenizes in that many
+    processes. Columns in ``require_columns`` (e.g. ``difficulty``) must exist and are copied
+    into the items.
     """
-    paths = _resolve_files(files)
+    paths = _resolve_files(files, dataset_dir)
     items: List[dict] = []
     stats: Dict[str, Any] = {"files": paths, "rows": 0, "filtered_prompts": 0, "prompts": 0,
                              "max_prompt_tokens": 0, "per_domain": {}}
@@ -84,14 +126,18 @@ def load_prompts(files: Sequence[str], *, prompt_key: str = "prompt",
         messages = table.get(messages_key, [None] * n_rows)
         answers = table[answer_key]
         domains = table.get(domain_key, [None] * n_rows)
+        tags = table.get(tag_key, [None] * n_rows)
+        missing = [c for c in require_columns if c not in columns]
+        if missing:
+            raise ValueError(f"data file {path} has no column {missing} (columns: {columns}), which "
+                             f"the config needs (difficulty_loss_weight reads `difficulty`)")
+        extra = {c: table[c] for c in require_columns}
         texts, from_msgs = [], []
         for i in range(n_rows):
-            if _present(messages[i]):
-                texts.append(_render_messages(messages[i], tokenizer, apply_chat_template))
-                from_msgs.append(True)
-            elif _present(prompts[i]):
-                texts.append(str(prompts[i]))
-                from_msgs.append(False)
+            if _present(messages[i]) or _present(prompts[i]):
+                text, is_chat = _prompt_text(messages[i], prompts[i], tokenizer, template, apply_chat_template)
+                texts.append(text)
+                from_msgs.append(is_chat)
             else:
                 raise ValueError(f"data file {path}, row {i}: neither {prompt_key!r} nor "
                                  f"{messages_key!r} is set (expected one of those keys; see "
@@ -100,8 +146,8 @@ def load_prompts(files: Sequence[str], *, prompt_key: str = "prompt",
                 raise ValueError(f"data file {path}, row {i}: answer column {answer_key!r} is empty")
         stats["rows"] += n_rows
         # Chat templates already contain any bos; plain prompts get the tokenizer's specials.
-        ids_chat = _tokenize([t for t, m in zip(texts, from_msgs) if m], tokenizer, False)
-        ids_plain = _tokenize([t for t, m in zip(texts, from_msgs) if not m], tokenizer, True)
+        ids_chat = _tokenize([t for t, m in zip(texts, from_msgs) if m], tokenizer, False, num_proc)
+        ids_plain = _tokenize([t for t, m in zip(texts, from_msgs) if not m], tokenizer, True, num_proc)
         it_chat, it_plain = iter(ids_chat), iter(ids_plain)
         filtered_here = 0
         for i in range(n_rows):
@@ -111,9 +157,11 @@ def load_prompts(files: Sequence[str], *, prompt_key: str = "prompt",
                 continue
             if max_samples is not None and len(items) >= max_samples:
                 break
-            domain = str(domains[i]) if _present(domains[i]) else default_domain
+            domain = (str(domains[i]) if _present(domains[i]) else
+                      str(tags[i]) if _present(tags[i]) else default_domain)
             items.append({"prompt_text": texts[i], "prompt_ids": ids,
-                          "ground_truth": _answer_str(answers[i]), "domain": domain})
+                          "ground_truth": _answer_str(answers[i]), "domain": domain,
+                          **{c: extra[c][i] for c in require_columns}})
             stats["max_prompt_tokens"] = max(stats["max_prompt_tokens"], len(ids))
             stats["per_domain"][domain] = stats["per_domain"].get(domain, 0) + 1
         if filtered_here:
@@ -134,9 +182,18 @@ def _answer_str(value: Any) -> str:
     return str(value)
 
 
-def _tokenize(texts: List[str], tokenizer, add_special_tokens: bool) -> List[List[int]]:
+def _tokenize(texts: List[str], tokenizer, add_special_tokens: bool,
+              num_proc: Optional[int] = None) -> List[List[int]]:
+    """Token ids of `texts`; with num_proc > 1 in that many processes (datasets.map)."""
     if not texts:
         return []
+    if num_proc and num_proc > 1 and len(texts) >= num_proc:
+        import datasets
+
+        table = datasets.Dataset.from_dict({"text": texts}).map(
+            lambda rows: {"ids": tokenizer(rows["text"], add_special_tokens=add_special_tokens)["input_ids"]},
+            batched=True, num_proc=num_proc, remove_columns=["text"], desc="tokenizing prompts")
+        return [list(x) for x in table["ids"]]
     return [list(x) for x in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
 
 

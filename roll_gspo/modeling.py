@@ -58,7 +58,8 @@ def _accepts_logits_to_keep(model) -> bool:
 
 def response_token_log_probs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                              prompt_lengths: torch.Tensor, response_len: int, temperature: float = 1.0,
-                             with_entropy: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                             with_entropy: bool = False, entropy_grad: bool = False,
+                             ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs (and optionally entropies) of the response tokens under `model`.
 
     input_ids, attention_mask: (B, L), right-padded prompt+response. prompt_lengths: (B,).
@@ -88,8 +89,16 @@ def response_token_log_probs(model, input_ids: torch.Tensor, attention_mask: tor
     rows = torch.arange(batch, device=device).repeat_interleave(response_len)
     log_probs, entropy = sampled_token_log_probs(
         logits, rows, (position - first).reshape(-1), targets.reshape(-1),
-        temperature if temperature not in (0.0, None) else 1.0, with_entropy)
+        temperature if temperature not in (0.0, None) else 1.0, with_entropy and not entropy_grad)
     shape = (batch, response_len)
+    if with_entropy and entropy_grad:
+        # An entropy bonus is trained on: a differentiable (and vocabulary-wide) entropy, paid only
+        # when `entropy_loss_coef > 0`.
+        z = logits[rows, (position - first).reshape(-1)].float()
+        if temperature not in (0.0, None, 1.0):
+            z = z / temperature
+        log_softmax = torch.log_softmax(z, dim=-1)
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1)
     return log_probs.view(shape), entropy.view(shape) if entropy is not None else None
 
 

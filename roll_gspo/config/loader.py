@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import tempfile
 import types
 import typing
 import warnings
@@ -17,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from roll_gspo.config import roll_compat
 from roll_gspo.config.schema import PipelineConfig, RewardConfig
 
 # Where `--config NAME` is looked up when NAME is not a path (repository root relative).
@@ -54,8 +57,49 @@ def resolve_config_path(config: str) -> Path:
         + (f"; did you mean {hint[0]!r}?" if hint else f"; available: {', '.join(known)}"))
 
 
+def _roll_config_search_root() -> Path:
+    """A search-path root whose sibling `config` is this project's configs/ folder, so that ROLL's
+    `defaults: [../config/deepspeed_zero3@_here_]` finds configs/deepspeed_zero3.yaml when the
+    YAML has no `../config/` of its own (Hydra looks `../config/NAME` up relative to each root)."""
+    configs = (REPO_ROOT / "configs").resolve()
+    tag = hashlib.sha1(str(configs).encode()).hexdigest()[:12]
+    base = Path(tempfile.gettempdir()) / f"roll_gspo_hydra_{tag}"
+    (base / "root").mkdir(parents=True, exist_ok=True)
+    link = base / "config"
+    if not link.is_symlink():
+        try:
+            link.symlink_to(configs, target_is_directory=True)
+        except FileExistsError:
+            pass  # another process made it at the same moment
+    return base / "root"
+
+
+def _search_path_override(path: Path) -> str:
+    """`hydra.searchpath=[...]`: the YAML's own entries, then configs/ (plain names such as
+    `deepspeed_zero3@_here_`) and the root that maps ROLL's `../config/` onto configs/."""
+    own = []
+    try:
+        own = list((OmegaConf.load(path).get("hydra") or {}).get("searchpath") or [])
+    except Exception:  # unreadable: Hydra reports it with the file name
+        pass
+    ours = [f"file://{(REPO_ROOT / 'configs').resolve()}", f"file://{_roll_config_search_root()}"]
+    return "hydra.searchpath=[" + ",".join(str(p) for p in own + ours) + "]"
+
+
+def hydra_block_problems(path: Path) -> List[str]:
+    """Problems with the YAML's own `hydra:` block (see roll_compat.hydra_block_problems)."""
+    try:
+        block = OmegaConf.to_container(OmegaConf.load(path)).get("hydra")
+    except Exception:
+        return []
+    return [f"{path.name}: {p}" for p in roll_compat.hydra_block_problems(block)]
+
+
 def compose_yaml(path: Path) -> DictConfig:
-    """Compose one YAML with Hydra (so `defaults:` lists work) and return it unlocked."""
+    """Compose one YAML with Hydra (so `defaults:` lists work) and return it unlocked.
+
+    `defaults:` entries are looked up next to the YAML first, then in configs/ (ROLL's
+    `../config/NAME` included)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -71,7 +115,7 @@ def compose_yaml(path: Path) -> DictConfig:
         # A `defaults:` list without `_self_` composes the file's own keys last (they win), which
         # is what users expect; Hydra's upgrade notice about it is noise here.
         warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`")
-        cfg = compose(config_name=path.stem)
+        cfg = compose(config_name=path.stem, overrides=[_search_path_override(path)])
     OmegaConf.set_struct(cfg, False)
     for key in PASSTHROUGH_TOP_LEVEL:
         cfg.pop(key, None)
@@ -173,7 +217,8 @@ def _walk(value: Any, tp: Any, path: str, problems: List[str], choices: Optional
         return value
     if choices is not None and value not in choices:
         valid = ", ".join("null" if c is None else repr(c) for c in choices if c != "")
-        problems.append(f"{path}: invalid value {value!r}; valid values: {valid}")
+        problems.append(roll_compat.choice_refusal(path, value)
+                        or f"{path}: invalid value {value!r}; valid values: {valid}")
         return value
     inner, optional = _unwrap_optional(tp)
     if value is None:
@@ -255,7 +300,8 @@ def load_config_dict(raw_cfg: DictConfig) -> PipelineConfig:
     """Strictly check a composed config (interpolations unresolved) and build the dataclass."""
     raw = OmegaConf.to_container(raw_cfg, resolve=False)
     _normalise_legacy_values(raw)  # before the walk, which would reject a bool here
-    anchors = {k for k in raw if isinstance(k, str) and k.startswith("_")}
+    roll_compat.normalise_roll_values(raw)
+    anchors = {k for k in raw if isinstance(k, str) and (k.startswith("_") or k in roll_compat.DEEPSPEED_ANCHORS)}
     pipeline_keys = {k: v for k, v in raw.items() if k not in anchors}
 
     problems: List[str] = []
@@ -276,7 +322,12 @@ def load_config_dict(raw_cfg: DictConfig) -> PipelineConfig:
     for key in anchors:
         resolved.pop(key, None)
     _normalise_legacy_values(resolved)
+    roll_compat.normalise_roll_values(resolved)
     checked = _walk(resolved, PipelineConfig, "", problems)
+    if problems:
+        raise ConfigError(problems)
+    # ROLL's names and multi-key semantics, knowing which keys the user wrote.
+    roll_compat.apply_roll_compat(PipelineConfig, checked, pipeline_keys, problems)
     if problems:
         raise ConfigError(problems)
     return _build(PipelineConfig, checked)
@@ -310,6 +361,9 @@ def load_config(config: str, overrides: Sequence[str] = ()) -> PipelineConfig:
         raw_cfg = compose_yaml(path)
     except Exception as exc:  # Hydra wraps YAML syntax errors in several exception types
         raise ConfigError([f"{path}: cannot be read as a YAML config: {exc}".replace("\n", " ")]) from None
+    hydra_problems = hydra_block_problems(path)
+    if hydra_problems:
+        raise ConfigError(hydra_problems)
     apply_overrides(raw_cfg, overrides)
     cfg = load_config_dict(raw_cfg)
     validate_config(cfg, yaml_keys=written_key_paths(raw_cfg))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import typing
 from typing import Any, List
@@ -207,10 +208,63 @@ def _role_reads_section() -> List[str]:
     return lines + [""]
 
 
+def _schema_field(path: str):
+    """The dataclass field at a dotted path (`<role>` -> actor_train, `<domain>` -> a reward)."""
+    from roll_gspo.config.schema import RewardConfig
+
+    cls: Any = PipelineConfig
+    field = None
+    for part in path.replace("<role>", "actor_train").split("."):
+        if part == "<domain>":
+            cls = RewardConfig
+            continue
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if part not in fields:
+            return None
+        field = fields[part]
+        inner, _ = _unwrap_optional(_field_types(cls)[part])
+        cls = inner if dataclasses.is_dataclass(inner) else (
+            typing.get_args(inner)[1] if typing.get_origin(inner) is dict else None)
+    return field
+
+
+def _roll_note(path: str, note: str) -> str:
+    if note:
+        return note
+    field = _schema_field(path)
+    if field is None:
+        return "(not declared here yet)"
+    meta = field.metadata
+    if "alias_of" in meta:
+        return f"ROLL's name for `{meta['alias_of']}`{' (negated)' if meta.get('alias_invert') else ''}."
+    if "refused_unless" in meta:
+        return f"Accepted at `{meta['refused_unless']}` only; otherwise refused: {meta['refusal']}"
+    help_text = " ".join(meta.get("help", "").split())
+    first = re.split(r"(?<=[a-z0-9)`])\.\s+(?=[A-Z])", help_text)[0].rstrip(".")
+    return f"Acts: {first}." if first else "Acts (see its entry below)."
+
+
+def render_roll_table() -> List[str]:
+    """The ROLL-key table: every key of ROLL's RLVR YAMLs and what it does here."""
+    from roll_gspo.config.roll_keys import ROLL_KEY_NOTES
+
+    lines = ["## ROLL keys", "",
+             "Every key of ROLL's RLVR YAMLs (its GSPO example, the qwen2.5-7B-rlvr_megatron configs "
+             "and the deepspeed_zero*.yaml presets) and what it does here. `<role>` stands for "
+             "actor_train, actor_infer, reference and validation. Nothing is silently dropped: a key "
+             "either acts or is refused with its reason. See docs/roll_compat.md for running a ROLL "
+             "YAML and for where ROLL itself drops or misreads keys.", "",
+             "| ROLL key | here |", "| --- | --- |"]
+    for path, note in ROLL_KEY_NOTES.items():
+        lines.append(f"| `{path}` | {' '.join(_roll_note(path, note).split())} |")
+    return lines + [""]
+
+
 def render_reference() -> str:
     """The Markdown reference of every key of ``PipelineConfig``."""
     body = _section(PipelineConfig(), "", 2, "Run keys and algorithm keys (ROLL's names).")
     body += _CHECKS.splitlines() + [""] + _role_reads_section()
+    body = render_roll_table() + body
     contents = ["Contents:", ""]
     for line in body:
         if line.startswith("#"):

@@ -26,6 +26,15 @@ VLLM_WEIGHT_UPDATES = ["auto", "layerwise"]
 DTYPES = ["fp32", "bf16", "fp16"]
 TRAIN_STRATEGIES = ["deepspeed_train"]
 INFER_STRATEGIES = ["vllm", "hf_infer"]
+# ROLL's name of a frozen DeepSpeed engine (the reference role); the same engine as
+# deepspeed_train without an optimizer.
+FROZEN_STRATEGIES = ["deepspeed_infer"]
+# Chat templates by name (roll_gspo.chat_templates); null keeps the data's own form.
+CHAT_TEMPLATES = [None, "native", "qwen2_5", "qwen3", "chatml", "empty", "longcot_V3"]
+NORM_TYPES = [None, "group", "batch", "running"]
+MODEL_TYPES = [None, "trl", "auto_sequence_classification", "auto_token_classification",
+               "diffusion_module"]
+CHECKPOINT_TYPES = ["file_system"]
 LR_SCHEDULERS = ["constant", "linear", "cosine"]
 TRACKERS = ["tensorboard", "none"]
 PIPELINES = ["rlvr", "sft"]
@@ -36,6 +45,24 @@ def _f(default: Any, help: str, choices: Optional[list] = None) -> Any:
     metadata = {"help": help}
     if choices is not None:
         metadata["choices"] = list(choices)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _alias(target: str, help: str, default: Any = None, invert: bool = False) -> Any:
+    """A ROLL name for the field `target` of the same block. Setting it sets `target` (negated
+    when `invert`); setting both to different values is an error (roll_compat.resolve_aliases)."""
+    metadata = {"help": f"ROLL's name for `{target}`{' (negated)' if invert else ''}. {help}",
+                "alias_of": target, "alias_invert": invert}
+    return field(default=default, metadata=metadata)
+
+
+def _refused_unless(default: Any, help: str, reason: str) -> Any:
+    """A ROLL key accepted at `default` (ROLL's "off" value, which is what runs here) and refused
+    with `reason` at any other value, because what it switches on is not built here."""
+    metadata = {"help": f"{help} Only `{default}` is accepted: {reason}", "refused_unless": default,
+                "refusal": reason}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -65,7 +92,27 @@ class ModelArgs:
         "Recompute activations in the backward pass (actor_train only): less memory, ~30% more "
         "compute.")
     attn_implementation: Optional[str] = _f(
-        None, "transformers attention kernel (`eager`, `sdpa`, ...). Null lets transformers pick.")
+        None, "transformers attention kernel (`eager`, `sdpa`, `flash_attention_2`; ROLL's `fa2` "
+              "means flash_attention_2, which needs a CUDA GPU and the flash-attn package). Null "
+              "lets transformers pick.")
+    # --- ROLL's names and keys (roll_gspo.config.roll_compat) ---
+    disable_gradient_checkpointing: Optional[bool] = _alias(
+        "gradient_checkpointing", "ROLL's default (false) turns checkpointing on for training "
+        "roles; frozen roles ignore it as ROLL does.", invert=True)
+    model_type: Optional[str] = _f(
+        None, "ROLL's model head: null is a causal LM (every policy role). `trl` / "
+              "`auto_sequence_classification` / `auto_token_classification` are reward-model heads "
+              "read by model-based reward workers; a policy role with a non-null model_type is "
+              "refused.", MODEL_TYPES)
+    ulysses_size: int = _refused_unless(
+        1, "ROLL's DeepSpeed-Ulysses sequence-parallel group size.",
+        "sequence parallelism is not built here; with 1 every rank holds whole sequences (same "
+        "result, more activation memory per rank).")
+    lora_target: Optional[str] = _refused_unless(
+        None, "ROLL's LoRA target modules (LoRA training is on when set).",
+        "LoRA is not built here; full-parameter training runs instead (remove the lora_* keys).")
+    lora_rank: Optional[int] = _refused_unless(None, "ROLL's LoRA rank.", "LoRA is not built here.")
+    lora_alpha: Optional[int] = _refused_unless(None, "ROLL's LoRA alpha.", "LoRA is not built here.")
 
 
 @dataclass
@@ -104,6 +151,9 @@ class GeneratingArgs:
     num_return_sequences: Optional[int] = _f(
         None, "Responses per prompt (>= 1). Null means `num_return_sequences_in_group` (training) or 1 "
               "(validation).")
+    num_beams: int = _refused_unless(
+        1, "ROLL's beam count.", "beam search is not built (RL needs sampled responses whose "
+        "probabilities the trainer scores; beams are not samples of the policy).")
 
 
 @dataclass
@@ -121,14 +171,44 @@ class DataArgs:
                                    "first domain under `rewards`.")
     max_samples: Optional[int] = _f(None, "Keep only the first N rows (null: all).")
     shuffle: bool = _f(True, "Shuffle prompts each epoch (seeded by `seed`).")
+    # --- ROLL's names and keys (roll_gspo.config.roll_compat) ---
+    template: Optional[str] = _f(
+        None, "Chat template applied to every prompt: chat `messages` rows and plain `prompt` rows "
+              "(sent as one user turn). `native`: the tokenizer's own chat template; `qwen2_5`: "
+              "Qwen2.5's ChatML with its default system prompt; `qwen3`: Qwen3's ChatML; `chatml`: "
+              "ChatML without a system prompt; `empty`: one user turn in ChatML; `longcot_V3`: the "
+              "tokenizer's template followed by `<think>\\n`. Null: messages rows use the "
+              "tokenizer's template, prompt rows are used as written. Validation falls back to "
+              "actor_train's template.", CHAT_TEMPLATES)
+    tag_key: str = _f("tag", "Column naming a row's tag; a row without `domain` goes to the reward "
+                             "block whose tag_included lists its tag.")
+    tag: Optional[str] = _alias("tag_key", "Column of the data tag.")
+    messages: Optional[str] = _alias("messages_key", "Column of chat messages (a list of "
+                                                     "{role, content}, or its JSON string).")
+    prompt: Optional[str] = _alias("prompt_key", "Column of the prompt text.")
+    dataset_dir: Optional[str] = _f(
+        None, "Folder relative data file names are looked up in first (then as written). ROLL "
+              "declares no such field and silently ignores it; its YAMLs write file names that "
+              "already start with it, which the fallback keeps working.")
+    preprocessing_num_workers: Optional[int] = _f(
+        None, "Processes that template and tokenize the prompts (datasets.map num_proc). Null or "
+              "1: in this process.")
+    interleave_probs: Optional[str] = _refused_unless(
+        None, "ROLL's per-file sampling probabilities (a comma-separated string). ROLL declares no "
+              "such field and drops it: its files are concatenated, as here; `\"1.0\"` (the value "
+              "in ROLL's YAMLs) is accepted as meaning that.",
+        "per-file sampling is not built; the files are concatenated (use "
+        "`domain_interleave_probs` for a per-domain mix).")
 
 
 @dataclass
 class StrategyArgs:
     strategy_name: str = _f(
         "", "Backend of the role: `deepspeed_train` (actor_train, reference), `vllm` or `hf_infer` "
-            "(actor_infer; hf_infer is transformers `generate`, slower, no extra engine).",
-        [""] + TRAIN_STRATEGIES + INFER_STRATEGIES)
+            "(actor_infer; hf_infer is transformers `generate`, slower, no extra engine), "
+            "`deepspeed_infer` (reference: a frozen DeepSpeed engine, ZeRO-3 can shard it). ROLL's "
+            "megatron_*, sglang and fsdp2_* are refused naming the strategy to use instead.",
+        [""] + TRAIN_STRATEGIES + INFER_STRATEGIES + FROZEN_STRATEGIES)
     strategy_config: Dict[str, Any] = _f(
         {}, "Backend options. deepspeed_train: a DeepSpeed config (e.g. "
             "`{zero_optimization: {stage: 3}}`); batch, LR, clipping and dtype entries are filled "
@@ -137,7 +217,10 @@ class StrategyArgs:
             "unknown ones are refused, and so are a `max_model_len` below prompt_length + "
             "response_length, a `dtype` or `model` contradicting model_args, and "
             "`generation_config`/`override_generation_config` (sampling comes from generating_args "
-            "only). `logprobs_mode` is set by roll_gspo (see old_logprob_source).")
+            "only). `logprobs_mode` is set by roll_gspo (see old_logprob_source). ROLL's "
+            "`${deepspeed_zero3}` (and zero, zero2, the _cpuoffload variants) come from "
+            "configs/deepspeed_zero*.yaml through a `defaults:` list; their `auto` entries are "
+            "filled from training_args/model_args and the model's hidden size. Null means {}.")
 
 
 @dataclass
@@ -159,6 +242,27 @@ class RoleConfig:
         0.0, "Ray GPUs per rank. Fractions (e.g. 0.5 on actor_train and actor_infer) colocate "
              "roles on one GPU; 0 runs on CPU.")
     infer_batch_size: int = _f(16, "Sequences per forward pass when this role computes log-probs.")
+    # --- ROLL's keys (roll_gspo.config.roll_compat) ---
+    system_envs: Dict[str, str] = _f(
+        {}, "Environment variables set in this role's workers before they build anything, over "
+            "the top-level `system_envs`.")
+    use_dynamic_batching_in_train: bool = _refused_unless(
+        False, "ROLL's length-bucketed micro-batches in training.", "dynamic batching is not built.")
+    use_dynamic_batching_in_infer: bool = _refused_unless(
+        False, "ROLL's length-bucketed micro-batches in log-prob passes.", "dynamic batching is not "
+        "built.")
+    max_tokens_per_microbatch_in_train: int = _refused_unless(
+        0, "Token budget of a dynamic micro-batch.", "only read by dynamic batching, which is not built.")
+    max_tokens_per_microbatch_in_infer: Optional[int] = _refused_unless(
+        None, "Token budget of a dynamic micro-batch.", "only read by dynamic batching, which is not built.")
+    sequence_length_round_in_train: int = _refused_unless(
+        4, "Length rounding of dynamic batching.", "only read by dynamic batching, which is not built.")
+    sequence_length_round_in_infer: int = _refused_unless(
+        4, "Length rounding of dynamic batching.", "only read by dynamic batching, which is not built.")
+    use_sequence_packing: bool = _refused_unless(
+        False, "ROLL's sequence packing (Megatron only in ROLL).", "sequence packing is not built.")
+    sequence_packing_args: Dict[str, Any] = _refused_unless(
+        {}, "ROLL's sequence-packing options.", "sequence packing is not built.")
 
 
 @dataclass
@@ -182,6 +286,18 @@ class RewardConfig:
         10.0, "Seconds one response may take to score. A reward that raises or times out scores "
               "0 and is counted in `reward/errors` / `reward/timeouts`; the run goes on.")
     reward_kwargs: Dict[str, Any] = _f({}, "Extra keyword arguments passed to the reward function.")
+    # --- ROLL's worker blocks, for model-based reward workers (rule workers ignore them) ---
+    model_args: ModelArgs = field(
+        default_factory=lambda: ModelArgs(model_name_or_path=None),
+        metadata={"help": "Model of a model-based reward worker (LLM judge, reward model); null "
+                          "model_name_or_path means `reward_pretrain`. Rule-based workers load no "
+                          "model."})
+    data_args: DataArgs = _sub(DataArgs, "Prompt template of a model-based reward worker "
+                                         "(`template`); rule-based workers read none of it.")
+    generating_args: GeneratingArgs = _sub(GeneratingArgs, "Sampling of an LLM-judge worker.")
+    strategy_args: StrategyArgs = _sub(StrategyArgs, "Backend of a model-based reward worker "
+                                                     "(`hf_infer`, `vllm`).")
+    infer_batch_size: int = _f(16, "Responses per forward pass of a model-based reward worker.")
 
 
 @dataclass
@@ -190,6 +306,16 @@ class ValidationConfig:
     generating_args: GeneratingArgs = field(
         default_factory=lambda: GeneratingArgs(temperature=0.0),
         metadata={"help": "Sampling for validation; greedy (temperature 0) by default."})
+
+
+@dataclass
+class CheckpointConfig:
+    type: str = _f("file_system", "Where checkpoints are written; only a local/shared file system "
+                                  "is built.", CHECKPOINT_TYPES)
+    output_dir: Optional[str] = _f(
+        None, "Checkpoints go to `<output_dir>/checkpoints/step_<N>` under this folder instead of "
+              "the top-level output_dir. No timestamp is appended (ROLL appends one, so its "
+              "resume never finds the previous run's checkpoints).")
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +337,18 @@ class PipelineConfig:
     eval_steps: int = _f(0, "Validate every N steps, at step 0 and at the end (0: never).")
     logging_steps: int = _f(1, "Print a metrics line every N steps (metrics.jsonl gets every step).")
     save_total_limit: int = _f(2, "Checkpoints kept on disk; older ones are deleted after a newer "
-                                  "one is complete.")
+                                  "one is complete. 0 keeps all.")
+    max_ckpt_to_keep: Optional[int] = _alias(
+        "save_total_limit", "0 keeps every checkpoint.")
+    checkpoint_config: CheckpointConfig = _sub(
+        CheckpointConfig, "ROLL's checkpoint destination (`type: file_system`, `output_dir`).")
+    system_envs: Dict[str, str] = _f(
+        {}, "Environment variables set in every worker (all roles, rewards included) before it "
+            "builds anything; a role's own `system_envs` wins. The driver keeps its environment.")
+    num_gpus_per_node: int = _f(
+        8, "GPUs per node, for `device_mapping`: device id d lives on node d // num_gpus_per_node. "
+           "Not read by the world_size / num_*_per_worker form. (ROLL overwrites it with the "
+           "driver node's device count.)")
     resume_from_checkpoint: Optional[str] = _f(
         None, "`auto`: resume from the newest complete checkpoint in output_dir if any; a path: "
               "that checkpoint; null: start fresh (refused if output_dir already has checkpoints, "
@@ -315,6 +452,75 @@ class PipelineConfig:
                 "elsewhere layerwise. layerwise: always vLLM's layerwise reload (any model and "
                 "quantization, no extra memory).",
         VLLM_WEIGHT_UPDATES)
+
+    # --- ROLL's algorithm keys (roll_gspo.config.roll_compat) ---
+    pg_clip: Optional[float] = _f(
+        None, "ROLL's symmetric clip range: when set and use_pg_clip_range is not true, both "
+              "pg_clip_low and pg_clip_high take it (writing them too is an error). ROLL's default "
+              "0.2 applies there whenever a YAML sets none of these, also under GSPO; here the "
+              "defaults are the paper's 3e-4 / 4e-4.")
+    use_pg_clip_range: Optional[bool] = _f(
+        None, "ROLL: true reads pg_clip_low / pg_clip_high, false reads pg_clip. Here "
+              "pg_clip_low / pg_clip_high are always read; true with pg_clip set is an error.")
+    norm_mean_type: Optional[str] = _f(
+        None, "ROLL's newer reward normalisation: statistic whose mean is subtracted (null: none). "
+              "With norm_std_type it maps onto reward_norm / reward_shift / reward_scale: both the "
+              "same -> full z-score; mean only -> reward_shift; std only -> reward_scale. Writing "
+              "both families with different meanings, or two different statistics, is an error. "
+              "(ROLL forces group/group under adv_estimator grpo, which normalises per group "
+              "itself here.)", NORM_TYPES)
+    norm_std_type: Optional[str] = _f(
+        None, "ROLL: statistic whose std divides the rewards (null: none). See norm_mean_type.",
+        NORM_TYPES)
+    entropy_loss_coef: float = _f(
+        0.0, "Entropy bonus: the loss gets - entropy_loss_coef * agg(token entropy) (same "
+             "loss_agg_mode). > 0 favours exploration.")
+    max_len_mask: bool = _f(False, "Leave responses cut at the generation cap (no end of sequence) "
+                                   "out of the loss. Counted in `actor/max_len_mask_ratio`.")
+    difficulty_mask: bool = _f(
+        False, "Leave out of the loss the groups whose mean score is <= difficulty_low_threshold "
+               "(too hard) or >= difficulty_high_threshold (too easy). Counted in "
+               "`actor/difficulty_mask_ratio`.")
+    difficulty_low_threshold: float = _f(0.0, "Lower bound of difficulty_mask (exclusive).")
+    difficulty_high_threshold: float = _f(1.0, "Upper bound of difficulty_mask (exclusive).")
+    error_max_len_clip: bool = _f(
+        False, "As ROLL: keep in the loss only responses scoring exactly 1, and those scoring 0 "
+               "shorter than error_max_len_threshold tokens (other scores are left out too). "
+               "Counted in `actor/error_len_mask_ratio`.")
+    error_max_len_threshold: int = _f(9999999999, "Length threshold of error_max_len_clip (tokens).")
+    difficulty_loss_weight: bool = _f(
+        False, "Weight each response's loss by 0.5 + 1.5 * difficulty, from the data column "
+               "`difficulty` (clamped to [0, 1]); weights are rescaled to mean 1 over the batch. "
+               "A data file without the column is an error (ROLL skips silently).")
+    length_loss_weight: bool = _f(
+        False, "Weight each response's loss by 1.5 - its min-max-normalised length, rescaled to "
+               "mean 1 over the rollout batch (ROLL normalises per micro-batch, which makes its "
+               "weights depend on per_device_train_batch_size).")
+    value_clip: Optional[float] = _f(
+        None, "ROLL's clip of the critic's value loss. No critic is built (adv_estimator gae is "
+              "refused), so it has no effect, as in ROLL with a critic-free estimator; a warning "
+              "says so.")
+    global_template: Optional[str] = _f(
+        None, "ROLL: one chat template for every role's data (training and validation prompts); "
+              "a role's data_args.template that differs is an error.", CHAT_TEMPLATES)
+    async_generation_ratio: float = _refused_unless(
+        0.0, "ROLL's asynchronous pipeline (rollout ahead of training).",
+        "the asynchronous pipeline is not built; rollout and training alternate.")
+    is_num_return_sequences_expand: bool = _refused_unless(
+        False, "ROLL scheduler detail (G copies of a prompt instead of one request with n = G).",
+        "vLLM samples num_return_sequences_in_group responses per prompt in one request here; "
+        "the responses have the same distribution, remove the key.")
+    rollout_mock: Optional[Dict[str, Any]] = _refused_unless(
+        None, "ROLL's rollout dump/replay for precision checks.", "rollout dumping/mocking is "
+        "not built.")
+    reward_model: Optional[Dict[str, Any]] = _refused_unless(
+        None, "ROLL's shared reward-model inference cluster.", "a shared reward-model cluster is "
+        "not built; model-based reward workers load their model under rewards.<domain>.")
+    # ROLL's LoRA anchors at the top level (interpolated into the roles' model_args).
+    lora_target: Optional[str] = _refused_unless(None, "ROLL's LoRA target modules.",
+                                                 "LoRA is not built here.")
+    lora_rank: Optional[int] = _refused_unless(None, "ROLL's LoRA rank.", "LoRA is not built here.")
+    lora_alpha: Optional[int] = _refused_unless(None, "ROLL's LoRA alpha.", "LoRA is not built here.")
 
     # --- roles ---
     actor_train: RoleConfig = field(

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import AbstractSet, List, Optional
 
+from roll_gspo.config import roll_compat
 from roll_gspo.config.loader import ConfigError
 from roll_gspo.config.role_reads import unread_key_problems
 from roll_gspo.config.rollout_logprobs import rollout_logprobs_bias, vllm_dtype_name
@@ -53,6 +54,11 @@ def _fill_derived(cfg: PipelineConfig) -> None:
     val_gen.num_return_sequences = _default_if_none(val_gen.num_return_sequences, 1)
     cfg.logging_dir = cfg.logging_dir or os.path.join(cfg.output_dir, "tensorboard")
     cfg.loss_norm_length = _default_if_none(cfg.loss_norm_length, cfg.response_length)
+    # ROLL: validation prompts are templated like the training prompts unless they name their own.
+    if cfg.validation.data_args.template is None:
+        cfg.validation.data_args.template = cfg.actor_train.data_args.template
+    for reward in cfg.rewards.values():
+        reward.model_args.model_name_or_path = reward.model_args.model_name_or_path or cfg.reward_pretrain
 
 
 def _default_if_none(value, default):
@@ -103,7 +109,6 @@ def _positive(cfg: PipelineConfig) -> List[str]:
         "rollout_batch_size": cfg.rollout_batch_size, "num_return_sequences_in_group": cfg.num_return_sequences_in_group,
         "prompt_length": cfg.prompt_length, "response_length": cfg.response_length, "ppo_epochs": cfg.ppo_epochs,
         "model_update_frequency": cfg.model_update_frequency, "logging_steps": cfg.logging_steps,
-        "save_total_limit": cfg.save_total_limit,
     }
     for name in ("actor_train", "actor_infer", "reference"):
         role: RoleConfig = getattr(cfg, name)
@@ -116,7 +121,7 @@ def _positive(cfg: PipelineConfig) -> List[str]:
     for key, value in checks.items():
         if value < 1:
             problems.append(f"{key}: must be >= 1, got {value}")
-    for key in ("max_steps", "save_steps", "eval_steps"):
+    for key in ("max_steps", "save_steps", "eval_steps", "save_total_limit"):
         if getattr(cfg, key) < 0:
             problems.append(f"{key}: must be >= 0, got {getattr(cfg, key)}")
     for name in ("actor_train", "actor_infer", "reference"):
@@ -148,7 +153,8 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
                         f"from the other one). Leave both null to follow `pretrain`, or name the same folder")
     for role_name in ("actor_train", "reference"):
         role = getattr(cfg, role_name)
-        if role.strategy_args.strategy_name != "deepspeed_train" or (role_name == "reference" and not needs_reference(cfg)):
+        if role.strategy_args.strategy_name not in ("deepspeed_train", "deepspeed_infer") or (
+                role_name == "reference" and not needs_reference(cfg)):
             continue
         for ds_key, dtype in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
             section = role.strategy_args.strategy_config.get(ds_key)
@@ -236,9 +242,11 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     if cfg.actor_infer.strategy_args.strategy_name not in ("vllm", "hf_infer"):
         problems.append(f"actor_infer.strategy_args.strategy_name: must be 'vllm' or 'hf_infer', got "
                         f"{cfg.actor_infer.strategy_args.strategy_name!r}")
-    if needs_reference(cfg) and cfg.reference.strategy_args.strategy_name not in ("deepspeed_train", "hf_infer"):
-        problems.append(f"reference.strategy_args.strategy_name: must be 'deepspeed_train' or 'hf_infer', "
-                        f"got {cfg.reference.strategy_args.strategy_name!r}")
+    if needs_reference(cfg) and cfg.reference.strategy_args.strategy_name not in (
+            "deepspeed_train", "deepspeed_infer", "hf_infer"):
+        problems.append(f"reference.strategy_args.strategy_name: must be 'deepspeed_infer' (or "
+                        f"'deepspeed_train', the same frozen engine) or 'hf_infer', got "
+                        f"{cfg.reference.strategy_args.strategy_name!r}")
     if not cfg.actor_train.data_args.file_name:
         problems.append("actor_train.data_args.file_name: no training prompts given")
     if cfg.eval_steps and not cfg.validation.data_args.file_name:
@@ -336,9 +344,11 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     _fill_derived(cfg)
     problems = _positive(cfg) + _range_problems(cfg)
     problems += _rlvr_problems(cfg, yaml_keys) if cfg.pipeline == "rlvr" else _sft_problems(cfg)
+    problems += roll_compat.roll_semantic_problems(cfg)
     if problems:
         raise ConfigError(problems)
     warns = _warn_traps(cfg) if cfg.pipeline == "rlvr" else []
+    warns += roll_compat.roll_warnings(cfg)
     for message in warns:
         logger.warning(message)
     return warns
@@ -413,10 +423,11 @@ def _check_vllm_engine_keys(cfg: PipelineConfig) -> List[str]:
 def preflight(cfg: PipelineConfig) -> None:
     """Check what exists outside the config; raise ConfigError listing every problem."""
     problems: List[Optional[str]] = []
-    for name in cfg.actor_train.data_args.file_name:
-        problems.append(_check_data_file(name, "actor_train.data_args.file_name"))
-    for name in cfg.validation.data_args.file_name:
-        problems.append(_check_data_file(name, "validation.data_args.file_name"))
+    for block in ("actor_train", "validation"):
+        data = getattr(cfg, block).data_args
+        for name in data.file_name:
+            problems.append(_check_data_file(roll_compat.under_dataset_dir(name, data.dataset_dir),
+                                             f"{block}.data_args.file_name"))
     roles = ["actor_train"] + (["actor_infer"] if cfg.pipeline == "rlvr" else [])
     roles += ["reference"] if cfg.pipeline == "rlvr" and needs_reference(cfg) else []
     for role in roles:
@@ -424,7 +435,10 @@ def preflight(cfg: PipelineConfig) -> None:
         problems.append(_check_model(path, f"{role}.model_args.model_name_or_path", cfg))
     if cfg.pipeline == "rlvr":
         for domain, reward in cfg.rewards.items():
-            if reward.worker_cls.rpartition(".")[2] not in BUILTIN_REWARD_WORKERS or not reward.worker_cls.startswith("roll_gspo."):
+            roll_problem = roll_compat.reward_worker_problem(domain, reward.worker_cls)
+            if roll_problem:
+                problems.append(roll_problem)
+            elif reward.worker_cls.rpartition(".")[2] not in BUILTIN_REWARD_WORKERS or not reward.worker_cls.startswith("roll_gspo."):
                 problems.append(_check_import(reward.worker_cls, f"rewards.{domain}.worker_cls"))
             if reward.reward_fn:
                 problems.append(_check_import(reward.reward_fn, f"rewards.{domain}.reward_fn"))

@@ -30,6 +30,11 @@ DEFAULT_WORKER_ENV = {
 }
 
 
+def worker_env(cfg, role=None) -> Dict[str, str]:
+    """The environment a role's workers get: top-level `system_envs`, then the role's own."""
+    return {**cfg.system_envs, **(getattr(role, "system_envs", None) or {})}
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
@@ -110,12 +115,16 @@ class Cluster:
     """
 
     def __init__(self, name: str, worker_cls: type, world_size: int, num_cpus: float, num_gpus: float,
-                 init_args: tuple = (), init_kwargs: Optional[Dict[str, Any]] = None):
+                 init_args: tuple = (), init_kwargs: Optional[Dict[str, Any]] = None,
+                 env: Optional[Dict[str, str]] = None):
         self.name = name
         self.world_size = world_size
         remote_cls = ray.remote(worker_cls)
         init_kwargs = init_kwargs or {}
         self.placement_group = _reserve(name, world_size, num_cpus, num_gpus)
+        # `system_envs`: set before the actor's process imports anything (Ray merges these
+        # env_vars with a job's own runtime_env).
+        extra = {"runtime_env": {"env_vars": {k: str(v) for k, v in env.items()}}} if env else {}
         self.workers: List[Any] = []
         master_addr, master_port = None, None
         for rank in range(world_size):
@@ -124,6 +133,7 @@ class Cluster:
             worker = remote_cls.options(
                 num_cpus=num_cpus, num_gpus=num_gpus, name=f"{name}-{rank}-{os.getpid()}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
+                **extra,
             ).remote(*init_args, dist_env=dist_env, **init_kwargs)
             if rank == 0:
                 # The rendezvous lives where rank 0 landed (another node on a real cluster).

@@ -30,9 +30,19 @@ def _deep_merge(base: Dict[str, Any], override: Dict[str, Any]) -> Dict[str, Any
     return out
 
 
-def build_deepspeed_config(role: RoleConfig, world_size: int) -> Dict[str, Any]:
+# ZeRO bucket sizes that ROLL's presets leave "auto": filled from the hidden size h as the
+# transformers DeepSpeed integration does (h*h, 0.9*h*h, 10*h).
+HIDDEN_SIZE_AUTO = {
+    "reduce_bucket_size": lambda h: h * h,
+    "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+    "stage3_param_persistence_threshold": lambda h: 10 * h,
+}
+
+
+def build_deepspeed_config(role: RoleConfig, world_size: int, hidden_size: int = 0) -> Dict[str, Any]:
     """The role's DeepSpeed config: strategy_config merged over values derived from
-    training_args/model_args (ROLL's "auto" entries are filled the same way)."""
+    training_args/model_args (ROLL's "auto" entries are filled the same way; bucket sizes from
+    `hidden_size`)."""
     args = role.training_args
     dtype = role.model_args.dtype
     derived = {
@@ -47,12 +57,33 @@ def build_deepspeed_config(role: RoleConfig, world_size: int) -> Dict[str, Any]:
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
-    user = role.strategy_args.strategy_config
+    user = role.strategy_args.strategy_config or {}
+    zero = user.get("zero_optimization") or {}
+    if hidden_size:
+        derived["zero_optimization"].update(
+            {k: fill(hidden_size) for k, fill in HIDDEN_SIZE_AUTO.items() if zero.get(k) == "auto"})
+    if (zero.get("offload_optimizer") or {}).get("device") == "cpu":
+        # The torch AdamW client optimizer steps the offloaded states; DeepSpeedCPUAdam would
+        # need a compiled extension, and DeepSpeed refuses a client optimizer unless told.
+        derived["zero_force_ds_cpu_optimizer"] = False
     conflicting = [k for k in BATCH_KEYS if k in user and user[k] != "auto" and user[k] != derived[k]]
     if conflicting:
         raise ValueError(f"strategy_config sets {conflicting}: batch sizes come from training_args "
                          f"(per_device_train_batch_size, gradient_accumulation_steps); use 'auto' or drop them")
     return _deep_merge(derived, user)
+
+
+def frozen_engine_config(ds_config: Dict[str, Any]) -> Dict[str, Any]:
+    """A frozen engine's config (reference, `deepspeed_infer`): ZeRO-1/2 only partition optimizer
+    and gradient states, which it has none of, so they run as stage 0 (DeepSpeed refuses them
+    without an optimizer); stage 3 still shards the weights. Optimizer offload does not apply."""
+    config = copy.deepcopy(ds_config)
+    zero = config.setdefault("zero_optimization", {})
+    zero.pop("offload_optimizer", None)
+    if zero.get("stage", 0) in (1, 2):
+        zero["stage"] = 0
+        zero.pop("offload_param", None)
+    return config
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, kind: str):
@@ -97,7 +128,12 @@ class DeepSpeedStrategy:
         self.device = torch.device(get_accelerator().device_name(0) if not on_cpu else "cpu")
         torch.manual_seed(seed)
 
-        self.ds_config = build_deepspeed_config(role, self.world_size)
+        from transformers import AutoConfig
+
+        hidden_size = getattr(AutoConfig.from_pretrained(role.model_args.model_name_or_path), "hidden_size", 0)
+        self.ds_config = build_deepspeed_config(role, self.world_size, hidden_size or 0)
+        if not train:
+            self.ds_config = frozen_engine_config(self.ds_config)
         self.zero_stage = self.ds_config["zero_optimization"].get("stage", 0)
         self._hf_ds_config = None
         if self.zero_stage == 3:

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from roll_gspo.algorithms import kl_loss, policy_loss
+from roll_gspo.algorithms import aggregate_loss, kl_loss, policy_loss
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
@@ -21,10 +21,17 @@ class NonFiniteLossError(RuntimeError):
     """A loss became NaN/inf; raised before the bad gradient reaches the weights."""
 
 
-def forward_log_probs(engine, batch: Batch, temperature: float, with_entropy: bool = False):
+def forward_log_probs(engine, batch: Batch, temperature: float, with_entropy: bool = False,
+                      entropy_grad: bool = False):
     """(B, T) log-probs of batch's responses under `engine` (T = batch response_mask width)."""
     return response_token_log_probs(engine, batch["input_ids"], batch["attention_mask"], batch["prompt_lengths"],
-                                    batch["response_mask"].shape[1], temperature, with_entropy)
+                                    batch["response_mask"].shape[1], temperature, with_entropy, entropy_grad)
+
+
+def loss_mask(batch: Batch) -> torch.Tensor:
+    """The tokens the loss sees: `loss_mask` when the driver masked responses out (ROLL's
+    max_len_mask / difficulty_mask / error_max_len_clip), else the response mask."""
+    return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
 
 
 class ActorTrainWorker(RankWorker):
@@ -82,15 +89,16 @@ class ActorTrainWorker(RankWorker):
 
     def _train_mini_batch(self, mini: Batch, metrics: SplitInvariantMetrics, before_any_update: bool) -> None:
         cfg, args = self.cfg, self.role.training_args
-        mask = mini["response_mask"]
+        mask = loss_mask(mini)
         # Normalisers of the whole mini-batch over all ranks, so the gradient does not depend on
         # the number of ranks or micro-batches.
         num_seqs, num_tokens = self.strategy.all_reduce_sum(
             [float((mask.sum(-1) > 0).sum()), float(mask.sum())])
         for chunk in micro_batches(len(mini), args.per_device_train_batch_size):
             micro = mini.select(range(chunk.start, chunk.stop))
-            micro_mask = micro["response_mask"]
-            log_probs, entropy = forward_log_probs(self.engine, micro, self.temperature, with_entropy=True)
+            micro_mask = loss_mask(micro)
+            log_probs, entropy = forward_log_probs(self.engine, micro, self.temperature, with_entropy=True,
+                                                   entropy_grad=cfg.entropy_loss_coef > 0)
             loss, pg_metrics = policy_loss(
                 log_probs, micro["old_log_probs"], micro["advantages"], micro_mask,
                 importance_sampling=cfg.importance_sampling, clip_low=cfg.pg_clip_low, clip_high=cfg.pg_clip_high,
@@ -103,6 +111,12 @@ class ActorTrainWorker(RankWorker):
                                                norm_length=cfg.loss_norm_length)
                 loss = loss + cfg.kl_loss_coef * kl_value
                 pg_metrics = {**pg_metrics, **kl_metrics}
+            if cfg.entropy_loss_coef > 0:  # entropy bonus, aggregated like the policy loss
+                entropy_term = aggregate_loss(entropy, micro_mask, cfg.loss_agg_mode, num_seqs=num_seqs,
+                                              num_tokens=num_tokens, norm_length=cfg.loss_norm_length)
+                loss = loss - cfg.entropy_loss_coef * entropy_term
+                pg_metrics = {**pg_metrics, "actor/entropy_loss": float(entropy_term.detach())}
+                entropy = entropy.detach()
             token_count = float(micro_mask.sum())
             micro_metrics = {**pg_metrics,
                              "actor/entropy": float((entropy * micro_mask).sum() / max(token_count, 1.0))}

@@ -22,7 +22,7 @@ class ReferenceWorker(RankWorker):
         role = cfg.reference
         self.infer_batch_size = role.infer_batch_size
         self.temperature = cfg.actor_infer.generating_args.temperature or 1.0
-        if role.strategy_args.strategy_name == "deepspeed_train":
+        if role.strategy_args.strategy_name in ("deepspeed_infer", "deepspeed_train"):
             from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
 
             self.strategy = DeepSpeedStrategy(role, train=False, seed=cfg.seed)  # ZeRO-3 can shard it
