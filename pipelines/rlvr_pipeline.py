@@ -20,6 +20,7 @@ from roll_gspo.checkpoint import finish_checkpoint, new_checkpoint_dir, read_sta
 from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, init_ray
+from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
 from roll_gspo.modeling import build_sequences
 from roll_gspo.tracking import MetricsTracker, plot_metrics
 from roll_gspo.utils.imports import import_object
@@ -81,17 +82,21 @@ class RLVRPipeline:
         from roll_gspo.workers.reference import ReferenceWorker
 
         cfg = self.cfg
-        roles = [cfg.actor_train, cfg.actor_infer] + ([cfg.reference] if needs_reference(cfg) else [])
-        cpus = sum(r.world_size * r.num_cpus_per_worker for r in roles)
+        roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
+                 **({"reference": cfg.reference} if needs_reference(cfg) else {})}
+        self.placement = plan_for_roles(roles, cfg.num_gpus_per_node)  # device_mapping roles, if any
+        cpus, gpus = resource_totals(roles, self.placement)
         cpus += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
-        gpus = sum(r.world_size * r.num_gpus_per_worker for r in roles)
         init_ray(cpus, gpus)
+        if self.placement is not None:
+            self.placement = GpuPlacement(self.placement).reserve()  # fails naming the shortfall
         batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
         total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // mini_batch_size(cfg))
 
         def cluster(name, worker_cls, role, **kwargs):
+            options = self.placement.rank_options(name) if role.device_mapping is not None else None
             return Cluster(name, worker_cls, role.world_size, role.num_cpus_per_worker, role.num_gpus_per_worker,
-                           init_args=(cfg,), init_kwargs=kwargs)
+                           init_args=(cfg,), init_kwargs=kwargs, rank_options=options)
 
         self.actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
                                    total_optimizer_steps=total_optimizer_steps)
@@ -275,6 +280,8 @@ class RLVRPipeline:
         for cluster in clusters:
             if cluster is not None:
                 cluster.shutdown()
+        if isinstance(self.placement, GpuPlacement):
+            self.placement.shutdown()
 
 
 @contextmanager

@@ -110,21 +110,28 @@ class Cluster:
     """
 
     def __init__(self, name: str, worker_cls: type, world_size: int, num_cpus: float, num_gpus: float,
-                 init_args: tuple = (), init_kwargs: Optional[Dict[str, Any]] = None):
+                 init_args: tuple = (), init_kwargs: Optional[Dict[str, Any]] = None,
+                 rank_options: Optional[List[Dict[str, Any]]] = None):
+        """`rank_options`: each rank's Ray actor options from a `GpuPlacement` (device_mapping),
+        whose placement groups it owns; without them the role reserves its own group of
+        `world_size` x {num_cpus, num_gpus} bundles."""
         self.name = name
         self.world_size = world_size
         remote_cls = ray.remote(worker_cls)
         init_kwargs = init_kwargs or {}
-        self.placement_group = _reserve(name, world_size, num_cpus, num_gpus)
+        if rank_options is not None and len(rank_options) != world_size:
+            raise ValueError(f"role {name}: {len(rank_options)} placements for world_size {world_size}")
+        self.placement_group = None if rank_options is not None else _reserve(name, world_size, num_cpus, num_gpus)
         self.workers: List[Any] = []
         master_addr, master_port = None, None
         for rank in range(world_size):
             dist_env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": 0,
                         "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
-            worker = remote_cls.options(
-                num_cpus=num_cpus, num_gpus=num_gpus, name=f"{name}-{rank}-{os.getpid()}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
-            ).remote(*init_args, dist_env=dist_env, **init_kwargs)
+            options = rank_options[rank] if rank_options is not None else dict(
+                num_cpus=num_cpus, num_gpus=num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank))
+            worker = remote_cls.options(name=f"{name}-{rank}-{os.getpid()}", **options).remote(
+                *init_args, dist_env=dist_env, **init_kwargs)
             if rank == 0:
                 # The rendezvous lives where rank 0 landed (another node on a real cluster).
                 master_addr, master_port = ray.get(worker.rendezvous_address.remote())
