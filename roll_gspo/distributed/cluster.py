@@ -160,15 +160,17 @@ class Cluster:
     def execute_all_async(self, method: str, *args, **kwargs) -> List[ray.ObjectRef]:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
 
-    def dispatch(self, method: str, batch: Batch, **kwargs) -> Any:
+    def dispatch(self, method: str, batch: Batch, skip_empty: bool = False, **kwargs) -> Any:
         """Split `batch` evenly over ranks, call `method(shard, **kwargs)` on each, concatenate
-        returned Batches (or return the list of per-rank results otherwise)."""
-        return self.collect(self.dispatch_async(method, batch, **kwargs))
+        returned Batches (or return the list of per-rank results otherwise). `skip_empty`: ranks
+        whose shard would be empty are not called (independent ranks only, e.g. rollout)."""
+        return self.collect(self.dispatch_async(method, batch, skip_empty=skip_empty, **kwargs))
 
-    def dispatch_async(self, method: str, batch: Batch, **kwargs) -> List[ray.ObjectRef]:
+    def dispatch_async(self, method: str, batch: Batch, skip_empty: bool = False, **kwargs) -> List[ray.ObjectRef]:
         """`dispatch` without waiting: the per-rank calls, for `collect`."""
         shards = batch.chunk(self.world_size)
-        return [getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)]
+        return [getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)
+                if len(s) or not skip_empty]
 
     def collect(self, refs: List[ray.ObjectRef]) -> Any:
         """Results of `dispatch_async`, as `dispatch` returns them."""
