@@ -6,6 +6,7 @@ advantages, train ppo_epochs x mini-batches, sync the new weights into the rollo
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -322,7 +323,8 @@ class RLVRPipeline:
     def run(self) -> Dict[str, float]:
         cfg = self.cfg
         tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs,
-                                 resume=self.resume_dir is not None)
+                                 resume=self.resume_dir is not None, exp_name=cfg.exp_name,
+                                 config=dataclasses.asdict(cfg))
         last: Dict[str, float] = {}
         try:
             if cfg.eval_steps and self.start_step == 0:

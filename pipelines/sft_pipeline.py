@@ -2,6 +2,7 @@
 same DeepSpeed `actor_train` ranks as RL. Also how `builtin:tiny-arith` gets its warm start."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -76,7 +77,8 @@ def run_sft(cfg: PipelineConfig) -> Dict[str, float]:
     trainer = Cluster("sft_actor_train", ActorTrainWorker, role.world_size, role.num_cpus_per_worker,
                       role.num_gpus_per_worker, init_args=(cfg,), init_kwargs={"total_optimizer_steps": total})
     ray.get(trainer.setup_async())
-    tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs)
+    tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs,
+                             exp_name=cfg.exp_name, config=dataclasses.asdict(cfg))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rng = random.Random(cfg.seed)
     metrics: Dict[str, float] = {}

@@ -74,8 +74,8 @@ def test_dynamic_sampling_trains_only_informative_groups(tmp_path, tiny_model, r
     reward = {"worker_cls": "roll_gspo.workers.rewards.FunctionRewardWorker", "reward_fn": "tests.reward_fns:half_solved",
               "num_cpus_per_worker": 0.25, "query_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0}}}
     cfg = write_config(tmp_path, tiny_model, query_filter_max_rounds=12,
-                       actor_train={"data_args": {"file_name": [str(data)], "domain_interleave_probs": {"a": 0.75, "b": 0.25}}},
-                       rewards={"a": reward, "b": reward})
+                       actor_train={"world_size": 1, "data_args": {"file_name": [str(data)], "domain_interleave_probs": {"a": 0.75, "b": 0.25}}},
+                       rewards={"a": reward, "b": reward}, validation={"data_args": {"file_name": []}})
     cfg.rewards.pop("math_rule", None)
     rounds, trained = [], []
     keep = RLVRPipeline._groups_to_keep
