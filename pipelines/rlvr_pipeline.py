@@ -90,7 +90,7 @@ class RLVRPipeline:
         roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
                  **({"reference": cfg.reference} if needs_reference(cfg) else {})}
         self.placement = plan_for_roles(roles, cfg.num_gpus_per_node)  # device_mapping roles, if any
-        cpus, gpus = resource_totals(roles, self.placement)
+        cpus, gpus = resource_totals(roles)
         cpus += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
         init_ray(cpus, gpus)
         if self.placement is not None:

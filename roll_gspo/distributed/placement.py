@@ -289,8 +289,9 @@ def plan_for_roles(roles: Dict[str, Any], num_gpus_per_node: int) -> Optional[Pl
     return plan_placement(mapped, num_gpus_per_node) if mapped else None
 
 
-def resource_totals(roles: Dict[str, Any], plan: Optional[PlacementPlan]) -> tuple:
-    """(CPUs, GPUs) the roles reserve: mapped roles count each shared GPU once."""
+def resource_totals(roles: Dict[str, Any]) -> tuple:
+    """(CPUs of all roles, GPUs of the roles without a device_mapping): the cluster-wide check;
+    mapped roles' GPUs are checked node by node by `GpuPlacement.reserve`."""
     cpus = sum(r.world_size * r.num_cpus_per_worker for r in roles.values())
     gpus = sum(r.world_size * r.num_gpus_per_worker for r in roles.values() if r.device_mapping is None)
-    return cpus, gpus + (len(plan.gpus) if plan else 0)
+    return cpus, gpus

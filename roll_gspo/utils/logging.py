@@ -54,7 +54,7 @@ def log_file(name: str = None):
     path = os.path.join(folder, name or f"{os.environ.get('ROLL_GSPO_ROLE', 'driver')}-{os.getpid()}.log")
     if path not in _FILE_HANDLERS:
         os.makedirs(folder, exist_ok=True)
-        handler = logging.FileHandler(path)
+        handler = logging.FileHandler(path, delay=True)  # no empty files
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         _FILE_HANDLERS[path] = handler
     return _FILE_HANDLERS[path]
