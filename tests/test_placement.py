@@ -61,7 +61,9 @@ def test_a_mapping_the_cluster_cannot_hold_names_the_shortfall():
     with pytest.raises(PlacementError) as err:
         check_plan_against_nodes(plan, nodes)
     message = str(err.value)
-    assert "needs one node with 8 GPUs" in message and "10.0.0.2: 4 GPU" in message and "16 GPUs on 2 node(s)" in message
+    assert "node index 1 (GPUs [8, 9, 10, 11, 12, 13, 14, 15] of actor_train" in message
+    assert "needs one node with 8 GPUs" in message and "10.0.0.2 with 4 GPUs" in message
+    assert "short by 4 GPUs" in message and "16 GPUs on 2 node(s)" in message
     nodes[1]["Resources"]["GPU"] = 8.0
     check_plan_against_nodes(plan, nodes)
 

@@ -387,6 +387,9 @@ def _sampling_problems(cfg: PipelineConfig) -> List[str]:
                 problems.append(f"{key}.filter_args.{arg}: expected a number, got {value!r}")
     if cfg.query_filter_max_rounds < 1:
         problems.append(f"query_filter_max_rounds: must be >= 1, got {cfg.query_filter_max_rounds}")
+    if cfg.validation.data_args.domain_interleave_probs:
+        problems.append("validation.data_args.domain_interleave_probs: only the training prompts are mixed "
+                        "by domain (actor_train.data_args.domain_interleave_probs); validation uses every row")
     probs = cfg.actor_train.data_args.domain_interleave_probs
     if probs:
         key = "actor_train.data_args.domain_interleave_probs"

@@ -189,15 +189,17 @@ def check_plan_against_nodes(plan: PlacementPlan, nodes: List[Dict[str, Any]]) -
     for node_index, gpus, cpus in needs:
         fit = next((n for n in free if n["GPU"] + 1e-6 >= len(gpus) and n["CPU"] + 1e-6 >= cpus), None)
         if fit is None:
-            have = ", ".join(f"{n['name']}: {n['GPU']:g} GPU / {n['CPU']:g} CPU" for n in free) or "no alive node"
+            have = ", ".join(f"{n['name']} with {n['GPU']:g} GPUs / {n['CPU']:g} CPUs" for n in free) or "no alive node"
+            roles = sorted({s.role for slots in plan.slots.values() for s in slots if set(s.gpus) & set(gpus)})
+            best = max((n["GPU"] for n in free), default=0)
             total = sum(len(g) for _, g, _ in needs)
             raise PlacementError(
-                f"device_mapping cannot be placed: node index {node_index} (GPUs {gpus} with "
+                f"device_mapping cannot be placed: node index {node_index} (GPUs {gpus} of {', '.join(roles)}; "
                 f"num_gpus_per_node = {plan.num_gpus_per_node}) needs one node with {len(gpus)} GPUs and "
-                f"{cpus:g} CPUs, and no node left has them (cluster, after the node indices placed "
-                f"before it: {have}). The mapping uses {total} GPUs on {len(needs)} node(s); "
-                f"add GPUs/nodes, shrink the device_mapping, or drop it (null) to run the role on CPU "
-                f"with world_size / num_cpus_per_worker")
+                f"{cpus:g} CPUs; the Ray cluster has {have} (left after the node indices placed before it), "
+                f"short by {len(gpus) - best:g} GPUs on its largest node. The mapping uses {total} GPUs on "
+                f"{len(needs)} node(s): add GPUs or nodes, shrink the device_mapping, or drop it (null) to run "
+                f"the role with world_size / num_cpus_per_worker (CPU)")
         fit["GPU"] -= len(gpus)
         fit["CPU"] -= cpus
 
