@@ -88,6 +88,11 @@ def test_config_derives_world_size_and_refuses_contradictions(tmp_path):
         load(actor_train={"device_mapping": "range(0,4)", "world_size": 3})
     with pytest.raises(ConfigError, match=r"actor_train.num_gpus_per_worker = 2: deepspeed_train ranks use one GPU"):
         load(actor_train={"device_mapping": "range(0,4)", "num_gpus_per_worker": 2})
+    cfg = load(actor_infer={"device_mapping": "range(0,4)", "strategy_args": {"strategy_config": {"tensor_parallel_size": 4}}})
+    assert (cfg.actor_infer.world_size, cfg.actor_infer.num_gpus_per_worker) == (1, 4.0)  # ROLL: TP x PP per rank
+    with pytest.raises(ConfigError, match=r"actor_infer.num_gpus_per_worker = 1 contradicts the vLLM engine's"):
+        load(actor_infer={"device_mapping": "range(0,4)", "num_gpus_per_worker": 1,
+                          "strategy_args": {"strategy_config": {"tensor_parallel_size": 2}}})
     with pytest.raises(ConfigError, match=r"reference.device_mapping: cannot read 'eval\(1\)'"):
         load(reference={"device_mapping": "eval(1)"})
 

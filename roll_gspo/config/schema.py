@@ -177,7 +177,8 @@ class RoleConfig:
     num_gpus_per_worker: float = _f(
         0.0, "Ray GPUs per rank. Without device_mapping: fractions (e.g. 0.5 on actor_train and "
              "actor_infer) colocate roles on one GPU; 0 runs on CPU. With device_mapping: whole GPUs "
-             "per rank (0 means 1); deepspeed_train and hf_infer ranks use exactly 1.")
+             "per rank (0 means 1); deepspeed_train and hf_infer ranks use exactly 1, a vllm rank "
+             "tensor_parallel_size x pipeline_parallel_size of its strategy_config (as in ROLL).")
     infer_batch_size: int = _f(16, "Sequences per forward pass when this role computes log-probs.")
 
 

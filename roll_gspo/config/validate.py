@@ -348,6 +348,15 @@ def _device_mapping_problems(cfg: PipelineConfig) -> List[str]:
         if role.device_mapping is None:
             continue
         per_worker = role.num_gpus_per_worker or 1
+        if role.strategy_args.strategy_name == "vllm":  # as in ROLL: a vLLM rank spans TP x PP GPUs
+            engine = role.strategy_args.strategy_config
+            parallel = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
+            if role.num_gpus_per_worker and role.num_gpus_per_worker != parallel:
+                problems.append(f"{name}.num_gpus_per_worker = {role.num_gpus_per_worker:g} contradicts the vLLM "
+                                f"engine's tensor_parallel_size x pipeline_parallel_size = {parallel} (GPUs per "
+                                f"rank); leave num_gpus_per_worker out")
+                continue
+            per_worker = parallel
         if per_worker != int(per_worker) or per_worker < 1:
             problems.append(f"{name}.num_gpus_per_worker: must be a whole number >= 1 with a device_mapping, "
                             f"got {role.num_gpus_per_worker}")
