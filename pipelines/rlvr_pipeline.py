@@ -89,12 +89,11 @@ class RLVRPipeline:
         cfg = self.cfg
         roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
                  **({"reference": cfg.reference} if needs_reference(cfg) else {})}
-        self.placement = plan_for_roles(roles, cfg.num_gpus_per_node)  # device_mapping roles, if any
         cpus, gpus = resource_totals(roles)
         cpus += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
         init_ray(cpus, gpus)
-        if self.placement is not None:
-            self.placement = GpuPlacement(self.placement).reserve()  # fails naming the shortfall
+        plan = plan_for_roles(roles, cfg.num_gpus_per_node)  # the roles with a device_mapping, if any
+        self.placement = GpuPlacement(plan).reserve() if plan else None  # fails naming the shortfall
         batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
         total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // mini_batch_size(cfg))
 
@@ -355,7 +354,7 @@ class RLVRPipeline:
         for cluster in clusters:
             if cluster is not None:
                 cluster.shutdown()
-        if isinstance(self.placement, GpuPlacement):
+        if self.placement is not None:
             self.placement.shutdown()
 
 
