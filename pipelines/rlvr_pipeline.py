@@ -6,6 +6,7 @@ advantages, train ppo_epochs x mini-batches, sync the new weights into the rollo
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -21,6 +22,7 @@ from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
+from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
 from roll_gspo.modeling import build_sequences
 from roll_gspo.tracking import MetricsTracker, plot_metrics
 from roll_gspo.utils.imports import import_object
@@ -48,7 +50,11 @@ class RLVRPipeline:
         self.val_items = self._load_prompts(cfg.validation.data_args)[0] if cfg.validation.data_args.file_name else []
         self._check_domains(self.train_items + self.val_items)
         self.sampler = PromptSampler(self.train_items, cfg.rollout_batch_size, seed=cfg.seed,
-                                     shuffle=cfg.actor_train.data_args.shuffle)
+                                     shuffle=cfg.actor_train.data_args.shuffle,
+                                     domain_probs=cfg.actor_train.data_args.domain_interleave_probs,
+                                     domain_of=lambda item: self.domain_of_worker[item["domain"]])
+        self.query_filters = {name: reward.query_filter_config for name, reward in cfg.rewards.items()
+                              if reward.query_filter_config.type != "no_filter"}
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
         self.start_step = 0
         self._start_workers()
@@ -84,17 +90,21 @@ class RLVRPipeline:
         from roll_gspo.workers.reference import ReferenceWorker
 
         cfg = self.cfg
-        roles = [cfg.actor_train, cfg.actor_infer] + ([cfg.reference] if needs_reference(cfg) else [])
-        cpus = sum(r.world_size * r.num_cpus_per_worker for r in roles)
+        roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
+                 **({"reference": cfg.reference} if needs_reference(cfg) else {})}
+        cpus, gpus = resource_totals(roles)
         cpus += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
-        gpus = sum(r.world_size * r.num_gpus_per_worker for r in roles)
         init_ray(cpus, gpus)
+        plan = plan_for_roles(roles, cfg.num_gpus_per_node)  # the roles with a device_mapping, if any
+        self.placement = GpuPlacement(plan).reserve() if plan else None  # fails naming the shortfall
         batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
         total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // mini_batch_size(cfg))
 
         def cluster(name, worker_cls, role, **kwargs):
+            options = self.placement.rank_options(name) if role.device_mapping is not None else None
             return Cluster(name, worker_cls, role.world_size, role.num_cpus_per_worker, role.num_gpus_per_worker,
-                           init_args=(cfg,), init_kwargs=kwargs, env=worker_env(cfg, role))
+                           init_args=(cfg,), init_kwargs=kwargs, env=worker_env(cfg, role),
+                           rank_options=options)
 
         self.actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
                                    total_optimizer_steps=total_optimizer_steps)
@@ -117,16 +127,22 @@ class RLVRPipeline:
     def step(self, step: int) -> Dict[str, float]:
         cfg = self.cfg
         timings: Dict[str, float] = {}
-        prompts = self._prompt_batch(self.sampler.next_batch())
-        with _timed(timings, "generate"):
-            batch = self.actor_infer.dispatch("generate", prompts, gen=cfg.actor_infer.generating_args)
+        prompts = self.sampler.next_batch()
+        if self.query_filters:  # dynamic sampling: scores first, regenerate for dropped prompts
+            batch, sampling_metrics = self._generate_informative_groups(prompts, timings)
+            pending_rewards = []  # already scored
+        else:
+            with _timed(timings, "generate"):
+                batch = self._generate(prompts)
+            sampling_metrics = {}
+            pending_rewards = None  # the CPU reward workers score while the first log-prob pass runs
         self._add_sequence_tensors(batch)
         view = self._view(batch)
-        pending_rewards = None  # the CPU reward workers score while the first log-prob pass runs
         if self.reference is not None:
             with _timed(timings, "reference"):
                 calls = self.reference.dispatch_async("compute_log_probs", view)
-                pending_rewards = self._start_rewards(batch)
+                if pending_rewards is None:
+                    pending_rewards = self._start_rewards(batch)
                 batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
         with _timed(timings, "old_log_probs"):
             calls = (self.actor_train.dispatch_async("compute_log_probs", view)
@@ -136,7 +152,8 @@ class RLVRPipeline:
             batch["old_log_probs"] = (self.actor_train.collect(calls)["old_log_probs"] if calls is not None
                                       else batch["rollout_log_probs"])
         with _timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
-            reward_metrics = self._collect_rewards(batch, pending_rewards)
+            self._collect_rewards(batch, pending_rewards)
+        reward_metrics = self._reward_metrics(batch)
         with _timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self._advantages(batch)
             adv_metrics.update(self._apply_sample_weights(batch))
@@ -153,7 +170,7 @@ class RLVRPipeline:
         step_seconds = sum(timings.values())
         lengths = batch["response_mask"].sum(-1)
         return {
-            **reward_metrics, **adv_metrics, **train_metrics, **sync_metrics,
+            **reward_metrics, **sampling_metrics, **adv_metrics, **train_metrics, **sync_metrics,
             **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": step_seconds,
             "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
             "response/truncated_frac": 1.0 - sum(batch["finished"]) / len(batch),
@@ -165,6 +182,60 @@ class RLVRPipeline:
         keys = ("prompt_ids", "prompt_text", "ground_truth", "domain") + (
             ("difficulty",) if "difficulty" in items[0] else ())
         return Batch(meta={k: [item[k] for item in items] for k in keys})
+
+    def _generate(self, items: List[dict]) -> Batch:
+        """G responses per prompt, consecutive rows per prompt."""
+        return self.actor_infer.dispatch("generate", self._prompt_batch(items), skip_empty=True,
+                                         gen=self.cfg.actor_infer.generating_args)
+
+    def _generate_informative_groups(self, prompts: List[dict], timings: Dict[str, float]):
+        """Dynamic sampling (ROLL's query_filter_config): generate and score, drop the groups their
+        domain's filter rejects, and generate for as many new prompts of the same domains until
+        rollout_batch_size groups are kept or query_filter_max_rounds generations were made; then
+        top up with dropped groups. Returns the scored batch and `data/*` metrics."""
+        cfg, group = self.cfg, self.cfg.num_return_sequences_in_group
+        kept, dropped = [], []
+        rounds = extra_prompts = 0
+        while True:
+            rounds += 1
+            with _timed(timings, "generate"):
+                batch = self._generate(prompts)
+            with _timed(timings, "reward"):
+                self._collect_rewards(batch, self._start_rewards(batch))
+            refill: Dict[str, int] = {}
+            for index, keep in enumerate(self._groups_to_keep(batch)):
+                rows = batch.select(range(index * group, (index + 1) * group))
+                (kept if keep else dropped).append(rows)
+                if not keep:
+                    domain = self.domain_of_worker[rows["domain"][0]]
+                    refill[domain] = refill.get(domain, 0) + 1
+            missing = cfg.rollout_batch_size - len(kept)
+            if missing <= 0 or rounds >= cfg.query_filter_max_rounds:
+                break
+            prompts = self.sampler.next_batch(per_domain=_scale_counts(refill, missing))
+            extra_prompts += len(prompts)
+        filtered = len(dropped)
+        cap_hit = len(kept) < cfg.rollout_batch_size
+        groups = (kept + dropped)[:cfg.rollout_batch_size]  # topped up with dropped groups at the cap
+        return Batch.concat(groups), {
+            "data/filtered_groups": float(filtered), "data/extra_prompts": float(extra_prompts),
+            "data/sampling_rounds": float(rounds), "data/filter_cap_hit": float(cap_hit),
+            "data/kept_group_frac": float(min(len(kept), cfg.rollout_batch_size)) / cfg.rollout_batch_size}
+
+    def _groups_to_keep(self, batch: Batch) -> List[bool]:
+        """Per prompt group: does its reward domain's query filter keep it?"""
+        from roll_gspo.algorithms.query_filter import keep_groups
+
+        group = self.cfg.num_return_sequences_in_group
+        domains = [self.domain_of_worker[d] for d in batch["domain"][::group]]
+        keep = [True] * len(domains)
+        for name, qf in self.query_filters.items():
+            rows = [i for i, d in enumerate(domains) if d == name]
+            if rows:
+                scores = batch["scores"].view(-1, group)[rows].reshape(-1)
+                for i, k in zip(rows, keep_groups(scores, group, qf.type, qf.filter_args).tolist()):
+                    keep[i] = k
+        return keep
 
     def _start_rewards(self, batch: Batch) -> list:
         """Send every response (its meta: texts, token ids, ground truth, domain; not the
@@ -179,8 +250,11 @@ class RLVRPipeline:
                 pending.append((rows, refs))
         return pending
 
-    def _collect_rewards(self, batch: Batch, pending: list) -> Dict[str, float]:
-        """Wait for the scores; adds tensor `scores` to the batch and returns reward metrics."""
+    def _collect_rewards(self, batch: Batch, pending: list) -> None:
+        """Wait for the scores; adds tensor `scores` and meta `reward_status` to the batch
+        (nothing when `pending` is empty: the batch was scored already)."""
+        if not pending and "scores" in batch:
+            return
         scores = torch.zeros(len(batch))
         statuses = [""] * len(batch)
         for rows, refs in pending:
@@ -189,6 +263,11 @@ class RLVRPipeline:
             for i, status in zip(rows, result["reward_status"]):
                 statuses[i] = status
         batch["scores"] = scores
+        batch["reward_status"] = statuses
+
+    @staticmethod
+    def _reward_metrics(batch: Batch) -> Dict[str, float]:
+        scores, statuses = batch["scores"], batch["reward_status"]
         return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
                 "reward/errors": float(statuses.count("error")), "reward/timeouts": float(statuses.count("timeout"))}
 
@@ -274,7 +353,8 @@ class RLVRPipeline:
     def run(self) -> Dict[str, float]:
         cfg = self.cfg
         tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs,
-                                 resume=self.resume_dir is not None)
+                                 resume=self.resume_dir is not None, exp_name=cfg.exp_name,
+                                 config=dataclasses.asdict(cfg))
         last: Dict[str, float] = {}
         try:
             if cfg.eval_steps and self.start_step == 0:
@@ -305,13 +385,22 @@ class RLVRPipeline:
         for cluster in clusters:
             if cluster is not None:
                 cluster.shutdown()
+        if self.placement is not None:
+            self.placement.shutdown()
 
 
 @contextmanager
 def _timed(timings: Dict[str, float], name: str):
     start = time.perf_counter()
     yield
-    timings[name] = time.perf_counter() - start
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start  # phases may repeat
+
+
+def _scale_counts(counts: Dict[str, int], total: int) -> Dict[str, int]:
+    """`counts` (domain -> dropped groups) rescaled to sum to `total`, in proportion."""
+    from roll_gspo.data import allot
+
+    return allot(total, counts) if sum(counts.values()) != total else counts
 
 
 def _split_sync_metrics(per_rank: List[Dict[str, float]]):

@@ -2,6 +2,7 @@
 same DeepSpeed `actor_train` ranks as RL. Also how `builtin:tiny-arith` gets its warm start."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -13,6 +14,7 @@ import ray
 from roll_gspo.config import PipelineConfig, mini_batch_size
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
+from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
 from roll_gspo.modeling import build_sequences
 from roll_gspo.tracking import MetricsTracker
 
@@ -72,12 +74,16 @@ def run_sft(cfg: PipelineConfig) -> Dict[str, float]:
         raise ValueError(f"SFT data has {len(samples)} rows, fewer than one mini-batch of {mini}")
     total = per_epoch * role.training_args.num_train_epochs
     started_ray = not ray.is_initialized()
-    init_ray(role.world_size * role.num_cpus_per_worker, role.world_size * role.num_gpus_per_worker)
+    init_ray(*resource_totals({"actor_train": role}))
+    placement = plan_for_roles({"actor_train": role}, cfg.num_gpus_per_node)  # with a device_mapping
+    placement = GpuPlacement(placement).reserve() if placement else None
     trainer = Cluster("sft_actor_train", ActorTrainWorker, role.world_size, role.num_cpus_per_worker,
                       role.num_gpus_per_worker, init_args=(cfg,), init_kwargs={"total_optimizer_steps": total},
-                      env=worker_env(cfg, role))
+                      env=worker_env(cfg, role),
+                      rank_options=placement.rank_options("actor_train") if placement else None)
     ray.get(trainer.setup_async())
-    tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs)
+    tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs,
+                             exp_name=cfg.exp_name, config=dataclasses.asdict(cfg))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     rng = random.Random(cfg.seed)
     metrics: Dict[str, float] = {}
@@ -109,6 +115,8 @@ def run_sft(cfg: PipelineConfig) -> Dict[str, float]:
     finally:
         tracker.close()
         trainer.shutdown()
+        if placement is not None:
+            placement.shutdown()
         if started_ray:
             ray.shutdown()
     return metrics

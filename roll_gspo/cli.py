@@ -47,6 +47,11 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
         return 0
     from pipelines import run_pipeline_from_config
+    from roll_gspo.distributed.placement import PlacementError
 
-    run_pipeline_from_config(cfg)
+    try:
+        run_pipeline_from_config(cfg)
+    except PlacementError as exc:  # the cluster cannot hold the device_mapping: nothing started
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0

@@ -27,6 +27,7 @@ def _load_table(path: str) -> Tuple[List[str], Dict[str, list]]:
     if ext not in _BUILDERS:
         raise ValueError(f"unsupported data file type {ext!r} for {path}; "
                          f"use one of {sorted(_BUILDERS)}")
+    datasets.disable_progress_bars()  # "Generating train split" bars are noise in the run's console
     # Arrow cache under our cache root, so nothing lands in ~/.cache/huggingface unasked.
     cache = os.path.join(builtin.cache_root(), "hf_datasets")
     try:
@@ -197,22 +198,13 @@ def _tokenize(texts: List[str], tokenizer, add_special_tokens: bool,
     return [list(x) for x in tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]]
 
 
-class PromptSampler:
-    """Endless batches of prompts; reshuffled every epoch from ``(seed, epoch)``.
+class _PromptStream:
+    """Endless prompts of one pool, reshuffled every epoch from ``(seed..., epoch)``; its state is
+    ``(epoch, position)``: the permutation is recomputed on resume, nothing else is stored."""
 
-    A batch may span an epoch boundary, so every prompt is used once per epoch. The state is just
-    ``(epoch, position)``: the permutation is recomputed on resume, nothing else is stored.
-    """
-
-    def __init__(self, items: Sequence[dict], batch_size: int, *, seed: int = 0,
-                 shuffle: bool = True):
-        if not items:
-            raise ValueError("PromptSampler needs at least one prompt")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    def __init__(self, items: Sequence[dict], seed: Sequence[int], shuffle: bool):
         self.items = list(items)
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
+        self.seed = list(seed)
         self.shuffle = shuffle
         self.epoch = 0
         self.position = 0
@@ -222,7 +214,89 @@ class PromptSampler:
         n = len(self.items)
         if not self.shuffle:
             return np.arange(n)
-        return np.random.default_rng([self.seed, epoch]).permutation(n)
+        return np.random.default_rng([*self.seed, epoch]).permutation(n)
+
+    def take(self, count: int) -> List[dict]:
+        """The next `count` prompts (may span an epoch boundary: each prompt once per epoch)."""
+        batch: List[dict] = []
+        while len(batch) < count:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            take = min(count - len(batch), len(self._order) - self.position)
+            batch.extend(self.items[j] for j in self._order[self.position:self.position + take])
+            self.position += take
+        return batch
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "num_items": len(self.items)}
+
+    def load_state_dict(self, state: Dict[str, int], name: str) -> None:
+        n = state.get("num_items", len(self.items))
+        if n != len(self.items):
+            # Different data than at save time: positions would point at other prompts.
+            logger.warning("PromptSampler state of %s saved with %d prompts, now %d; resuming anyway",
+                           name, n, len(self.items))
+        self.epoch = int(state["epoch"])
+        self.position = min(int(state["position"]), len(self.items))
+        self._order = self._permutation(self.epoch)
+
+
+def allot(total: int, shares: Dict[str, float]) -> Dict[str, int]:
+    """`total` split by `shares` (normalised): floors, then the largest remainders get one more
+    (ties: the order of `shares`). Sums to `total` exactly."""
+    norm = sum(shares.values())
+    exact = {k: total * v / norm for k, v in shares.items()}
+    counts = {k: int(np.floor(x)) for k, x in exact.items()}
+    left = total - sum(counts.values())
+    for key in sorted(exact, key=lambda k: -(exact[k] - counts[k]))[:left]:
+        counts[key] += 1
+    return counts
+
+
+class PromptSampler:
+    """Endless batches of prompts; reshuffled every epoch from ``(seed, epoch)``.
+
+    A batch may span an epoch boundary, so every prompt is used once per epoch. With
+    ``domain_probs`` (ROLL's ``domain_interleave_probs``: domain -> share) each batch takes
+    ``allot(batch_size, domain_probs)`` prompts of each domain (``domain_of(item)``), each domain
+    from its own stream; ``epoch`` is then the fewest passes any domain has completed.
+    """
+
+    def __init__(self, items: Sequence[dict], batch_size: int, *, seed: int = 0,
+                 shuffle: bool = True, domain_probs: Optional[Dict[str, float]] = None,
+                 domain_of=None):
+        if not items:
+            raise ValueError("PromptSampler needs at least one prompt")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.items = list(items)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.domain_of = domain_of or (lambda item: item["domain"])
+        self.domain_probs = {d: float(p) for d, p in (domain_probs or {}).items() if p > 0}
+        if self.domain_probs:
+            pools: Dict[str, List[dict]] = {}
+            for item in self.items:
+                pools.setdefault(self.domain_of(item), []).append(item)
+            empty = [d for d in self.domain_probs if d not in pools]
+            if empty:
+                raise ValueError(f"domain_interleave_probs gives a share to {empty}, but no training "
+                                 f"prompt belongs to it (domains in the data: {sorted(pools)})")
+            unused = sorted(set(pools) - set(self.domain_probs))
+            if unused:
+                logger.warning("domain_interleave_probs gives no share to %s: their %d prompts are never "
+                               "drawn", unused, sum(len(pools[d]) for d in unused))
+            self.streams = {d: _PromptStream(pools[d], [self.seed, i + 1], shuffle)
+                            for i, d in enumerate(sorted(self.domain_probs))}
+        else:
+            self.streams = {"": _PromptStream(self.items, [self.seed], shuffle)}
+
+    @property
+    def epoch(self) -> int:
+        return min(stream.epoch for stream in self.streams.values())
 
     def __len__(self) -> int:
         """Batches per epoch (rounded up)."""
@@ -234,32 +308,37 @@ class PromptSampler:
     def __next__(self) -> List[dict]:
         return self.next_batch()
 
-    def next_batch(self) -> List[dict]:
-        batch = []
-        while len(batch) < self.batch_size:
-            if self.position >= len(self._order):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._permutation(self.epoch)
-            take = min(self.batch_size - len(batch), len(self._order) - self.position)
-            batch.extend(self.items[j] for j in self._order[self.position:self.position + take])
-            self.position += take
+    def next_batch(self, size: Optional[int] = None, per_domain: Optional[Dict[str, int]] = None) -> List[dict]:
+        """`size` prompts (default batch_size), split over domains by their shares; or, with
+        `per_domain` (domain -> count, e.g. to replace dropped prompts in kind), those counts."""
+        if not self.domain_probs:
+            count = sum(per_domain.values()) if per_domain is not None else (size or self.batch_size)
+            return self.streams[""].take(count)
+        counts = per_domain if per_domain is not None else allot(size or self.batch_size, self.domain_probs)
+        batch: List[dict] = []
+        for domain, count in counts.items():
+            if count:
+                batch.extend(self.streams[domain].take(count))
         return batch
 
-    def state_dict(self) -> Dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "num_items": len(self.items)}
+    def state_dict(self) -> Dict[str, Any]:
+        if not self.domain_probs:
+            return {**self.streams[""].state_dict(), "seed": self.seed}
+        return {"seed": self.seed, "domains": {d: s.state_dict() for d, s in self.streams.items()}}
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
-        n = state.get("num_items", len(self.items))
-        if n != len(self.items):
-            # Different data than at save time: positions would point at other prompts.
-            logger.warning("PromptSampler state saved with %d prompts, now %d; resuming anyway",
-                           n, len(self.items))
-        self.seed = int(state.get("seed", self.seed))
-        self.epoch = int(state["epoch"])
-        self.position = min(int(state["position"]), len(self.items))
-        self._order = self._permutation(self.epoch)
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if int(state.get("seed", self.seed)) != self.seed:
+            self.seed = int(state["seed"])
+            for i, (name, stream) in enumerate(self.streams.items()):
+                stream.seed = [self.seed] + ([i + 1] if name else [])
+        saved = state.get("domains")
+        if (saved is None) != (not self.domain_probs) or (saved and set(saved) != set(self.streams)):
+            raise ValueError(f"PromptSampler state was saved with domain streams "
+                             f"{sorted(saved) if saved else 'none'}, this run has "
+                             f"{sorted(d for d in self.streams if d) or 'none'} (domain_interleave_probs "
+                             f"changed?); resume with the same domain_interleave_probs")
+        for name, stream in self.streams.items():
+            stream.load_state_dict(saved[name] if saved else state, name or "all prompts")
 
 
 def load_sft_samples(files: Sequence[str], *, tokenizer, prompt_key: str = "prompt",

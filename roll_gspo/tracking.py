@@ -1,5 +1,6 @@
-"""Metrics out: one JSON object per step in <output_dir>/metrics.jsonl, TensorBoard events, a
-compact console line, and a PNG plot of reward and validation accuracy at the end."""
+"""Metrics out: one JSON object per step in <output_dir>/metrics.jsonl, the `track_with` tracker
+(TensorBoard, wandb, swanlab, mlflow, stdout: roll_gspo.trackers), a compact console line, and a
+PNG plot of reward and validation accuracy at the end."""
 from __future__ import annotations
 
 import json
@@ -15,41 +16,44 @@ CONSOLE_KEYS = ("reward/mean", "val/accuracy", "actor/clipfrac", "actor/ratio_me
                 "actor/grad_norm", "response/length_mean", "time/step_s")
 
 
+# How the console line names them (the last path part otherwise).
+CONSOLE_NAMES = {"reward/mean": "reward", "val/accuracy": "val_acc"}
+
+
 class MetricsTracker:
+    """metrics.jsonl (every step) plus the `track_with` tracker (roll_gspo.trackers)."""
+
     def __init__(self, output_dir: str, logging_dir: str, track_with: str, tracker_kwargs: Dict[str, Any],
-                 resume: bool = False):
+                 resume: bool = False, exp_name: Optional[str] = None, config: Optional[Dict[str, Any]] = None):
+        from roll_gspo.trackers import TrackerContext, make_tracker
+
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
         if not resume and os.path.exists(self.path):
             os.replace(self.path, self.path + ".previous")  # keep, never silently overwrite
         self.file = open(self.path, "a", buffering=1)
-        self.writer = None
-        if track_with == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(log_dir=logging_dir, **tracker_kwargs)
+        context = TrackerContext(exp_name or os.path.basename(os.path.normpath(output_dir)), output_dir,
+                                 logging_dir, config or {}, resume)
+        self.tracker = make_tracker(track_with, context, tracker_kwargs)
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
         record = {"step": step, **{k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}}
         self.file.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            for key, value in metrics.items():
-                if math.isfinite(float(value)):
-                    self.writer.add_scalar(key, float(value), step)
-            self.writer.flush()
+        if self.tracker is not None:
+            self.tracker.log(step, {k: v for k, v in record.items() if k != "step" and v is not None})
 
     @staticmethod
     def console_line(step: int, max_steps: int, metrics: Dict[str, float]) -> str:
         parts = [f"step {step}/{max_steps}"]
         for key in CONSOLE_KEYS:
             if key in metrics:
-                parts.append(f"{key.split('/')[-1] if key != 'val/accuracy' else 'val_acc'} {metrics[key]:.4g}")
+                parts.append(f"{CONSOLE_NAMES.get(key, key.split('/')[-1])} {metrics[key]:.4g}")
         return " | ".join(parts)
 
     def close(self) -> None:
         self.file.close()
-        if self.writer is not None:
-            self.writer.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def read_metrics(path: str) -> List[Dict[str, Any]]:

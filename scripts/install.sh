@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-EXTRAS=${ROLL_GSPO_EXTRAS:-cpu,dev}
+EXTRAS=${ROLL_GSPO_EXTRAS:-cpu,dev,trackers}
 STAMP=.venv/.roll_gspo_installed
 want="$(sha256sum setup.py | cut -d' ' -f1) $EXTRAS"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then

@@ -11,3 +11,13 @@ def flaky(prompt: str, response: str, ground_truth: str) -> float:
     if response[:1].isdigit():
         raise ValueError("flaky reward failed on purpose")
     return digit_fraction(prompt, response, ground_truth)
+
+
+def half_solved(prompt: str, response: str, ground_truth: str) -> float:
+    """Prompts whose ground truth starts with "s" are always solved (every response scores 1: a
+    zero-variance group); the others score a hash of the response, so their groups vary."""
+    import zlib
+
+    if ground_truth.startswith("s"):
+        return 1.0
+    return zlib.crc32(response.encode()) % 997 / 997

@@ -2,6 +2,7 @@
 python run_pipeline.py --config example_gspo.yaml ...` runs to SUCCEEDED."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,12 @@ def test_ray_job_submit_runs_the_pipeline(tmp_path, session_cache, tiny_model):
             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
         log = submit.stdout + submit.stderr
         assert submit.returncode == 0 and "succeeded" in log.lower(), log[-5000:]
+        # The console a user reads (here through the job's log): each step's metrics on one whole
+        # line, reward named `reward`, and no per-step third-party noise (it is in output/logs).
+        step_lines = [line for line in log.splitlines() if re.search(r"step \d/2 \|", line)]
+        assert len(step_lines) == 2 and all(re.search(r"\| reward [-\d.e]+ \|.*\| step_s [\d.e-]+$", line)
+                                            for line in step_lines), step_lines
+        assert "FutureWarning" not in log and "reset prefix cache" not in log, log[-5000:]
     finally:
         stop_process_group(head)
         shutil.rmtree(temp_dir, ignore_errors=True)

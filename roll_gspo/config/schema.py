@@ -36,7 +36,8 @@ MODEL_TYPES = [None, "trl", "auto_sequence_classification", "auto_token_classifi
                "diffusion_module"]
 CHECKPOINT_TYPES = ["file_system"]
 LR_SCHEDULERS = ["constant", "linear", "cosine"]
-TRACKERS = ["tensorboard", "none"]
+TRACKERS = ["tensorboard", "wandb", "swanlab", "mlflow", "stdout", "none"]
+QUERY_FILTERS = ["no_filter", "mean_filter", "std_filter"]
 PIPELINES = ["rlvr", "sft"]
 
 
@@ -199,6 +200,13 @@ class DataArgs:
               "in ROLL's YAMLs) is accepted as meaning that.",
         "per-file sampling is not built; the files are concatenated (use "
         "`domain_interleave_probs` for a per-domain mix).")
+    domain_interleave_probs: Dict[str, float] = _f(
+        {}, "ROLL's per-domain mix of each rollout batch (actor_train only): reward domain (a key "
+            "under `rewards`) -> share, e.g. `{math_rule: 0.75, code: 0.25}`. Each step takes "
+            "round(rollout_batch_size * share) prompts of each domain (largest remainders break "
+            "ties; shares are normalised to sum 1), each domain from its own shuffled stream. A row's "
+            "domain is the reward block scoring it (`tag_included` or the block's key). Empty: one "
+            "stream over all rows, as they come.")
 
 
 @dataclass
@@ -234,13 +242,26 @@ class RoleConfig:
     data_args: DataArgs = _sub(DataArgs, "Training prompts or SFT data (actor_train only; set "
                                          "elsewhere they are refused).")
     strategy_args: StrategyArgs = _sub(StrategyArgs, "Backend and its options.")
-    world_size: int = _f(1, "Ranks (Ray actors) of this role; data-parallel for training.")
+    world_size: int = _f(1, "Ranks (Ray actors) of this role; data-parallel for training. With a "
+                            "device_mapping it is derived: len(device_mapping) / num_gpus_per_worker "
+                            "(leave it out, or give that same number).")
+    device_mapping: Optional[Any] = _f(
+        None, "ROLL's GPU placement of this role: global GPU indices (GPU g is GPU g % "
+              "num_gpus_per_node of node g // num_gpus_per_node), as a list `[0, 1, 2]` or one of the "
+              "strings `'list(range(0, 8))'`, `'range(0, 8)'`, `'[0,1,2]'`, `'0,1'` (read as data, never "
+              "evaluated). Consecutive groups of num_gpus_per_worker GPUs form one rank. Roles whose "
+              "maps overlap share those GPUs (colocated); disjoint maps split the cluster. Checked "
+              "against the Ray cluster before any worker starts (the missing GPUs/nodes are named). "
+              "Null: today's form, world_size ranks of num_cpus_per_worker CPUs and "
+              "num_gpus_per_worker GPUs each (CPU runs).")
     num_cpus_per_worker: float = _f(
         1.0, "Ray CPUs reserved per rank (> 0; each rank is one bundle of the role's placement "
              "group). Fractions let roles share a small machine's cores.")
     num_gpus_per_worker: float = _f(
-        0.0, "Ray GPUs per rank. Fractions (e.g. 0.5 on actor_train and actor_infer) colocate "
-             "roles on one GPU; 0 runs on CPU.")
+        0.0, "Ray GPUs per rank. Without device_mapping: fractions (e.g. 0.5 on actor_train and "
+             "actor_infer) colocate roles on one GPU; 0 runs on CPU. With device_mapping: whole GPUs "
+             "per rank (0 means 1); deepspeed_train and hf_infer ranks use exactly 1, a vllm rank "
+             "tensor_parallel_size x pipeline_parallel_size of its strategy_config (as in ROLL).")
     infer_batch_size: int = _f(16, "Sequences per forward pass when this role computes log-probs.")
     # --- ROLL's keys (roll_gspo.config.roll_compat) ---
     system_envs: Dict[str, str] = _f(
@@ -263,6 +284,21 @@ class RoleConfig:
         False, "ROLL's sequence packing (Megatron only in ROLL).", "sequence packing is not built.")
     sequence_packing_args: Dict[str, Any] = _refused_unless(
         {}, "ROLL's sequence-packing options.", "sequence packing is not built.")
+
+
+@dataclass
+class QueryFilterConfig:
+    type: str = _f(
+        "no_filter", "`no_filter`; `mean_filter`: drop a prompt whose G scores have mean <= "
+                     "filter_args.threshold_down (default -1) or >= filter_args.threshold_up (default "
+                     "inf); `std_filter`: drop it when their std <= filter_args.std_threshold (default "
+                     "-1; 0 drops the groups that all score the same, DAPO's dynamic sampling). Dropped "
+                     "prompts are replaced by newly drawn and generated ones until the batch is full "
+                     "(at most `query_filter_max_rounds` generations per step); counted in "
+                     "`data/filtered_groups` and `data/extra_prompts`.", QUERY_FILTERS)
+    filter_args: Dict[str, Any] = _f(
+        {}, "mean_filter: `threshold_up`, `threshold_down`; std_filter: `std_threshold`. Other keys "
+            "are refused.")
 
 
 @dataclass
@@ -298,6 +334,9 @@ class RewardConfig:
     strategy_args: StrategyArgs = _sub(StrategyArgs, "Backend of a model-based reward worker "
                                                      "(`hf_infer`, `vllm`).")
     infer_batch_size: int = _f(16, "Responses per forward pass of a model-based reward worker.")
+    query_filter_config: QueryFilterConfig = _sub(
+        QueryFilterConfig, "ROLL's dynamic sampling for this domain's prompts: groups whose G scores "
+                           "fail the filter are dropped and replaced by newly drawn prompts.")
 
 
 @dataclass
@@ -333,6 +372,14 @@ class PipelineConfig:
                                                  "so a resume finds it.")
     logging_dir: Optional[str] = _f(None, "TensorBoard event files. Null: `<output_dir>/tensorboard`.")
     max_steps: int = _f(100, "Pipeline steps (one rollout batch each).")
+    num_gpus_per_node: int = _f(
+        8, "GPUs per node, for reading device_mapping (GPU g is on node g // num_gpus_per_node). "
+           "Unused without a device_mapping.")
+    query_filter_max_rounds: int = _f(
+        4, "With a rewards.<domain>.query_filter_config: generations per step at most, the first "
+           "included. Each round draws as many new prompts as were dropped. When the cap is hit the "
+           "batch is topped up with dropped groups (they carry little or no signal) and "
+           "`data/filter_cap_hit` is 1.")
     save_steps: int = _f(0, "Checkpoint every N steps, and at the end (0: only at the end).")
     eval_steps: int = _f(0, "Validate every N steps, at step 0 and at the end (0: never).")
     logging_steps: int = _f(1, "Print a metrics line every N steps (metrics.jsonl gets every step).")
@@ -353,8 +400,17 @@ class PipelineConfig:
         None, "`auto`: resume from the newest complete checkpoint in output_dir if any; a path: "
               "that checkpoint; null: start fresh (refused if output_dir already has checkpoints, "
               "so nothing is overwritten silently).")
-    track_with: str = _f("tensorboard", "Metric tracker besides metrics.jsonl.", TRACKERS)
-    tracker_kwargs: Dict[str, Any] = _f({}, "Extra options for the tracker (e.g. `flush_secs`).")
+    track_with: str = _f(
+        "tensorboard", "Metric tracker besides metrics.jsonl (always written). tensorboard: event files "
+                       "in logging_dir. wandb / swanlab / mlflow: that library's run (install the "
+                       "`trackers` extra; offline: WANDB_MODE=offline, `tracker_kwargs: {mode: local}` "
+                       "for swanlab, an mlflow `tracking_uri: file:...`). stdout: every metric printed "
+                       "as one JSON line per step. none: metrics.jsonl only.", TRACKERS)
+    tracker_kwargs: Dict[str, Any] = _f(
+        {}, "Passed to the tracker as keywords: tensorboard `SummaryWriter` (e.g. `flush_secs`), "
+            "`wandb.init` (project, entity, mode, tags, ...), `swanlab.init` (project, mode, ...), "
+            "mlflow (`tracking_uri`, `experiment_name`, `run_name`, `tags`). Run name and config are "
+            "filled from exp_name and the resolved config unless given.")
     pretrain: str = _f("builtin:tiny-arith", "Policy model: a folder in Hugging Face format or a "
                                              "built-in name (`builtin:tiny-arith`).")
     reward_pretrain: Optional[str] = _f(None, "Model for model-based reward workers (unused by the "

@@ -335,14 +335,102 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
     return warns
 
 
+GPU_ROLES = ("actor_train", "actor_infer", "reference")
+QUERY_FILTER_ARGS = {"no_filter": set(), "mean_filter": {"threshold_up", "threshold_down"},
+                     "std_filter": {"std_threshold"}}
+
+
+def _device_mapping_problems(cfg: PipelineConfig) -> List[str]:
+    """Parse each role's device_mapping (in place, to a list) and derive its world_size and whole
+    num_gpus_per_worker; a mapping that cannot split into ranks is a problem named by key."""
+    from roll_gspo.distributed.placement import PlacementError, parse_device_mapping, ranks_of
+
+    problems = []
+    for name in GPU_ROLES:
+        role: RoleConfig = getattr(cfg, name)
+        try:
+            role.device_mapping = parse_device_mapping(role.device_mapping, f"{name}.device_mapping")
+        except PlacementError as exc:
+            problems.append(str(exc))
+            continue
+        if role.device_mapping is None:
+            continue
+        per_worker = role.num_gpus_per_worker or 1
+        if role.strategy_args.strategy_name == "vllm":  # as in ROLL: a vLLM rank spans TP x PP GPUs
+            engine = role.strategy_args.strategy_config
+            parallel = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
+            if role.num_gpus_per_worker and role.num_gpus_per_worker != parallel:
+                problems.append(f"{name}.num_gpus_per_worker = {role.num_gpus_per_worker:g} contradicts the vLLM "
+                                f"engine's tensor_parallel_size x pipeline_parallel_size = {parallel} (GPUs per "
+                                f"rank); leave num_gpus_per_worker out")
+                continue
+            per_worker = parallel
+        if per_worker != int(per_worker) or per_worker < 1:
+            problems.append(f"{name}.num_gpus_per_worker: must be a whole number >= 1 with a device_mapping, "
+                            f"got {role.num_gpus_per_worker}")
+            continue
+        if per_worker > 1 and role.strategy_args.strategy_name in ("deepspeed_train", "hf_infer"):
+            problems.append(f"{name}.num_gpus_per_worker = {per_worker:g}: {role.strategy_args.strategy_name} "
+                            f"ranks use one GPU each (one rank per GPU: set it to 1)")
+            continue
+        try:
+            ranks = ranks_of(role.device_mapping, int(per_worker), max(cfg.num_gpus_per_node, 1),
+                             f"{name}.device_mapping")
+        except PlacementError as exc:
+            problems.append(str(exc))
+            continue
+        if role.world_size not in (1, len(ranks)):
+            problems.append(f"{name}.world_size = {role.world_size} contradicts device_mapping: "
+                            f"{len(role.device_mapping)} GPUs / num_gpus_per_worker {per_worker:g} = "
+                            f"{len(ranks)} ranks (leave world_size out)")
+        role.world_size, role.num_gpus_per_worker = len(ranks), float(per_worker)
+    if cfg.num_gpus_per_node < 1:
+        problems.append(f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node}")
+    return problems
+
+
+def _sampling_problems(cfg: PipelineConfig) -> List[str]:
+    problems = []
+    for domain, reward in cfg.rewards.items():
+        qf = reward.query_filter_config
+        key = f"rewards.{domain}.query_filter_config"
+        unknown = sorted(set(qf.filter_args) - QUERY_FILTER_ARGS.get(qf.type, set()))
+        if unknown:
+            valid = sorted(QUERY_FILTER_ARGS.get(qf.type, set()))
+            problems.append(f"{key}.filter_args: {unknown} do nothing with type {qf.type!r} "
+                            f"(valid: {valid or 'none'})")
+        for arg, value in qf.filter_args.items():
+            if arg not in unknown and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                problems.append(f"{key}.filter_args.{arg}: expected a number, got {value!r}")
+    if cfg.query_filter_max_rounds < 1:
+        problems.append(f"query_filter_max_rounds: must be >= 1, got {cfg.query_filter_max_rounds}")
+    if cfg.validation.data_args.domain_interleave_probs:
+        problems.append("validation.data_args.domain_interleave_probs: only the training prompts are mixed "
+                        "by domain (actor_train.data_args.domain_interleave_probs); validation uses every row")
+    probs = cfg.actor_train.data_args.domain_interleave_probs
+    if probs:
+        key = "actor_train.data_args.domain_interleave_probs"
+        unknown = sorted(set(probs) - set(cfg.rewards))
+        if unknown:
+            problems.append(f"{key}: {unknown} are not reward domains (keys under `rewards`: "
+                            f"{sorted(cfg.rewards)})")
+        bad = {d: p for d, p in probs.items() if not p >= 0}
+        if bad or sum(probs.values()) <= 0:
+            problems.append(f"{key}: shares must be >= 0 with a positive sum, got {dict(probs)}")
+    return problems
+
+
 def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
     """Fill derived defaults, raise ConfigError on any problem, log and return the warnings.
 
     `yaml_keys`: dotted paths the YAML writes (the loader passes them); a key never read by its
     role is refused only when written there. None: every key that differs from its default counts.
     """
+    placement_problems = _device_mapping_problems(cfg)  # derives world_size before the batch arithmetic
     _fill_derived(cfg)
-    problems = _positive(cfg) + _range_problems(cfg)
+    problems = placement_problems + _positive(cfg) + _range_problems(cfg)
+    if cfg.pipeline == "rlvr":
+        problems += _sampling_problems(cfg)
     problems += _rlvr_problems(cfg, yaml_keys) if cfg.pipeline == "rlvr" else _sft_problems(cfg)
     problems += roll_compat.roll_semantic_problems(cfg)
     if problems:

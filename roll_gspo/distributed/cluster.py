@@ -106,6 +106,12 @@ def _reserve(name: str, world_size: int, num_cpus: float, num_gpus: float):
     return group
 
 
+def _log_dir_env() -> Dict[str, str]:
+    from roll_gspo.utils.logging import LOG_DIR_ENV
+
+    return {LOG_DIR_ENV: os.environ[LOG_DIR_ENV]} if os.environ.get(LOG_DIR_ENV) else {}
+
+
 class Cluster:
     """`world_size` Ray actors of `worker_cls`, one per rank of a role.
 
@@ -116,12 +122,18 @@ class Cluster:
 
     def __init__(self, name: str, worker_cls: type, world_size: int, num_cpus: float, num_gpus: float,
                  init_args: tuple = (), init_kwargs: Optional[Dict[str, Any]] = None,
-                 env: Optional[Dict[str, str]] = None):
+                 env: Optional[Dict[str, str]] = None,
+                 rank_options: Optional[List[Dict[str, Any]]] = None):
+        """`rank_options`: each rank's Ray actor options from a `GpuPlacement` (device_mapping),
+        whose placement groups it owns; without them the role reserves its own group of
+        `world_size` x {num_cpus, num_gpus} bundles."""
         self.name = name
         self.world_size = world_size
         remote_cls = ray.remote(worker_cls)
         init_kwargs = init_kwargs or {}
-        self.placement_group = _reserve(name, world_size, num_cpus, num_gpus)
+        if rank_options is not None and len(rank_options) != world_size:
+            raise ValueError(f"role {name}: {len(rank_options)} placements for world_size {world_size}")
+        self.placement_group = None if rank_options is not None else _reserve(name, world_size, num_cpus, num_gpus)
         # `system_envs`: set before the actor's process imports anything (Ray merges these
         # env_vars with a job's own runtime_env).
         extra = {"runtime_env": {"env_vars": {k: str(v) for k, v in env.items()}}} if env else {}
@@ -129,12 +141,13 @@ class Cluster:
         master_addr, master_port = None, None
         for rank in range(world_size):
             dist_env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": 0,
-                        "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
-            worker = remote_cls.options(
-                num_cpus=num_cpus, num_gpus=num_gpus, name=f"{name}-{rank}-{os.getpid()}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
-                **extra,
-            ).remote(*init_args, dist_env=dist_env, **init_kwargs)
+                        "MASTER_ADDR": master_addr, "MASTER_PORT": master_port,
+                        "ROLL_GSPO_ROLE": f"{name}-{rank}", **_log_dir_env()}
+            options = rank_options[rank] if rank_options is not None else dict(
+                num_cpus=num_cpus, num_gpus=num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank))
+            worker = remote_cls.options(name=f"{name}-{rank}-{os.getpid()}", **options, **extra).remote(
+                *init_args, dist_env=dist_env, **init_kwargs)
             if rank == 0:
                 # The rendezvous lives where rank 0 landed (another node on a real cluster).
                 master_addr, master_port = ray.get(worker.rendezvous_address.remote())
@@ -163,15 +176,17 @@ class Cluster:
     def execute_all_async(self, method: str, *args, **kwargs) -> List[ray.ObjectRef]:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
 
-    def dispatch(self, method: str, batch: Batch, **kwargs) -> Any:
+    def dispatch(self, method: str, batch: Batch, skip_empty: bool = False, **kwargs) -> Any:
         """Split `batch` evenly over ranks, call `method(shard, **kwargs)` on each, concatenate
-        returned Batches (or return the list of per-rank results otherwise)."""
-        return self.collect(self.dispatch_async(method, batch, **kwargs))
+        returned Batches (or return the list of per-rank results otherwise). `skip_empty`: ranks
+        whose shard would be empty are not called (independent ranks only, e.g. rollout)."""
+        return self.collect(self.dispatch_async(method, batch, skip_empty=skip_empty, **kwargs))
 
-    def dispatch_async(self, method: str, batch: Batch, **kwargs) -> List[ray.ObjectRef]:
+    def dispatch_async(self, method: str, batch: Batch, skip_empty: bool = False, **kwargs) -> List[ray.ObjectRef]:
         """`dispatch` without waiting: the per-rank calls, for `collect`."""
         shards = batch.chunk(self.world_size)
-        return [getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)]
+        return [getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)
+                if len(s) or not skip_empty]
 
     def collect(self, refs: List[ray.ObjectRef]) -> Any:
         """Results of `dispatch_async`, as `dispatch` returns them."""
@@ -203,9 +218,10 @@ class RankWorker:
             dist_env = {**dist_env, "MASTER_ADDR": node_address(), "MASTER_PORT": free_port()}
         self._master = (dist_env["MASTER_ADDR"], int(dist_env["MASTER_PORT"]))
         os.environ.update({k: str(v) for k, v in dist_env.items()})
-        from roll_gspo.utils.logging import setup_logging
+        from roll_gspo.utils.logging import configure_vllm_logging, setup_logging
 
         setup_logging()
+        configure_vllm_logging()  # before any vLLM import in this process
 
     def rendezvous_address(self):
         return self._master

@@ -1,0 +1,299 @@
+"""Placement by `device_mapping` (ROLL's key): which GPUs each role's ranks use.
+
+A role's `device_mapping` lists global GPU indices; GPU `g` is GPU `g % num_gpus_per_node` of node
+`g // num_gpus_per_node`. Consecutive groups of `num_gpus_per_worker` indices form one rank, so a
+role has `len(device_mapping) / num_gpus_per_worker` ranks. Roles whose maps overlap share those
+GPUs (colocated, e.g. actor_train and actor_infer on the same 8); disjoint maps split the machine.
+
+On Ray this becomes one placement group per node index (all its bundles on one node), one bundle
+per GPU used there: `{"GPU": 1, "CPU": <the CPUs of the ranks anchored on it>}`. A rank is anchored
+on the bundle of its first GPU and asks for an equal share of that GPU, so colocated roles fit the
+same bundle; a rank with several GPUs is shown the others through CUDA_VISIBLE_DEVICES. The plan is
+checked against the cluster's nodes before any placement group or worker exists.
+
+The parser reads the string forms ROLL users write (`list(range(0,16))`, `range(0,8)`, `[0,1,2]`,
+`"0,1"`) with `ast`, never `eval`.
+"""
+from __future__ import annotations
+
+import ast
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+logger = logging.getLogger("roll_gspo.placement")
+PLACEMENT_TIMEOUT_S = float(os.environ.get("ROLL_GSPO_PLACEMENT_TIMEOUT_S", "300"))
+DEVICE_MAPPING_FORMS = "a list of GPU indices ([0, 1, 2]), 'list(range(0, 8))', 'range(0, 8)', '[0,1,2]' or '0,1'"
+
+
+class PlacementError(ValueError):
+    """A device_mapping that cannot be placed; the message names the key and the shortfall."""
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
+def _int_literal(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    raise ValueError(f"{ast.unparse(node)!r} is not a whole number")
+
+
+def _range_call(node: ast.AST) -> Optional[List[int]]:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range" \
+            and not node.keywords and 1 <= len(node.args) <= 3:
+        return list(range(*[_int_literal(a) for a in node.args]))
+    return None
+
+
+def _parse_expression(text: str) -> List[int]:
+    tree = ast.parse(text.strip(), mode="eval").body
+    if isinstance(tree, (ast.List, ast.Tuple)):
+        return [_int_literal(e) for e in tree.elts]
+    if isinstance(tree, ast.Constant) and type(tree.value) is int:
+        return [tree.value]
+    ranged = _range_call(tree)
+    if ranged is not None:
+        return ranged
+    if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id == "list" \
+            and len(tree.args) == 1 and not tree.keywords:
+        inner = _range_call(tree.args[0])
+        if inner is not None:
+            return inner
+        if isinstance(tree.args[0], (ast.List, ast.Tuple)):
+            return [_int_literal(e) for e in tree.args[0].elts]
+    raise ValueError("not one of the accepted forms")
+
+
+def parse_device_mapping(value: Any, key: str = "device_mapping") -> Optional[List[int]]:
+    """GPU indices of a `device_mapping` value, or None when unset. Raises PlacementError naming
+    `key` for anything but the accepted forms, negative or repeated indices, or an empty list."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise PlacementError(f"{key}: expected {DEVICE_MAPPING_FORMS}, got {value!r}")
+    try:
+        if isinstance(value, int):
+            gpus = [value]
+        elif isinstance(value, (list, tuple)):
+            bad = [v for v in value if type(v) is not int]
+            if bad:
+                raise ValueError(f"{bad[0]!r} is not a whole number")
+            gpus = list(value)
+        elif isinstance(value, str):
+            gpus = _parse_expression(value) if value.strip()[:1] in "[(lr" else \
+                [_int_literal(ast.parse(p.strip(), mode="eval").body) for p in value.split(",") if p.strip()]
+        else:
+            raise ValueError(f"a {type(value).__name__}")
+    except (ValueError, SyntaxError) as exc:
+        raise PlacementError(f"{key}: cannot read {value!r} ({exc}); expected {DEVICE_MAPPING_FORMS} "
+                             f"(never evaluated as Python)") from None
+    if not gpus:
+        raise PlacementError(f"{key}: {value!r} names no GPU; leave it null for a CPU role")
+    negative = [g for g in gpus if g < 0]
+    if negative:
+        raise PlacementError(f"{key}: GPU indices must be >= 0, got {negative}")
+    repeated = sorted({g for g in gpus if gpus.count(g) > 1})
+    if repeated:
+        raise PlacementError(f"{key}: GPU indices {repeated} appear more than once")
+    return gpus
+
+
+def ranks_of(gpus: Sequence[int], num_gpus_per_worker: int, num_gpus_per_node: int, key: str) -> List[List[int]]:
+    """The GPUs of each rank: consecutive groups of `num_gpus_per_worker`, each within one node."""
+    if len(gpus) % num_gpus_per_worker:
+        raise PlacementError(f"{key}: {len(gpus)} GPUs do not split into ranks of num_gpus_per_worker = "
+                             f"{num_gpus_per_worker}")
+    ranks = [list(gpus[i:i + num_gpus_per_worker]) for i in range(0, len(gpus), num_gpus_per_worker)]
+    for rank, group in enumerate(ranks):
+        nodes = sorted({g // num_gpus_per_node for g in group})
+        if len(nodes) > 1:
+            raise PlacementError(f"{key}: rank {rank} would span nodes {nodes} (GPUs {group}, "
+                                 f"num_gpus_per_node = {num_gpus_per_node}); a rank's GPUs must be on one node")
+    return ranks
+
+
+# --------------------------------------------------------------------------------------------
+# The plan (pure) and its Ray placement groups
+# --------------------------------------------------------------------------------------------
+@dataclass
+class RankSlot:
+    """Where one rank runs: node index, its GPUs (global indices) and its share of the first."""
+    role: str
+    rank: int
+    node_index: int
+    gpus: List[int]
+    num_cpus: float
+    gpu_share: float = 1.0
+
+
+@dataclass
+class PlacementPlan:
+    num_gpus_per_node: int
+    slots: Dict[str, List[RankSlot]] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> List[int]:
+        return sorted({g for slots in self.slots.values() for s in slots for g in s.gpus})
+
+    def node_gpus(self) -> Dict[int, List[int]]:
+        """node index -> the global GPU indices used there."""
+        out: Dict[int, List[int]] = {}
+        for gpu in self.gpus:
+            out.setdefault(gpu // self.num_gpus_per_node, []).append(gpu)
+        return out
+
+    def bundle_cpus(self, gpu: int) -> float:
+        return sum(s.num_cpus for slots in self.slots.values() for s in slots if s.gpus[0] == gpu)
+
+    def describe(self) -> str:
+        parts = []
+        for role, slots in self.slots.items():
+            parts.append(f"{role}: " + ", ".join(f"rank {s.rank} -> node {s.node_index} GPU "
+                                                   f"{'+'.join(str(g % self.num_gpus_per_node) for g in s.gpus)}"
+                                                   for s in slots))
+        return "; ".join(parts)
+
+
+def plan_placement(roles: Dict[str, tuple], num_gpus_per_node: int) -> PlacementPlan:
+    """`roles`: name -> (gpu indices, num_gpus_per_worker, num_cpus_per_worker). Ranks anchored on
+    the same GPU split it equally (Ray's fixed-point resources: shares rounded down to 1e-4)."""
+    if num_gpus_per_node < 1:
+        raise PlacementError(f"num_gpus_per_node: must be >= 1 with a device_mapping, got {num_gpus_per_node}")
+    plan = PlacementPlan(num_gpus_per_node)
+    for name, (gpus, per_worker, cpus) in roles.items():
+        groups = ranks_of(gpus, per_worker, num_gpus_per_node, f"{name}.device_mapping")
+        plan.slots[name] = [RankSlot(name, r, g[0] // num_gpus_per_node, g, cpus) for r, g in enumerate(groups)]
+    anchored: Dict[int, int] = {}
+    for slots in plan.slots.values():
+        for slot in slots:
+            anchored[slot.gpus[0]] = anchored.get(slot.gpus[0], 0) + 1
+    for slots in plan.slots.values():
+        for slot in slots:
+            slot.gpu_share = int(10_000 / anchored[slot.gpus[0]]) / 10_000
+    return plan
+
+
+def check_plan_against_nodes(plan: PlacementPlan, nodes: List[Dict[str, Any]]) -> None:
+    """Raise PlacementError naming the shortfall when the alive `nodes` (ray.nodes() records) cannot
+    hold every node index of the plan: each needs one node with its GPUs and CPUs (first fit,
+    largest need first)."""
+    free = [{"name": n.get("NodeManagerAddress", n.get("NodeID", "?")),
+             "GPU": float(n["Resources"].get("GPU", 0)), "CPU": float(n["Resources"].get("CPU", 0))}
+            for n in nodes if n.get("Alive", True)]
+    needs = []
+    for node_index, gpus in plan.node_gpus().items():
+        needs.append((node_index, gpus, sum(plan.bundle_cpus(g) for g in gpus)))
+    needs.sort(key=lambda n: (-len(n[1]), -n[2]))
+    for node_index, gpus, cpus in needs:
+        fit = next((n for n in free if n["GPU"] + 1e-6 >= len(gpus) and n["CPU"] + 1e-6 >= cpus), None)
+        if fit is None:
+            have = ", ".join(f"{n['name']} with {n['GPU']:g} GPUs / {n['CPU']:g} CPUs" for n in free) or "no alive node"
+            roles = sorted({s.role for slots in plan.slots.values() for s in slots if set(s.gpus) & set(gpus)})
+            best = max((n["GPU"] for n in free), default=0)
+            total = sum(len(g) for _, g, _ in needs)
+            raise PlacementError(
+                f"device_mapping cannot be placed: node index {node_index} (GPUs {gpus} of {', '.join(roles)}; "
+                f"num_gpus_per_node = {plan.num_gpus_per_node}) needs one node with {len(gpus)} GPUs and "
+                f"{cpus:g} CPUs; the Ray cluster has {have} (left after the node indices placed before it), "
+                f"short by {len(gpus) - best:g} GPUs on its largest node. The mapping uses {total} GPUs on "
+                f"{len(needs)} node(s): add GPUs or nodes, shrink the device_mapping, or drop it (null) to run "
+                f"the role with world_size / num_cpus_per_worker (CPU)")
+        fit["GPU"] -= len(gpus)
+        fit["CPU"] -= cpus
+
+
+class GpuPlacement:
+    """The plan's placement groups on Ray and each rank's actor options."""
+
+    def __init__(self, plan: PlacementPlan):
+        self.plan = plan
+        self.groups: Dict[int, Any] = {}
+        self.bundle_index: Dict[int, int] = {}  # global GPU -> bundle index in its node's group
+        self.gpu_ids: Dict[int, str] = {}  # global GPU -> the device id Ray gave its bundle
+        self.node_ids: Dict[int, str] = {}  # node index -> Ray node id
+
+    def reserve(self) -> "GpuPlacement":
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        check_plan_against_nodes(self.plan, ray.nodes())
+        for node_index, gpus in self.plan.node_gpus().items():
+            bundles = []
+            for i, gpu in enumerate(gpus):
+                cpus = self.plan.bundle_cpus(gpu)
+                bundles.append({"GPU": 1.0, **({"CPU": cpus} if cpus else {})})
+                self.bundle_index[gpu] = i
+            self.groups[node_index] = placement_group(bundles, strategy="STRICT_PACK",
+                                                      name=f"roll_gspo_node{node_index}_{os.getpid()}")
+        try:
+            ray.get([g.ready() for g in self.groups.values()], timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            for group in self.groups.values():
+                remove_placement_group(group)
+            self.groups = {}
+            raise PlacementError(
+                f"device_mapping: Ray could not reserve the GPUs of {self.plan.describe()} within "
+                f"{PLACEMENT_TIMEOUT_S:.0f} s (available now: {ray.available_resources()})") from None
+        self._probe()
+        logger.info("device_mapping placement: %s", self.plan.describe())
+        return self
+
+    def _probe(self) -> None:
+        """Which device id and node each bundle got (a rank with several GPUs must be shown them)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        @ray.remote(num_cpus=0, num_gpus=1e-4)
+        def where() -> tuple:
+            context = ray.get_runtime_context()
+            return context.get_node_id(), [str(i) for i in context.get_accelerator_ids().get("GPU", [])]
+
+        calls = {gpu: where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            self.groups[gpu // self.plan.num_gpus_per_node], placement_group_bundle_index=self.bundle_index[gpu])).remote()
+            for gpu in self.plan.gpus}
+        for gpu, ref in calls.items():
+            node_id, ids = ray.get(ref)
+            self.gpu_ids[gpu] = ids[0] if ids else str(gpu % self.plan.num_gpus_per_node)
+            self.node_ids[gpu // self.plan.num_gpus_per_node] = node_id
+
+    def rank_options(self, role: str) -> List[Dict[str, Any]]:
+        """Ray actor options of each rank of `role`, in rank order."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options = []
+        for slot in self.plan.slots[role]:
+            first = slot.gpus[0]
+            option = {"num_cpus": slot.num_cpus, "num_gpus": slot.gpu_share,
+                      "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                          self.groups[slot.node_index], placement_group_bundle_index=self.bundle_index[first])}
+            if len(slot.gpus) > 1:  # Ray only shows the anchor's GPU; the rank sets the rest itself
+                option["runtime_env"] = {"env_vars": {
+                    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+                    "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_ids[g] for g in slot.gpus)}}
+            options.append(option)
+        return options
+
+    def shutdown(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self.groups.values():
+            remove_placement_group(group)
+        self.groups = {}
+
+
+def plan_for_roles(roles: Dict[str, Any], num_gpus_per_node: int) -> Optional[PlacementPlan]:
+    """The plan of the roles (name -> RoleConfig, validated) that have a device_mapping; None if
+    none has."""
+    mapped = {name: (role.device_mapping, int(role.num_gpus_per_worker or 1), role.num_cpus_per_worker)
+              for name, role in roles.items() if role.device_mapping is not None}
+    return plan_placement(mapped, num_gpus_per_node) if mapped else None
+
+
+def resource_totals(roles: Dict[str, Any]) -> tuple:
+    """(CPUs of all roles, GPUs of the roles without a device_mapping): the cluster-wide check;
+    mapped roles' GPUs are checked node by node by `GpuPlacement.reserve`."""
+    cpus = sum(r.world_size * r.num_cpus_per_worker for r in roles.values())
+    gpus = sum(r.world_size * r.num_gpus_per_worker for r in roles.values() if r.device_mapping is None)
+    return cpus, gpus

@@ -1,0 +1,209 @@
+"""device_mapping: parsing (never eval), the placement plan, the config's derived world_size, and
+placement on a simulated two-node Ray cluster (`ray start --head` + `ray start --address`, GPUs
+declared with --num-gpus on a CPU machine)."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from roll_gspo.distributed.cluster import free_port
+from roll_gspo.distributed.placement import (PlacementError, check_plan_against_nodes, parse_device_mapping,
+                                             plan_placement)
+from tests.conftest import REPO_ROOT
+
+
+@pytest.mark.parametrize("value, gpus", [
+    ("list(range(0,16))", list(range(16))), ("list(range(8, 16))", list(range(8, 16))),
+    ("range(0,8)", list(range(8))), ("range(0, 8, 2)", [0, 2, 4, 6]), ("[0,1,2]", [0, 1, 2]),
+    ("0,1", [0, 1]), (" 3 ", [3]), ([4, 5], [4, 5]), (2, [2]), ("list([1, 3])", [1, 3]), (None, None)])
+def test_device_mapping_forms_parse(value, gpus):
+    assert parse_device_mapping(value) == gpus
+
+
+@pytest.mark.parametrize("value, message", [
+    ("__import__('os').system('echo hacked')", "cannot read"), ("list(range(0,n))", "cannot read"),
+    ("[0, 1.5]", "cannot read"), ("0,x", "cannot read"), ("range(0)", "names no GPU"), ([], "names no GPU"),
+    ("[0, 0, 1]", "more than once"), ([-1, 0], ">= 0"), ("[-1, 0]", "cannot read"), (True, "expected"), ([0, "1"], "cannot read"),
+    ({"a": 1}, "cannot read"), ("sorted(range(4))", "cannot read")])
+def test_bad_device_mappings_are_refused_naming_the_key(value, message):
+    with pytest.raises(PlacementError, match=message) as err:
+        parse_device_mapping(value, "actor_train.device_mapping")
+    assert "actor_train.device_mapping" in str(err.value)
+
+
+def test_overlapping_maps_share_disjoint_split_and_ranks_group_gpus():
+    plan = plan_placement({"actor_train": (list(range(8)), 1, 1.0), "actor_infer": (list(range(8)), 2, 0.5),
+                           "reference": ([8, 9], 1, 1.0)}, num_gpus_per_node=8)
+    train, infer, ref = plan.slots["actor_train"], plan.slots["actor_infer"], plan.slots["reference"]
+    assert [s.gpus for s in infer] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # GPU 0 anchors actor_train rank 0 and actor_infer rank 0: each takes half; GPU 1 only train's rank 1.
+    assert (train[0].gpu_share, infer[0].gpu_share, train[1].gpu_share) == (0.5, 0.5, 1.0)
+    assert [s.node_index for s in ref] == [1, 1] and ref[0].gpu_share == 1.0
+    assert plan.node_gpus() == {0: list(range(8)), 1: [8, 9]}
+    assert plan.bundle_cpus(0) == 1.5 and plan.bundle_cpus(1) == 1.0
+    with pytest.raises(PlacementError, match="rank 0 would span nodes"):
+        plan_placement({"actor_infer": ([3, 4], 2, 1.0)}, num_gpus_per_node=4)
+    with pytest.raises(PlacementError, match="do not split into ranks"):
+        plan_placement({"actor_infer": ([0, 1, 2], 2, 1.0)}, num_gpus_per_node=4)
+
+
+def test_a_mapping_the_cluster_cannot_hold_names_the_shortfall():
+    plan = plan_placement({"actor_train": (list(range(16)), 1, 1.0)}, num_gpus_per_node=8)
+    nodes = [{"NodeManagerAddress": "10.0.0.1", "Alive": True, "Resources": {"GPU": 8.0, "CPU": 32.0}},
+             {"NodeManagerAddress": "10.0.0.2", "Alive": True, "Resources": {"GPU": 4.0, "CPU": 32.0}}]
+    with pytest.raises(PlacementError) as err:
+        check_plan_against_nodes(plan, nodes)
+    message = str(err.value)
+    assert "node index 1 (GPUs [8, 9, 10, 11, 12, 13, 14, 15] of actor_train" in message
+    assert "needs one node with 8 GPUs" in message and "10.0.0.2 with 4 GPUs" in message
+    assert "short by 4 GPUs" in message and "16 GPUs on 2 node(s)" in message
+    nodes[1]["Resources"]["GPU"] = 8.0
+    check_plan_against_nodes(plan, nodes)
+
+
+def test_config_derives_world_size_and_refuses_contradictions(tmp_path):
+    from omegaconf import OmegaConf
+
+    from roll_gspo.config import ConfigError, load_config
+
+    def load(**changes):
+        path = tmp_path / "c.yaml"
+        base = OmegaConf.create({"actor_train": {"data_args": {"file_name": ["builtin:arith/train"]}},
+                                 "rollout_batch_size": 8})
+        OmegaConf.save(OmegaConf.merge(base, OmegaConf.create(changes)), path)
+        return load_config(str(path))
+
+    cfg = load(actor_train={"device_mapping": "list(range(0,4))"}, actor_infer={"device_mapping": "0,1,2,3",
+               "num_gpus_per_worker": 2, "strategy_args": {"strategy_config": {"tensor_parallel_size": 2}}})
+    assert (cfg.actor_train.world_size, cfg.actor_train.device_mapping) == (4, [0, 1, 2, 3])
+    assert (cfg.actor_infer.world_size, cfg.actor_infer.num_gpus_per_worker) == (2, 2.0)
+    with pytest.raises(ConfigError, match=r"actor_train.world_size = 3 contradicts device_mapping"):
+        load(actor_train={"device_mapping": "range(0,4)", "world_size": 3})
+    with pytest.raises(ConfigError, match=r"actor_train.num_gpus_per_worker = 2: deepspeed_train ranks use one GPU"):
+        load(actor_train={"device_mapping": "range(0,4)", "num_gpus_per_worker": 2})
+    cfg = load(actor_infer={"device_mapping": "range(0,4)", "strategy_args": {"strategy_config": {"tensor_parallel_size": 4}}})
+    assert (cfg.actor_infer.world_size, cfg.actor_infer.num_gpus_per_worker) == (1, 4.0)  # ROLL: TP x PP per rank
+    with pytest.raises(ConfigError, match=r"actor_infer.num_gpus_per_worker = 1 contradicts the vLLM engine's"):
+        load(actor_infer={"device_mapping": "range(0,4)", "num_gpus_per_worker": 1,
+                          "strategy_args": {"strategy_config": {"tensor_parallel_size": 2}}})
+    with pytest.raises(ConfigError, match=r"reference.device_mapping: cannot read 'eval\(1\)'"):
+        load(reference={"device_mapping": "eval(1)"})
+
+
+# --- a simulated two-node cluster ------------------------------------------------------------------
+GPUS_PER_NODE = 4
+
+
+def _ray_start(args, log_path, env):
+    return subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--block", "--disable-usage-stats",
+                             *args], env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _node_ports():
+    return [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
+            f"--min-worker-port={(base := free_port() // 100 * 100 % 50000 + 10000)}", f"--max-worker-port={base + 60}"]
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory):
+    """A head and a second node on this machine, each with 4 fake GPUs and 2 CPUs; started once."""
+    logs = tmp_path_factory.mktemp("two_nodes")
+    temp_dirs = [tempfile.mkdtemp(prefix="rg_pl", dir="/tmp") for _ in range(2)]
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("RAY_ADDRESS", None)
+    address = f"127.0.0.1:{free_port()}"
+    head = _ray_start(["--head", f"--port={address.rsplit(':', 1)[1]}", "--node-ip-address=127.0.0.1",
+                       "--include-dashboard=false", f"--ray-client-server-port={free_port()}",
+                       f"--num-cpus=2", f"--num-gpus={GPUS_PER_NODE}", f"--temp-dir={temp_dirs[0]}", *_node_ports()],
+                      logs / "head.log", env)
+    processes = [head]
+    try:
+        _wait_for_nodes(address, 1, env, logs / "head.log")
+        second = _ray_start([f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+                             f"--num-gpus={GPUS_PER_NODE}", f"--temp-dir={temp_dirs[1]}", *_node_ports()],
+                            logs / "node2.log", env)
+        processes.append(second)
+        _wait_for_nodes(address, 2, env, logs / "node2.log")
+        yield {"address": address, "env": env}
+    finally:
+        _stop(processes)
+        for folder in temp_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop(processes, grace_s=10):
+    """SIGTERM both nodes at once, SIGKILL their process groups after a grace period."""
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + grace_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.time(), 0.1))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=30)
+
+
+def _wait_for_nodes(address, count, env, log_path, timeout_s=180):
+    deadline = time.time() + timeout_s
+    probe = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+             "print(sum(1 for n in ray.nodes() if n['Alive']))")
+    while time.time() < deadline:
+        out = subprocess.run([sys.executable, "-c", probe, address], env=env, capture_output=True, text=True, timeout=120)
+        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(2)
+    raise TimeoutError(f"{count} Ray node(s) did not come up:\n" + Path(log_path).read_text()[-3000:])
+
+
+def _drive(cluster, scenario):
+    """Run tests/placement_driver.py against the cluster (a driver of its own: this test process
+    may already hold a local Ray) and return its JSON answer."""
+    out = subprocess.run([sys.executable, "-m", "tests.placement_driver", cluster["address"], scenario],
+                         cwd=REPO_ROOT, env={**cluster["env"], "PYTHONPATH": str(REPO_ROOT)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.e2e
+def test_device_mapping_places_ranks_across_two_nodes(two_node_cluster):
+    result = _drive(two_node_cluster, "spread")
+    nodes = result["nodes"]
+    assert len(set(nodes)) == 2
+    train = result["actor_train"]
+    # GPUs 0-3 are node 0, 4-7 node 1 (num_gpus_per_node 4): ranks follow their GPUs.
+    assert len({r["node"] for r in train[:4]}) == 1 and len({r["node"] for r in train[4:]}) == 1
+    assert train[0]["node"] != train[4]["node"]
+    # actor_infer overlaps GPUs 0-3 (shares them with actor_train), 2 GPUs per rank, both visible.
+    infer = result["actor_infer"]
+    assert [r["node"] for r in infer] == [train[0]["node"]] * 2
+    assert [len(r["cuda_visible_devices"].split(",")) for r in infer] == [2, 2]
+    # Disjoint reference on GPUs 6-7: node 1, one GPU each, a distinct device per rank.
+    ref = result["reference"]
+    assert {r["node"] for r in ref} == {train[4]["node"]}
+    assert len({r["cuda_visible_devices"] for r in ref}) == 2
+    assert result["placement_groups_left"] == 0
+
+
+@pytest.mark.e2e
+def test_an_impossible_mapping_fails_before_any_worker_starts(two_node_cluster):
+    result = _drive(two_node_cluster, "too_big")
+    assert "needs one node with 4 GPUs" in result["error"] and "node index 2" in result["error"]
+    assert result["placement_groups"] == 0
