@@ -68,6 +68,9 @@ def _connect_or_start(required_cpus: float) -> None:
                 raise
             logger.warning("no Ray head answers at %s (%s); starting a local Ray", address, exc)
     if not joined:
+        from roll_gspo.distributed.reaper import start_reaper
+
+        start_reaper()  # the private Ray's processes end with this driver, however it ends
         num_cpus = max(os.cpu_count() or 1, int(required_cpus + 0.999))
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
         logger.info("started a local Ray with %d logical CPUs", num_cpus)
@@ -101,6 +104,10 @@ def _reserve(name: str, world_size: int, num_cpus: float, num_gpus: float):
     return group
 
 
+class WorkerDiedError(RuntimeError):
+    """A rank's process died (killed, out of memory, a crash in native code)."""
+
+
 class Cluster:
     """`world_size` Ray actors of `worker_cls`, one per rank of a role.
 
@@ -110,7 +117,9 @@ class Cluster:
     """
 
     def __init__(self, name: str, worker_cls: type, world_size: int, num_cpus: float, num_gpus: float,
-                 init_args: tuple = (), init_kwargs: Optional[Dict[str, Any]] = None):
+                 init_args: tuple = (), init_kwargs: Optional[Dict[str, Any]] = None, max_restarts: int = 0):
+        """`max_restarts` > 0: Ray restarts a rank that dies (for stateless roles such as rewards)
+        and retries its unfinished calls on the new process, up to that many times."""
         self.name = name
         self.world_size = world_size
         remote_cls = ray.remote(worker_cls)
@@ -123,12 +132,15 @@ class Cluster:
                         "MASTER_ADDR": master_addr, "MASTER_PORT": master_port}
             worker = remote_cls.options(
                 num_cpus=num_cpus, num_gpus=num_gpus, name=f"{name}-{rank}-{os.getpid()}",
+                max_restarts=max_restarts, max_task_retries=max_restarts,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank),
             ).remote(*init_args, dist_env=dist_env, **init_kwargs)
             if rank == 0:
                 # The rendezvous lives where rank 0 landed (another node on a real cluster).
                 master_addr, master_port = ray.get(worker.rendezvous_address.remote())
             self.workers.append(worker)
+        # Where each rank lives, asked now so that a rank's death can be reported with it.
+        self._whereabouts = [w.whereabouts.remote() for w in self.workers]
 
     def setup_async(self) -> List[ray.ObjectRef]:
         return self.execute_all_async("setup")
@@ -145,10 +157,23 @@ class Cluster:
             ready, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                message = self.death_message(list(refs).index(ready[0]), exc)
+                self.shutdown()
+                raise WorkerDiedError(message) from exc
             except Exception:
                 self.shutdown()
                 raise
         return ray.get(list(refs))
+
+    def death_message(self, rank: int, exc: BaseException) -> str:
+        try:
+            node, pid = ray.get(self._whereabouts[rank], timeout=5)
+        except Exception:  # died before it could answer
+            node, pid = "unknown", "unknown"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (f"role {self.name} rank {rank} (node {node}, pid {pid}) died: {reason}. The run stops; "
+                f"its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
 
     def execute_all_async(self, method: str, *args, **kwargs) -> List[ray.ObjectRef]:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
@@ -199,6 +224,10 @@ class RankWorker:
 
     def rendezvous_address(self):
         return self._master
+
+    def whereabouts(self):
+        """(node IP, process id) of this rank, for error messages."""
+        return node_address(), os.getpid()
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
