@@ -11,3 +11,16 @@ def flaky(prompt: str, response: str, ground_truth: str) -> float:
     if response[:1].isdigit():
         raise ValueError("flaky reward failed on purpose")
     return digit_fraction(prompt, response, ground_truth)
+
+
+def dies_once(prompt: str, response: str, ground_truth: str, marker: str) -> float:
+    """Kills its own process (a reward worker) the first time it is called in a run: `marker`
+    is a file that records that it did."""
+    import os
+    import signal
+
+    if not os.path.exists(marker):
+        with open(marker, "w") as handle:
+            handle.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return digit_fraction(prompt, response, ground_truth)

@@ -58,7 +58,7 @@ def _connect_or_start(required_cpus: float) -> None:
     # `ray start` is joined: address="auto" would also grab any other script's private Ray.
     address = os.environ.get("RAY_ADDRESS") or ray._private.utils.read_ray_address()
     joined = False
-    if address:
+    if address and address != "local":  # RAY_ADDRESS=local: a private Ray even beside a head
         try:
             ray.init(address=address, log_to_driver=True)
             joined = True
