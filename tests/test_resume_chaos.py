@@ -177,3 +177,34 @@ def test_reward_worker_restarts_and_training_rank_kill9_stops_the_run(tmp_path, 
     assert read_state(last)["step"] >= 1 and os.path.exists(os.path.join(last, "engine"))
     assert not [n for n in os.listdir(os.path.dirname(last)) if n.startswith(".tmp")]
     assert_all_gone(processes)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of a few MB: room for one checkpoint of the micro model, not for two."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount_point)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_disk_full_during_a_checkpoint_is_a_clear_error_and_keeps_the_previous(tmp_path, tiny_model, ray_session,
+                                                                               small_disk):
+    from roll_gspo.checkpoint import CheckpointError
+
+    cfg = write_config(tmp_path, tiny_model, output_dir=str(small_disk / "out"), max_steps=3, save_steps=1,
+                       save_total_limit=1)
+    with pytest.raises(CheckpointError) as error:
+        run(cfg)
+    message = str(error.value)
+    assert re.search(r"could not write the checkpoint of step 2 .*No space left on device", message, re.S), message
+    assert "previous checkpoint" in message and "step_1 is intact" in message
+    (last,) = complete_checkpoints(cfg.output_dir)
+    assert os.path.basename(last) == "step_1" and read_state(last)["step"] == 1
+    assert os.listdir(os.path.dirname(last)) == ["step_1"]  # the half-written folder is gone

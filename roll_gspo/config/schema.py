@@ -214,8 +214,9 @@ class PipelineConfig:
                                   "one is complete.")
     resume_from_checkpoint: Optional[str] = _f(
         None, "`auto`: resume from the newest complete checkpoint in output_dir if any; a path: "
-              "that checkpoint; null: start fresh (refused if output_dir already has checkpoints, "
-              "so nothing is overwritten silently).")
+              "that checkpoint (newer ones in output_dir move to `checkpoints/abandoned/`, kept); "
+              "null: start fresh (refused if output_dir already has checkpoints, so nothing is "
+              "overwritten silently). Resumed steps equal an uninterrupted run's: docs/crash_safety.md.")
     track_with: str = _f("tensorboard", "Metric tracker besides metrics.jsonl.", TRACKERS)
     tracker_kwargs: Dict[str, Any] = _f({}, "Extra options for the tracker (e.g. `flush_secs`).")
     pretrain: str = _f("builtin:tiny-arith", "Policy model: a folder in Hugging Face format or a "
