@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from contextlib import contextmanager
 from typing import Dict, List
@@ -294,8 +295,9 @@ class RLVRPipeline:
                             folder = self.save_checkpoint(step)
                         if stop.requested and step < cfg.max_steps:
                             self.stopped_by = stop.requested
-                            logger.warning("stopped by %s after step %d of %d; checkpoint %s. Resume with: %s",
-                                           stop.requested, step, cfg.max_steps, folder, resume_command())
+                            # One plain line (not through the console logger, which wraps), to copy.
+                            print(f"stopped by {stop.requested} after step {step} of {cfg.max_steps}; checkpoint "
+                                  f"{folder}. Resume with: {resume_command()}", file=sys.stderr, flush=True)
                             break
             if self.stopped_by is None:
                 final_dir = os.path.join(cfg.output_dir, "final_model")

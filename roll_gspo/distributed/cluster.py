@@ -108,6 +108,20 @@ class WorkerDiedError(RuntimeError):
     """A rank's process died (killed, out of memory, a crash in native code)."""
 
 
+def describe_dead_actor(text: str) -> str:
+    """`role <name> rank <r> (node <ip>, pid <pid>)` from Ray's ActorDiedError text, whose actor
+    names are `<role>-<rank>-<driver pid>` (see `Cluster`)."""
+    import re
+
+    name = re.search(r"name: (\S+)-(\d+)-\d+", text)
+    pid = re.search(r"\bpid: (\d+)", text)
+    ip = re.search(r"\bip: (\S+)", text)
+    if not name:
+        return text.strip().splitlines()[0] if text.strip() else "unknown worker"
+    return (f"role {name.group(1)} rank {name.group(2)} (node {ip.group(1) if ip else 'unknown'}, "
+            f"pid {pid.group(1) if pid else 'unknown'}) died")
+
+
 class Cluster:
     """`world_size` Ray actors of `worker_cls`, one per rank of a role.
 
@@ -158,7 +172,12 @@ class Cluster:
             try:
                 ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
-                message = self.death_message(list(refs).index(ready[0]), exc)
+                rank = list(refs).index(ready[0])
+                if isinstance(exc, ray.exceptions.RayTaskError):  # alive, but a worker it called died
+                    message = (f"role {self.name} rank {rank} failed because a worker it called died: "
+                               f"{describe_dead_actor(str(exc))}")
+                else:
+                    message = self.death_message(rank, exc)
                 self.shutdown()
                 raise WorkerDiedError(message) from exc
             except Exception:
