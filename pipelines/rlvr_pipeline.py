@@ -253,8 +253,9 @@ class RLVRPipeline:
             discard(folder)
             raise
         except Exception as exc:  # e.g. disk full: OSError, or torch.save's RuntimeError
+            message = checkpoint_failure(output_dir, step, exc)
             discard(folder)
-            raise CheckpointError(checkpoint_failure(output_dir, step, exc)) from exc
+            raise CheckpointError(message) from exc
         state = {"step": step, "sampler": self.sampler.state_dict(),
                  "running_stats": self.running_stats.state_dict() if self.running_stats else None}
         return commit_checkpoint(folder, state, output_dir, step, self.cfg.save_total_limit)

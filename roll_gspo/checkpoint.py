@@ -137,20 +137,39 @@ def commit_checkpoint(tmp_path: str, state: Dict[str, Any], output_dir: str, ste
         os.rename(tmp_path, final)
         _fsync_dir(os.path.dirname(final))
     except OSError as exc:
+        message = checkpoint_failure(output_dir, step, exc)
         discard(tmp_path)
-        raise CheckpointError(checkpoint_failure(output_dir, step, exc)) from exc
+        raise CheckpointError(message) from exc
     prune(output_dir, keep)
     logger.info("checkpoint saved: %s", final)
     return final
 
 
 def checkpoint_failure(output_dir: str, step: int, exc: BaseException) -> str:
+    """The error message of a failed checkpoint write; call it before discarding the partial
+    folder, whose size tells whether the disk is full."""
+    root = checkpoint_root(output_dir)
     existing = complete_checkpoints(output_dir)
     previous = (f"the previous checkpoint {existing[-1]} is intact" if existing
                 else "there is no earlier checkpoint")
-    return (f"could not write the checkpoint of step {step} under {checkpoint_root(output_dir)}: {exc}. "
-            f"{previous}; free disk space or fix the folder's permissions, then resume with "
-            f"resume_from_checkpoint=auto")
+    cause = getattr(exc, "cause", None) or exc  # a rank's error arrives wrapped by Ray
+    lines = str(cause).strip().splitlines()
+    reason = f"{type(cause).__name__}: {lines[-1] if lines else ''}"
+    full = ""
+    try:
+        free = shutil.disk_usage(root).free
+        needed = _folder_bytes(existing[-1]) if existing else 0
+        if free < max(needed, 1 << 20):
+            full = (f" The disk looks full: {free / 2**20:.1f} MiB free under {root}, a checkpoint takes "
+                    f"{needed / 2**20:.1f} MiB (and save_total_limit + 1 of them exist while one is written).")
+    except OSError:
+        pass
+    return (f"could not write the checkpoint of step {step} under {root}: {reason}.{full} {previous}; free "
+            f"disk space or fix the folder's permissions, then resume with resume_from_checkpoint=auto")
+
+
+def _folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, names in os.walk(path) for name in names)
 
 
 def discard(tmp_path: str) -> None:

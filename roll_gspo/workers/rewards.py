@@ -31,9 +31,13 @@ class RewardWorker(RankWorker):
         self.reward_fn = None
         # Ray restarted this worker after its process died (the role's `max_restarts`): reported
         # once, with the first scores it returns.
+        import warnings
+
         import ray
 
-        self.restart_unreported = ray.get_runtime_context().was_current_actor_reconstructed
+        with warnings.catch_warnings():  # Ray's own property warns about an API it uses itself
+            warnings.simplefilter("ignore")
+            self.restart_unreported = bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
     def setup(self) -> None:
         self.reward_fn = self.build_reward_fn()
