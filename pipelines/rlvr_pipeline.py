@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import time
 from contextlib import contextmanager
 from typing import Dict, List
@@ -17,19 +18,23 @@ import ray
 import torch
 
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
-from roll_gspo.checkpoint import finish_checkpoint, new_checkpoint_dir, read_state, resolve_resume
+from roll_gspo.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_failure, commit_checkpoint, discard,
+                                  read_state, resolve_resume)
 from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
 from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
+from roll_gspo.graceful_stop import GracefulStop, resume_command
 from roll_gspo.modeling import build_sequences
+from roll_gspo.seeding import rollout_seeds
 from roll_gspo.tracking import MetricsTracker, plot_metrics
 from roll_gspo.utils.imports import import_object
 
 from pipelines.common import prepare_models, progress_bar
 
 logger = logging.getLogger("roll_gspo")
+REWARD_WORKER_RESTARTS = 3  # per reward worker and run
 TRAINER_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "old_log_probs",
                    "advantages", "ref_log_probs", "rollout_log_probs", "loss_mask")
 
@@ -57,6 +62,7 @@ class RLVRPipeline:
                               if reward.query_filter_config.type != "no_filter"}
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
         self.start_step = 0
+        self.stopped_by = None  # the signal that stopped run() early, if one did
         self._start_workers()
 
     # -- set-up ------------------------------------------------------------------------------------
@@ -110,10 +116,11 @@ class RLVRPipeline:
                                    total_optimizer_steps=total_optimizer_steps)
         self.actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer)
         self.reference = cluster("reference", ReferenceWorker, cfg.reference) if needs_reference(cfg) else None
+        # A reward worker that dies is restarted and its unfinished calls scored again.
         self.rewards = {
             name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
                           reward.num_cpus_per_worker, 0, init_args=(reward,), init_kwargs={"domain": name},
-                          env=worker_env(cfg))
+                          env=worker_env(cfg), max_restarts=REWARD_WORKER_RESTARTS)
             for name, reward in cfg.rewards.items()}
         clusters = [self.actor_train, self.actor_infer, *([self.reference] if self.reference else []),
                     *self.rewards.values()]
@@ -129,11 +136,11 @@ class RLVRPipeline:
         timings: Dict[str, float] = {}
         prompts = self.sampler.next_batch()
         if self.query_filters:  # dynamic sampling: scores first, regenerate for dropped prompts
-            batch, sampling_metrics = self._generate_informative_groups(prompts, timings)
+            batch, sampling_metrics = self._generate_informative_groups(prompts, step, timings)
             pending_rewards = []  # already scored
         else:
             with _timed(timings, "generate"):
-                batch = self._generate(prompts)
+                batch = self._generate(prompts, step, "train")
             sampling_metrics = {}
             pending_rewards = None  # the CPU reward workers score while the first log-prob pass runs
         self._add_sequence_tensors(batch)
@@ -178,17 +185,21 @@ class RLVRPipeline:
             "data/epoch": float(self.sampler.epoch), "data/filtered_prompts": float(self.filtered_prompts),
         }
 
-    def _prompt_batch(self, items: List[dict]) -> Batch:
+    def _prompt_batch(self, items: List[dict], step: int, stream: str) -> Batch:
+        """Prompts with their rollout seeds (`sample_seed`: a function of seed, step and position,
+        so a resumed run samples what an uninterrupted one does)."""
         keys = ("prompt_ids", "prompt_text", "ground_truth", "domain") + (
-            ("difficulty",) if "difficulty" in items[0] else ())
-        return Batch(meta={k: [item[k] for item in items] for k in keys})
+            ("difficulty",) if items and "difficulty" in items[0] else ())
+        meta = {k: [item[k] for item in items] for k in keys}
+        meta["sample_seed"] = rollout_seeds(self.cfg.seed, step, len(items), stream)
+        return Batch(meta=meta)
 
-    def _generate(self, items: List[dict]) -> Batch:
+    def _generate(self, items: List[dict], step: int, stream: str) -> Batch:
         """G responses per prompt, consecutive rows per prompt."""
-        return self.actor_infer.dispatch("generate", self._prompt_batch(items), skip_empty=True,
+        return self.actor_infer.dispatch("generate", self._prompt_batch(items, step, stream), skip_empty=True,
                                          gen=self.cfg.actor_infer.generating_args)
 
-    def _generate_informative_groups(self, prompts: List[dict], timings: Dict[str, float]):
+    def _generate_informative_groups(self, prompts: List[dict], step: int, timings: Dict[str, float]):
         """Dynamic sampling (ROLL's query_filter_config): generate and score, drop the groups their
         domain's filter rejects, and generate for as many new prompts of the same domains until
         rollout_batch_size groups are kept or query_filter_max_rounds generations were made; then
@@ -198,8 +209,8 @@ class RLVRPipeline:
         rounds = extra_prompts = 0
         while True:
             rounds += 1
-            with _timed(timings, "generate"):
-                batch = self._generate(prompts)
+            with _timed(timings, "generate"):  # each round its own seeds (exact resume)
+                batch = self._generate(prompts, step, "train" if rounds == 1 else f"train-round{rounds}")
             with _timed(timings, "reward"):
                 self._collect_rewards(batch, self._start_rewards(batch))
             refill: Dict[str, int] = {}
@@ -257,8 +268,14 @@ class RLVRPipeline:
             return
         scores = torch.zeros(len(batch))
         statuses = [""] * len(batch)
+        restarts = 0
         for rows, refs in pending:
-            result = Batch.concat(ray.get(refs))
+            try:
+                result = Batch.concat(ray.get(refs))
+            except ray.exceptions.RayActorError as exc:  # restarts exhausted
+                raise WorkerDiedError(f"a reward worker died {REWARD_WORKER_RESTARTS} times; the last time: "
+                                      f"{str(exc).splitlines()[0]}") from exc
+            restarts += sum(result.meta.get("worker_restarted", []))
             scores[rows] = result["scores"]
             for i, status in zip(rows, result["reward_status"]):
                 statuses[i] = status
@@ -269,7 +286,8 @@ class RLVRPipeline:
     def _reward_metrics(batch: Batch) -> Dict[str, float]:
         scores, statuses = batch["scores"], batch["reward_status"]
         return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-                "reward/errors": float(statuses.count("error")), "reward/timeouts": float(statuses.count("timeout"))}
+                "reward/errors": float(statuses.count("error")), "reward/timeouts": float(statuses.count("timeout")),
+                "reward/worker_restarts": float(restarts)}
 
     def _add_sequence_tensors(self, batch: Batch) -> None:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -323,22 +341,32 @@ class RLVRPipeline:
         return results[0]
 
     # -- validation, checkpoints, the loop ------------------------------------------------------------
-    def validate(self) -> Dict[str, float]:
+    def validate(self, step: int) -> Dict[str, float]:
         if not self.val_items:
             return {}
         start = time.perf_counter()
-        prompts = self._prompt_batch(self.val_items)
+        prompts = self._prompt_batch(self.val_items, step, "validation")
         batch = self.actor_infer.dispatch("generate", prompts, gen=self.cfg.validation.generating_args)
         self._collect_rewards(batch, self._start_rewards(batch))
         return {"val/accuracy": float(batch["scores"].mean()), "val/samples": float(len(batch)),
                 "time/validation_s": time.perf_counter() - start}
 
-    def save_checkpoint(self, step: int) -> None:
-        folder = new_checkpoint_dir(checkpoint_base(self.cfg), step)
-        self.actor_train.execute_all("save_checkpoint", folder)
+    def save_checkpoint(self, step: int) -> str:
+        """Written to a temporary folder, fsynced, renamed into place (`roll_gspo.checkpoint`)."""
+        output_dir = checkpoint_base(self.cfg)
+        folder = begin_checkpoint(output_dir, step)
+        try:
+            self.actor_train.execute_all("save_checkpoint", folder)
+        except WorkerDiedError:
+            discard(folder)
+            raise
+        except Exception as exc:  # e.g. disk full: OSError, or torch.save's RuntimeError
+            message = checkpoint_failure(output_dir, step, exc)
+            discard(folder)
+            raise CheckpointError(message) from exc
         state = {"step": step, "sampler": self.sampler.state_dict(),
                  "running_stats": self.running_stats.state_dict() if self.running_stats else None}
-        finish_checkpoint(folder, state, checkpoint_base(self.cfg), self.cfg.save_total_limit)
+        return commit_checkpoint(folder, state, output_dir, step, self.cfg.save_total_limit)
 
     def _load_checkpoint(self, folder: str) -> None:
         state = read_state(folder)
@@ -351,30 +379,40 @@ class RLVRPipeline:
         logger.info("resumed from %s at step %d", folder, self.start_step)
 
     def run(self) -> Dict[str, float]:
+        """The step loop. SIGTERM / SIGINT: the step in progress finishes, a checkpoint is saved
+        and run returns (a second signal stops at once)."""
         cfg = self.cfg
         tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs,
-                                 resume=self.resume_dir is not None, exp_name=cfg.exp_name,
-                                 config=dataclasses.asdict(cfg))
+                                 resume_step=self.start_step if self.resume_dir is not None else None,
+                                 exp_name=cfg.exp_name, config=dataclasses.asdict(cfg))
         last: Dict[str, float] = {}
         try:
-            if cfg.eval_steps and self.start_step == 0:
-                first = self.validate()
-                tracker.log(0, first)
-                logger.info(MetricsTracker.console_line(0, cfg.max_steps, first))
-            with progress_bar(range(self.start_step + 1, cfg.max_steps + 1), cfg.exp_name) as steps:
-                for step in steps:
-                    metrics = self.step(step)
-                    if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-                        metrics.update(self.validate())
-                    tracker.log(step, metrics)
-                    if step % cfg.logging_steps == 0 or step == cfg.max_steps:
-                        logger.info(MetricsTracker.console_line(step, cfg.max_steps, metrics))
-                    if (cfg.save_steps and step % cfg.save_steps == 0) or step == cfg.max_steps:
-                        self.save_checkpoint(step)
-                    last = metrics
-            final_dir = os.path.join(cfg.output_dir, "final_model")
-            self.actor_train.execute_all("save_hf_model", final_dir)
-            logger.info("final model (Hugging Face format): %s", final_dir)
+            with GracefulStop() as stop:
+                if cfg.eval_steps and self.start_step == 0:
+                    first = self.validate(0)
+                    tracker.log(0, first)
+                    logger.info(MetricsTracker.console_line(0, cfg.max_steps, first))
+                with progress_bar(range(self.start_step + 1, cfg.max_steps + 1), cfg.exp_name) as steps:
+                    for step in steps:
+                        metrics = self.step(step)
+                        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+                            metrics.update(self.validate(step))
+                        tracker.log(step, metrics)
+                        if step % cfg.logging_steps == 0 or step == cfg.max_steps:
+                            logger.info(MetricsTracker.console_line(step, cfg.max_steps, metrics))
+                        last = metrics
+                        if (cfg.save_steps and step % cfg.save_steps == 0) or step == cfg.max_steps or stop.requested:
+                            folder = self.save_checkpoint(step)
+                        if stop.requested and step < cfg.max_steps:
+                            self.stopped_by = stop.requested
+                            # One plain line (not through the console logger, which wraps), to copy.
+                            print(f"stopped by {stop.requested} after step {step} of {cfg.max_steps}; checkpoint "
+                                  f"{folder}. Resume with: {resume_command()}", file=sys.stderr, flush=True)
+                            break
+            if self.stopped_by is None:
+                final_dir = os.path.join(cfg.output_dir, "final_model")
+                self.actor_train.execute_all("save_hf_model", final_dir)
+                logger.info("final model (Hugging Face format): %s", final_dir)
         finally:
             tracker.close()
         plot_metrics(tracker.path, os.path.join(cfg.output_dir, "metrics.png"), cfg.exp_name)

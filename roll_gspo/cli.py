@@ -47,6 +47,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
         return 0
     from pipelines import run_pipeline_from_config
+    from roll_gspo.checkpoint import CheckpointError
+    from roll_gspo.distributed.cluster import WorkerDiedError
     from roll_gspo.distributed.placement import PlacementError
 
     try:
@@ -54,4 +56,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PlacementError as exc:  # the cluster cannot hold the device_mapping: nothing started
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except (WorkerDiedError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:  # a second SIGINT/SIGTERM, or Ctrl-C before the step loop
+        print(f"stopped at once ({exc or 'interrupted'}); resume from the last complete checkpoint with "
+              f"resume_from_checkpoint=auto", file=sys.stderr)
+        return 130
     return 0

@@ -20,7 +20,11 @@ class TrackerContext:
     output_dir: str
     logging_dir: str
     config: Dict[str, Any] = field(default_factory=dict)  # the resolved run config
-    resume: bool = False
+    resume_step: Optional[int] = None  # a resumed run continues after this step (None: fresh)
+
+    @property
+    def resume(self) -> bool:
+        return self.resume_step is not None
 
 
 class Tracker:
@@ -69,7 +73,9 @@ class TensorBoardTracker(Tracker):
         super().__init__(context)
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=context.logging_dir, **kwargs)
+        # purge_step hides a crashed run's events after the resumed step.
+        purge = {} if context.resume_step is None else {"purge_step": context.resume_step + 1}
+        self.writer = SummaryWriter(log_dir=context.logging_dir, **{**kwargs, **purge})
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
         for key, value in metrics.items():

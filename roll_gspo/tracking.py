@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import time
 from typing import Any, Dict, List, Optional
 
 logger = logging.getLogger("roll_gspo")
@@ -21,19 +22,27 @@ CONSOLE_NAMES = {"reward/mean": "reward", "val/accuracy": "val_acc"}
 
 
 class MetricsTracker:
-    """metrics.jsonl (every step) plus the `track_with` tracker (roll_gspo.trackers)."""
+    """metrics.jsonl (every step) plus the `track_with` tracker (roll_gspo.trackers).
+
+    `resume_step`: the step a resumed run continues after (None: a fresh run). Rows of later
+    steps, written by the run that crashed or was stopped, move to a side file, and every tracker
+    continues from `resume_step + 1` without overlapping what it already holds."""
 
     def __init__(self, output_dir: str, logging_dir: str, track_with: str, tracker_kwargs: Dict[str, Any],
-                 resume: bool = False, exp_name: Optional[str] = None, config: Optional[Dict[str, Any]] = None):
+                 resume_step: Optional[int] = None, exp_name: Optional[str] = None,
+                 config: Optional[Dict[str, Any]] = None):
         from roll_gspo.trackers import TrackerContext, make_tracker
 
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        if not resume and os.path.exists(self.path):
-            os.replace(self.path, self.path + ".previous")  # keep, never silently overwrite
+        if resume_step is None:
+            if os.path.exists(self.path):
+                os.replace(self.path, self.path + ".previous")  # keep, never silently overwrite
+        else:
+            move_rows_after(self.path, resume_step)
         self.file = open(self.path, "a", buffering=1)
         context = TrackerContext(exp_name or os.path.basename(os.path.normpath(output_dir)), output_dir,
-                                 logging_dir, config or {}, resume)
+                                 logging_dir, config or {}, resume_step)
         self.tracker = make_tracker(track_with, context, tracker_kwargs)
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
@@ -54,6 +63,36 @@ class MetricsTracker:
         self.file.close()
         if self.tracker is not None:
             self.tracker.close()
+
+
+def move_rows_after(path: str, step: int) -> Optional[str]:
+    """Keep rows up to `step` in `path`; move later rows (and a line torn by a crash) to
+    `<path minus .jsonl>.after_step_<step>.<time>.jsonl`. Returns the side file, or None."""
+    if not os.path.exists(path):
+        return None
+    keep, moved = [], []
+    with open(path) as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                row_step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):
+                row_step = None
+            (keep if row_step is not None and row_step <= step else moved).append(line.rstrip("\n") + "\n")
+    if not moved:
+        return None
+    side = f"{path[:-len('.jsonl')] if path.endswith('.jsonl') else path}.after_step_{step}.{time.strftime('%Y%m%dT%H%M%S')}.jsonl"
+    with open(side, "w") as handle:
+        handle.writelines(moved)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        handle.writelines(keep)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    logger.warning("resuming after step %d: %d metrics rows of later steps moved to %s", step, len(moved), side)
+    return side
 
 
 def read_metrics(path: str) -> List[Dict[str, Any]]:

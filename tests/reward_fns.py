@@ -21,3 +21,16 @@ def half_solved(prompt: str, response: str, ground_truth: str) -> float:
     if ground_truth.startswith("s"):
         return 1.0
     return zlib.crc32(response.encode()) % 997 / 997
+
+
+def dies_once(prompt: str, response: str, ground_truth: str, marker: str) -> float:
+    """Kills its own process (a reward worker) the first time it is called in a run: `marker`
+    is a file that records that it did."""
+    import os
+    import signal
+
+    if not os.path.exists(marker):
+        with open(marker, "w") as handle:
+            handle.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return digit_fraction(prompt, response, ground_truth)

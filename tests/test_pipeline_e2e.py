@@ -12,6 +12,7 @@ from roll_gspo.config import load_config
 from roll_gspo.distributed.batch import Batch
 
 pytestmark = pytest.mark.e2e
+REPO_ROOT_FOR_SUBPROCESS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write_config(tmp_path, model, **changes):

@@ -398,8 +398,9 @@ class PipelineConfig:
            "driver node's device count.)")
     resume_from_checkpoint: Optional[str] = _f(
         None, "`auto`: resume from the newest complete checkpoint in output_dir if any; a path: "
-              "that checkpoint; null: start fresh (refused if output_dir already has checkpoints, "
-              "so nothing is overwritten silently).")
+              "that checkpoint (newer ones in output_dir move to `checkpoints/abandoned/`, kept); "
+              "null: start fresh (refused if output_dir already has checkpoints, so nothing is "
+              "overwritten silently). Resumed steps equal an uninterrupted run's: docs/crash_safety.md.")
     track_with: str = _f(
         "tensorboard", "Metric tracker besides metrics.jsonl (always written). tensorboard: event files "
                        "in logging_dir. wandb / swanlab / mlflow: that library's run (install the "

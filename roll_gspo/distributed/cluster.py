@@ -63,7 +63,7 @@ def _connect_or_start(required_cpus: float) -> None:
     # `ray start` is joined: address="auto" would also grab any other script's private Ray.
     address = os.environ.get("RAY_ADDRESS") or ray._private.utils.read_ray_address()
     joined = False
-    if address:
+    if address and address != "local":  # RAY_ADDRESS=local: a private Ray even beside a head
         try:
             ray.init(address=address, log_to_driver=True)
             joined = True
@@ -73,6 +73,9 @@ def _connect_or_start(required_cpus: float) -> None:
                 raise
             logger.warning("no Ray head answers at %s (%s); starting a local Ray", address, exc)
     if not joined:
+        from roll_gspo.distributed.reaper import start_reaper
+
+        start_reaper()  # the private Ray's processes end with this driver, however it ends
         num_cpus = max(os.cpu_count() or 1, int(required_cpus + 0.999))
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
         logger.info("started a local Ray with %d logical CPUs", num_cpus)
@@ -112,6 +115,24 @@ def _log_dir_env() -> Dict[str, str]:
     return {LOG_DIR_ENV: os.environ[LOG_DIR_ENV]} if os.environ.get(LOG_DIR_ENV) else {}
 
 
+class WorkerDiedError(RuntimeError):
+    """A rank's process died (killed, out of memory, a crash in native code)."""
+
+
+def describe_dead_actor(text: str) -> str:
+    """`role <name> rank <r> (node <ip>, pid <pid>)` from Ray's ActorDiedError text, whose actor
+    names are `<role>-<rank>-<driver pid>` (see `Cluster`)."""
+    import re
+
+    name = re.search(r"name: (\S+)-(\d+)-\d+", text)
+    pid = re.search(r"\bpid: (\d+)", text)
+    ip = re.search(r"\bip: (\S+)", text)
+    if not name:
+        return text.strip().splitlines()[0] if text.strip() else "unknown worker"
+    return (f"role {name.group(1)} rank {name.group(2)} (node {ip.group(1) if ip else 'unknown'}, "
+            f"pid {pid.group(1) if pid else 'unknown'}) died")
+
+
 class Cluster:
     """`world_size` Ray actors of `worker_cls`, one per rank of a role.
 
@@ -123,10 +144,11 @@ class Cluster:
     def __init__(self, name: str, worker_cls: type, world_size: int, num_cpus: float, num_gpus: float,
                  init_args: tuple = (), init_kwargs: Optional[Dict[str, Any]] = None,
                  env: Optional[Dict[str, str]] = None,
-                 rank_options: Optional[List[Dict[str, Any]]] = None):
+                 rank_options: Optional[List[Dict[str, Any]]] = None, max_restarts: int = 0):
         """`rank_options`: each rank's Ray actor options from a `GpuPlacement` (device_mapping),
         whose placement groups it owns; without them the role reserves its own group of
-        `world_size` x {num_cpus, num_gpus} bundles."""
+        `world_size` x {num_cpus, num_gpus} bundles. `max_restarts` > 0: Ray restarts a rank that dies (for stateless roles such as
+        rewards) and retries its unfinished calls on the new process, up to that many times."""
         self.name = name
         self.world_size = world_size
         remote_cls = ray.remote(worker_cls)
@@ -146,12 +168,15 @@ class Cluster:
             options = rank_options[rank] if rank_options is not None else dict(
                 num_cpus=num_cpus, num_gpus=num_gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank))
-            worker = remote_cls.options(name=f"{name}-{rank}-{os.getpid()}", **options, **extra).remote(
+            worker = remote_cls.options(name=f"{name}-{rank}-{os.getpid()}", **options, **extra,
+                                        max_restarts=max_restarts, max_task_retries=max_restarts).remote(
                 *init_args, dist_env=dist_env, **init_kwargs)
             if rank == 0:
                 # The rendezvous lives where rank 0 landed (another node on a real cluster).
                 master_addr, master_port = ray.get(worker.rendezvous_address.remote())
             self.workers.append(worker)
+        # Where each rank lives, asked now so that a rank's death can be reported with it.
+        self._whereabouts = [w.whereabouts.remote() for w in self.workers]
 
     def setup_async(self) -> List[ray.ObjectRef]:
         return self.execute_all_async("setup")
@@ -168,10 +193,28 @@ class Cluster:
             ready, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                rank = list(refs).index(ready[0])
+                if isinstance(exc, ray.exceptions.RayTaskError):  # alive, but a worker it called died
+                    message = (f"role {self.name} rank {rank} failed because a worker it called died: "
+                               f"{describe_dead_actor(str(exc))}")
+                else:
+                    message = self.death_message(rank, exc)
+                self.shutdown()
+                raise WorkerDiedError(message) from exc
             except Exception:
                 self.shutdown()
                 raise
         return ray.get(list(refs))
+
+    def death_message(self, rank: int, exc: BaseException) -> str:
+        try:
+            node, pid = ray.get(self._whereabouts[rank], timeout=5)
+        except Exception:  # died before it could answer
+            node, pid = "unknown", "unknown"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (f"role {self.name} rank {rank} (node {node}, pid {pid}) died: {reason}. The run stops; "
+                f"its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
 
     def execute_all_async(self, method: str, *args, **kwargs) -> List[ray.ObjectRef]:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
@@ -225,6 +268,10 @@ class RankWorker:
 
     def rendezvous_address(self):
         return self._master
+
+    def whereabouts(self):
+        """(node IP, process id) of this rank, for error messages."""
+        return node_address(), os.getpid()
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

@@ -2,9 +2,10 @@
 install or start, slower than vLLM. Also serves a frozen reference model's log-probs."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 from roll_gspo.modeling import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
@@ -39,17 +40,22 @@ class HfInferStrategy:
         self.eos_id = self.tokenizer.eos_token_id
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int
-                 ) -> List[List[Tuple[List[int], List[float], bool]]]:
+    def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int,
+                 seeds: Optional[Sequence[int]] = None) -> List[List[Tuple[List[int], List[float], bool]]]:
+        """Per prompt, `n` samples of (response ids, log-probs, finished). `seeds`: one per
+        prompt; sample i of a prompt draws from its own generator seeded seed + i (as vLLM)."""
         results = []
         for chunk in micro_batches(len(prompt_ids), self.role.infer_batch_size):
             prompts = list(prompt_ids[chunk])
+            seeded = ({"logits_processor": LogitsProcessorList([
+                PerRowSampler([int(seed) + i for seed in seeds[chunk] for i in range(n)])])}
+                if seeds is not None and gen.temperature > 0 else {})
             width = max(len(p) for p in prompts)
             # generate() wants left padding so every row's next token follows its prompt.
             input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts])
             attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
             kwargs = generate_kwargs(gen, n, self.pad_id, self.eos_id)
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs, **seeded)
             # Greedy: the n responses of a prompt are one response n times (as vLLM returns them).
             out = out.repeat_interleave(n // kwargs["num_return_sequences"], dim=0)
             responses, finished = [], []
@@ -89,3 +95,25 @@ class HfInferStrategy:
 
     def finish_weight_update(self) -> None:
         pass
+
+
+class PerRowSampler(LogitsProcessor):
+    """Samples each row's next token with the row's own generator, after generate's own
+    processors (temperature, top-k, top-p: custom processors run last), and leaves only that
+    token possible, so generate's sampling step picks it whatever its global RNG holds.
+
+    One `torch.rand` per row and token (a few microseconds each); the rest is batched."""
+
+    def __init__(self, row_seeds: Sequence[int]):
+        self.generators = [torch.Generator().manual_seed(seed) for seed in row_seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if scores.shape[0] != len(self.generators):
+            raise RuntimeError(f"PerRowSampler built for {len(self.generators)} rows, got {scores.shape[0]}")
+        uniform = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in self.generators])
+        cdf = torch.softmax(scores.double(), dim=-1).cumsum(-1)
+        target = (uniform * cdf[:, -1]).unsqueeze(-1)
+        tokens = torch.searchsorted(cdf, target, right=True).clamp(max=scores.shape[-1] - 1)
+        chosen = torch.full_like(scores, float("-inf"))
+        chosen.scatter_(1, tokens, 0.0)
+        return chosen

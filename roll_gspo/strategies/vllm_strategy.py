@@ -59,12 +59,16 @@ class VllmStrategy:
         self.llm = LLM(**engine_args)
         self.update_mode = self.llm.collective_rpc("roll_gspo_prepare_weight_updates", args=(weight_update,))[0]
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int
-                 ) -> List[List[Tuple[List[int], List[float], bool]]]:
-        """Per prompt, `n` samples of (response token ids, their log-probs, finished-by-stop)."""
+    def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int,
+                 seeds: Optional[Sequence[int]] = None) -> List[List[Tuple[List[int], List[float], bool]]]:
+        """Per prompt, `n` samples of (response token ids, their log-probs, finished-by-stop).
+        `seeds`: one per prompt (vLLM gives sample i seed + i), so the samples depend on the
+        seed alone, not on what the engine drew before."""
         from vllm import SamplingParams
 
-        params = SamplingParams(**sampling_kwargs(gen, n))
+        kwargs = sampling_kwargs(gen, n)
+        params = (SamplingParams(**kwargs) if seeds is None
+                  else [SamplingParams(**kwargs, seed=int(seed)) for seed in seeds])
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
         results = []
         for out in outputs:

@@ -38,9 +38,11 @@ class ActorInferWorker(RankWorker):
     def generate(self, prompts: Batch, gen: GeneratingArgs) -> Batch:
         """prompts: one row per prompt (meta prompt_ids, ground_truth, ...). Returns one row per
         response (n = gen.num_return_sequences consecutive rows per prompt) with meta
-        response_ids / response_text / finished and tensor rollout_log_probs (B, T)."""
+        response_ids / response_text / finished and tensor rollout_log_probs (B, T). With meta
+        `sample_seed` (one per prompt, `roll_gspo.seeding`), sampling depends on it alone."""
         n = gen.num_return_sequences
-        samples = self.strategy.generate(prompts["prompt_ids"], gen, n)
+        seeds = prompts.meta.get("sample_seed")
+        samples = self.strategy.generate(prompts["prompt_ids"], gen, n, **({"seeds": seeds} if seeds else {}))
         rows: Dict[str, List[Any]] = {key: [] for key in prompts.meta}
         rows.update(response_ids=[], rollout_log_probs=[], finished=[])
         for index, per_prompt in enumerate(samples):

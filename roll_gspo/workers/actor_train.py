@@ -13,6 +13,7 @@ from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.modeling import micro_batches, num_micro_batches, response_token_log_probs, score_micro_batches
+from roll_gspo.seeding import trainer_seed
 from roll_gspo.weight_sync import WeightSender, broadcast_weights
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
 
@@ -74,7 +75,10 @@ class ActorTrainWorker(RankWorker):
         cfg, args = self.cfg, self.role.training_args
         per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
         metrics = SplitInvariantMetrics()
+        # Mini-batch order and the torch RNG (dropout) are functions of the optimizer step, which
+        # checkpoints restore, so a resumed run draws what an uninterrupted one does.
         generator = torch.Generator().manual_seed(cfg.seed + int(self.engine.global_steps))
+        torch.manual_seed(trainer_seed(cfg.seed, int(self.engine.global_steps), self.rank))
         first = True
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(batch), generator=generator).tolist()

@@ -29,6 +29,15 @@ class RewardWorker(RankWorker):
         self.cfg = reward_cfg
         self.domain = domain
         self.reward_fn = None
+        # Ray restarted this worker after its process died (the role's `max_restarts`): reported
+        # once, with the first scores it returns.
+        import warnings
+
+        import ray
+
+        with warnings.catch_warnings():  # Ray's own property warns about an API it uses itself
+            warnings.simplefilter("ignore")
+            self.restart_unreported = bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
     def setup(self) -> None:
         self.reward_fn = self.build_reward_fn()
@@ -39,7 +48,10 @@ class RewardWorker(RankWorker):
     def compute_scores(self, batch: Batch) -> Batch:
         """batch: the responses' meta (prompt_text, response_text, ground_truth, prompt_ids,
         response_ids, domain, finished) -> tensor `scores` (B,) and meta `reward_status`
-        ("ok" / "error" / "timeout")."""
+        ("ok" / "error" / "timeout"), and `worker_restarted` (1 on one row when this is a restarted
+        worker's first answer)."""
+        if self.reward_fn is None:  # a restarted worker: Ray re-ran __init__ only
+            self.setup()
         calls = list(zip(batch["prompt_text"], batch["response_text"], batch["ground_truth"]))
         outcomes = score_many_with_timeout(self.reward_fn, calls, self.cfg.timeout_s, self.cfg.reward_kwargs)
         scores, statuses = [], []
@@ -48,7 +60,11 @@ class RewardWorker(RankWorker):
                 logger.warning("reward %s on domain %r: %s (scored 0)", status, self.domain, message)
             scores.append(score)
             statuses.append(status)
-        return Batch({"scores": torch.tensor(scores, dtype=torch.float32)}, {"reward_status": statuses})
+        restarted = [0] * len(scores)
+        if self.restart_unreported and restarted:
+            restarted[0], self.restart_unreported = 1, False
+        return Batch({"scores": torch.tensor(scores, dtype=torch.float32)},
+                     {"reward_status": statuses, "worker_restarted": restarted})
 
 
 class MathRuleRewardWorker(RewardWorker):

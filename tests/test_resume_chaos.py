@@ -1,0 +1,213 @@
+"""Chaos, end to end on the real stack: a driver killed with kill -9 or stopped with SIGTERM and
+resumed gives exactly the numbers of an uninterrupted run (vLLM and hf_infer rollout); a
+training rank or a reward worker killed mid-run; a disk that fills up during a checkpoint.
+
+Drivers that are killed run as `run_pipeline.py` subprocesses with a private Ray, as a user runs
+them; uninterrupted and resumed runs run in this process on the session's Ray."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from roll_gspo.checkpoint import ABANDONED_DIR, complete_checkpoints, read_state
+from tests.test_pipeline_e2e import REPO_ROOT_FOR_SUBPROCESS, load_weights, read_metrics, run, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
+HF_INFER = {"strategy_args": {"strategy_name": "hf_infer", "strategy_config": {}}}
+WAIT_S = 600  # generous: the machine running the suite may be shared and slow
+
+
+def comparable(row):
+    """A metrics row without what depends on wall-clock time."""
+    return {k: v for k, v in row.items() if not k.startswith(("time/", "throughput/")) and k != "sync/seconds"}
+
+
+def config(tmp_path, model, name, **changes):
+    folder = tmp_path / name
+    folder.mkdir()
+    base = dict(max_steps=4, save_steps=2, save_total_limit=2)
+    cfg = write_config(folder, model, **{**base, **changes})
+    return cfg, str(folder / "config.yaml")
+
+
+def start_driver(config_path, log_path, *overrides):
+    env = {**os.environ, "RAY_ADDRESS": "local"}  # a private Ray, as a user's plain run starts
+    with open(log_path, "w") as log:
+        return subprocess.Popen([sys.executable, "run_pipeline.py", "--config", config_path, *overrides],
+                                cwd=REPO_ROOT_FOR_SUBPROCESS, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_for_step(cfg, step, driver, log_path):
+    """Wait until metrics.jsonl holds a row of `step` (the driver must still be running)."""
+    path = os.path.join(cfg.output_dir, "metrics.jsonl")
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as handle:
+                steps = [json.loads(line)["step"] for line in handle if line.endswith("\n")]
+            if step in steps:
+                return
+        assert driver.poll() is None, f"driver exited early ({driver.returncode}):\n{open(log_path).read()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no metrics row of step {step} within {WAIT_S} s")
+
+
+def private_ray_processes(driver):
+    return [p for p in psutil.Process(driver.pid).children(recursive=True)]
+
+
+def assert_all_gone(processes, within_s=60):
+    deadline = time.monotonic() + within_s
+    alive = processes
+    while time.monotonic() < deadline:
+        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"processes left running after the driver ended: "
+                         f"{[(p.pid, p.name()) for p in alive]}")
+
+
+def kill_driver_after_step(cfg, config_path, tmp_path, step, *overrides):
+    """Start a driver, kill -9 it once `step` is logged; its private Ray must die with it."""
+    log = str(tmp_path / f"killed_{step}.log")
+    driver = start_driver(config_path, log, *overrides)
+    wait_for_step(cfg, step, driver, log)
+    processes = private_ray_processes(driver)
+    assert any("raylet" in p.name() for p in processes)
+    driver.kill()
+    driver.wait()
+    assert_all_gone(processes)
+
+
+def check_same_as(reference, cfg, resumed_steps):
+    records = read_metrics(cfg)
+    assert [r["step"] for r in records] == [r["step"] for r in reference["records"]]
+    for got, want in zip(records, reference["records"]):
+        assert comparable(got) == comparable(want), got["step"]
+    assert any(r["step"] in resumed_steps for r in records)
+    final = load_weights(os.path.join(cfg.output_dir, "final_model"))
+    assert final.keys() == reference["weights"].keys()
+    for key, value in final.items():
+        assert torch.equal(value, reference["weights"][key]), key
+
+
+def uninterrupted(tmp_path, model, **changes):
+    cfg, _ = config(tmp_path, model, "uninterrupted", **changes)
+    records = run(cfg)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    return {"records": records, "weights": load_weights(os.path.join(cfg.output_dir, "final_model"))}
+
+
+def test_vllm_sigterm_then_kill9_then_older_resume_match_an_uninterrupted_run(tmp_path, tiny_model, ray_session):
+    reference = uninterrupted(tmp_path, tiny_model)
+    cfg, path = config(tmp_path, tiny_model, "interrupted")
+    # 1. SIGTERM after step 1: the step in progress finishes, a checkpoint is saved, exit 0.
+    log = str(tmp_path / "sigterm.log")
+    driver = start_driver(path, log)
+    wait_for_step(cfg, 1, driver, log)
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=WAIT_S) == 0, open(log).read()[-3000:]
+    output = open(log).read()
+    assert re.search(r"stopped by SIGTERM after step \d of 4; checkpoint .*Resume with: .*resume_from_checkpoint=auto",
+                     output), output[-3000:]
+    stopped_at = read_state(complete_checkpoints(cfg.output_dir)[-1])["step"]
+    assert stopped_at in (1, 2) and not os.path.exists(os.path.join(cfg.output_dir, "final_model"))
+    # 2. Resumed, then kill -9 once step 3 is logged (checkpoint of step 2, step 4 under way).
+    kill_driver_after_step(cfg, path, tmp_path, 3, "resume_from_checkpoint=auto")
+    # 3. Resumed again, in this process: steps 3 and 4 are exactly the uninterrupted run's.
+    resumed = write_config(tmp_path / "interrupted", tiny_model, max_steps=4, save_steps=2, save_total_limit=2,
+                           resume_from_checkpoint="auto")
+    run(resumed)
+    check_same_as(reference, resumed, resumed_steps={3, 4})
+    (side,) = [n for n in os.listdir(resumed.output_dir) if ".after_step_2." in n]
+    with open(os.path.join(resumed.output_dir, side)) as handle:
+        crashed_rows = [json.loads(line) for line in handle]
+    assert comparable(crashed_rows[0]) == comparable(reference["records"][2])  # step 3 both times
+    # 4. An explicit resume from the older step 2 with save_total_limit 1: step_4 moves aside.
+    older = write_config(tmp_path / "interrupted", tiny_model, max_steps=3, save_steps=2, save_total_limit=1,
+                         resume_from_checkpoint=os.path.join(resumed.output_dir, "checkpoints", "step_2"))
+    records = run(older)
+    assert [os.path.basename(p) for p in complete_checkpoints(older.output_dir)] == ["step_3"]
+    aside = os.path.join(older.output_dir, "checkpoints", ABANDONED_DIR)
+    assert [os.listdir(os.path.join(aside, branch)) for branch in os.listdir(aside)] == [["step_4"]]
+    assert [comparable(r) for r in records] == [comparable(r) for r in reference["records"][:3]]
+
+
+def test_hf_infer_kill9_resume_matches_an_uninterrupted_run(tmp_path, tiny_model, ray_session):
+    reference = uninterrupted(tmp_path, tiny_model, actor_infer=HF_INFER)
+    cfg, path = config(tmp_path, tiny_model, "interrupted", actor_infer=HF_INFER)
+    kill_driver_after_step(cfg, path, tmp_path, 3)
+    resumed = write_config(tmp_path / "interrupted", tiny_model, max_steps=4, save_steps=2, save_total_limit=2,
+                           actor_infer=HF_INFER, resume_from_checkpoint="auto")
+    run(resumed)
+    check_same_as(reference, resumed, resumed_steps={3, 4})
+
+
+def test_reward_worker_restarts_and_training_rank_kill9_stops_the_run(tmp_path, tiny_model, session_cache):
+    marker = str(tmp_path / "reward_worker_died")
+    cfg, path = config(tmp_path, tiny_model, "run", max_steps=50, save_steps=1,
+                       rewards={"math_rule": {"reward_fn": "tests.reward_fns:dies_once",
+                                              "reward_kwargs": {"marker": marker}}})
+    log = str(tmp_path / "driver.log")
+    driver = start_driver(path, log)
+    wait_for_step(cfg, 2, driver, log)
+    # The reward worker killed itself in step 1: restarted, its responses scored again, counted.
+    rows = read_metrics(cfg)
+    assert os.path.exists(marker) and sum(r["reward/worker_restarts"] for r in rows) == 1
+    assert all(r["reward/errors"] == 0 for r in rows)
+    processes = private_ray_processes(driver)
+    trainer = next(p for p in processes if p.name().startswith("ray::ActorTrainWorker"))
+    trainer.kill()
+    start = time.monotonic()
+    assert driver.wait(timeout=WAIT_S) == 1
+    took = time.monotonic() - start
+    output = open(log).read()
+    match = re.search(r"error: role actor_train rank (\d) \(node ([\d.]+), pid (\d+)\) died", output)
+    assert match and int(match.group(3)) == trainer.pid, output[-3000:]
+    print(f"driver stopped {took:.1f} s after the training rank was killed")
+    last = complete_checkpoints(cfg.output_dir)[-1]
+    assert read_state(last)["step"] >= 1 and os.path.exists(os.path.join(last, "engine"))
+    assert not [n for n in os.listdir(os.path.dirname(last)) if n.startswith(".tmp")]
+    assert_all_gone(processes)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of a few MB: room for one checkpoint of the micro model, not for two."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount_point)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_disk_full_during_a_checkpoint_is_a_clear_error_and_keeps_the_previous(tmp_path, tiny_model, ray_session,
+                                                                               small_disk):
+    from roll_gspo.checkpoint import CheckpointError
+
+    cfg = write_config(tmp_path, tiny_model, output_dir=str(small_disk / "out"), max_steps=3, save_steps=1,
+                       save_total_limit=1)
+    with pytest.raises(CheckpointError) as error:
+        run(cfg)
+    message = str(error.value)
+    # torch.save reports a full disk obscurely ("unexpected pos", "iostream error"): the message says it.
+    assert re.search(r"could not write the checkpoint of step 2 under .*: \w+Error: .*The disk looks full: "
+                     r"[\d.]+ MiB free", message), message
+    assert len(message) < 1000  # the cause, not Ray's whole traceback
+    assert "previous checkpoint" in message and "step_1 is intact" in message
+    (last,) = complete_checkpoints(cfg.output_dir)
+    assert os.path.basename(last) == "step_1" and read_state(last)["step"] == 1
+    assert os.listdir(os.path.dirname(last)) == ["step_1"]  # the half-written folder is gone
