@@ -84,7 +84,7 @@ class RLVRPipeline:
         roles = [cfg.actor_train, cfg.actor_infer] + ([cfg.reference] if needs_reference(cfg) else [])
         cpus = sum(r.world_size * r.num_cpus_per_worker for r in roles)
         cpus += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
-        gpus = sum(r.world_size * r.num_gpus_per_worker for r in roles)
+        gpus = sum(r.world_size * r.num_gpus_per_worker for r in [*roles, *cfg.rewards.values()])
         init_ray(cpus, gpus)
         batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
         total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // mini_batch_size(cfg))
@@ -99,7 +99,8 @@ class RLVRPipeline:
         self.reference = cluster("reference", ReferenceWorker, cfg.reference) if needs_reference(cfg) else None
         self.rewards = {
             name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
-                          reward.num_cpus_per_worker, 0, init_args=(reward,), init_kwargs={"domain": name})
+                          reward.num_cpus_per_worker, reward.num_gpus_per_worker, init_args=(reward,),
+                          init_kwargs={"domain": name, "response_length": cfg.response_length})
             for name, reward in cfg.rewards.items()}
         clusters = [self.actor_train, self.actor_infer, *([self.reference] if self.reference else []),
                     *self.rewards.values()]
@@ -173,18 +174,24 @@ class RLVRPipeline:
                 pending.append((rows, refs))
         return pending
 
-    def _collect_rewards(self, batch: Batch, pending: list) -> Dict[str, float]:
-        """Wait for the scores; adds tensor `scores` to the batch and returns reward metrics."""
+    def _collect_rewards(self, batch: Batch, pending: list, prefix: str = "reward") -> Dict[str, float]:
+        """Wait for the scores; adds tensor `scores` and meta `reward_status` / `reward_correct` to
+        the batch and returns reward metrics, overall and per data domain
+        (`<prefix>/<domain>/mean`, `.../errors`, `.../timeouts`, `.../format`)."""
         scores = torch.zeros(len(batch))
-        statuses = [""] * len(batch)
+        statuses, correct = [""] * len(batch), [None] * len(batch)
         for rows, refs in pending:
             result = Batch.concat(ray.get(refs))
             scores[rows] = result["scores"]
-            for i, status in zip(rows, result["reward_status"]):
-                statuses[i] = status
-        batch["scores"] = scores
-        return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-                "reward/errors": float(statuses.count("error")), "reward/timeouts": float(statuses.count("timeout"))}
+            for i, status, right in zip(rows, result["reward_status"], result["reward_correct"]):
+                statuses[i], correct[i] = status, right
+        batch["scores"], batch["reward_status"], batch["reward_correct"] = scores, statuses, correct
+        metrics = _reward_metrics(prefix, scores, statuses)
+        domains = batch["domain"]
+        for domain in sorted(set(domains)):
+            rows = [i for i, d in enumerate(domains) if d == domain]
+            metrics.update(_reward_metrics(f"{prefix}/{domain}", scores[rows], [statuses[i] for i in rows]))
+        return metrics
 
     def _add_sequence_tensors(self, batch: Batch) -> None:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -220,9 +227,11 @@ class RLVRPipeline:
         start = time.perf_counter()
         prompts = self._prompt_batch(self.val_items)
         batch = self.actor_infer.dispatch("generate", prompts, gen=self.cfg.validation.generating_args)
-        self._collect_rewards(batch, self._start_rewards(batch))
-        return {"val/accuracy": float(batch["scores"].mean()), "val/samples": float(len(batch)),
-                "time/validation_s": time.perf_counter() - start}
+        metrics = self._collect_rewards(batch, self._start_rewards(batch), prefix="val")
+        metrics = {k.replace("/mean", "/reward_mean") if k.endswith("/mean") else k: v for k, v in metrics.items()
+                   if not k.endswith("/std")}
+        metrics.update(_accuracies(batch["domain"], batch["reward_correct"]))
+        return {**metrics, "val/samples": float(len(batch)), "time/validation_s": time.perf_counter() - start}
 
     def save_checkpoint(self, step: int) -> None:
         folder = new_checkpoint_dir(self.cfg.output_dir, step)
@@ -282,6 +291,28 @@ def _timed(timings: Dict[str, float], name: str):
     start = time.perf_counter()
     yield
     timings[name] = time.perf_counter() - start
+
+
+def _reward_metrics(prefix: str, scores: torch.Tensor, statuses: List[str]) -> Dict[str, float]:
+    return {f"{prefix}/mean": float(scores.mean()),
+            f"{prefix}/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            f"{prefix}/errors": float(statuses.count("error")), f"{prefix}/timeouts": float(statuses.count("timeout")),
+            f"{prefix}/format": float(statuses.count("format"))}
+
+
+def _accuracies(domains: List[str], correct: List) -> Dict[str, float]:
+    """`val/accuracy`: the fraction of responses whose reward worker judged them correct (raw
+    score at full marks, before length penalties), overall and per domain; domains whose worker
+    has no notion of correct (a reward model) are left out."""
+    def fraction(flags):
+        flags = [f for f in flags if f is not None]
+        return {"accuracy": sum(flags) / len(flags)} if flags else {}
+
+    out = {f"val/{k}": v for k, v in fraction(correct).items()}
+    for domain in sorted(set(domains)):
+        flags = [c for d, c in zip(domains, correct) if d == domain]
+        out.update({f"val/{domain}/{k}": v for k, v in fraction(flags).items()})
+    return out
 
 
 def _split_sync_metrics(per_rank: List[Dict[str, float]]):
