@@ -208,3 +208,43 @@ def test_val_accuracy_is_an_accuracy():
     got = _accuracies(["m", "m", "c", "rm"], [1.0, 0.0, 1.0, None])
     assert got == {"val/accuracy": pytest.approx(2 / 3), "val/m/accuracy": 0.5, "val/c/accuracy": 1.0}
     assert _accuracies(["rm"], [None]) == {}
+
+
+# ------------------------------------------------------------------ config keys of the reward workers
+def _load_with_reward(tmp_path, block):
+    from omegaconf import OmegaConf
+
+    from roll_gspo.config import load_config
+
+    example = OmegaConf.load(str(__import__("pathlib").Path(__file__).resolve().parents[1] / "examples" /
+                                 "example_gspo.yaml"))
+    example.rewards = {"math_rule": block}
+    path = tmp_path / "cfg.yaml"
+    OmegaConf.save(example, path)
+    return load_config(str(path))
+
+
+@pytest.mark.parametrize("block,message", [
+    ({"worker_cls": "roll_gspo.workers.rewards.CodeSandboxRewardWorker", "use_local": False},
+     "remote code sandbox"),
+    ({"worker_cls": "roll_gspo.workers.rewards.LLMJudgeRewardWorker"}, "judge_api_url"),
+    ({"response_length_penalty_coef": -0.1}, "response_length_penalty_coef: must be >= 0"),
+    ({"format_pattern": "(unclosed"}, "format_pattern: not a valid regex"),
+    ({"reward_type": "strict"}, "reward_type"),
+])
+def test_reward_keys_that_cannot_act_are_refused(tmp_path, block, message):
+    from roll_gspo.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=message):
+        _load_with_reward(tmp_path, block)
+
+
+def test_new_examples_pass_preflight():
+    from pathlib import Path
+
+    from roll_gspo.config import load_config, preflight
+
+    for name in ("example_gspo_code.yaml", "example_gspo_multidomain.yaml"):
+        cfg = load_config(str(Path(__file__).resolve().parents[1] / "examples" / name))
+        preflight(cfg)
+        assert all(r.worker_cls.startswith("roll_gspo.workers.rewards.") for r in cfg.rewards.values())
