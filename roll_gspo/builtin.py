@@ -447,6 +447,25 @@ BUILTIN_TASKS: Dict[str, BuiltinTask] = {
 }
 
 
+def _register_extra_tasks() -> None:
+    from roll_gspo import builtin_tasks
+
+    BUILTIN_TASKS.update({
+        "code": BuiltinTask("code", ("train", "val"), builtin_tasks.write_code_task,
+                            "One-line integer functions `f(x)=...` to complete after `def f(x): return `; "
+                            "three assert tests per row (CodeSandboxRewardWorker, domain code_sandbox)."),
+        "choice": BuiltinTask("choice", ("train", "val"), builtin_tasks.write_choice_task,
+                              "Sums with three options answered by letter (MultipleChoiceRewardWorker, "
+                              "domain multiple_choice)."),
+        "mixed": BuiltinTask("mixed", ("train", "val"), builtin_tasks.write_mixed_task,
+                             "A third each of arith_easy (math_rule), code (code_sandbox) and choice "
+                             "(multiple_choice) rows."),
+    })
+
+
+_register_extra_tasks()
+
+
 def builtin_data_names() -> List[str]:
     return [f"{BUILTIN_PREFIX}{t.name}/{s}" for t in BUILTIN_TASKS.values() for s in t.splits]
 

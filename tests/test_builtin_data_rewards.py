@@ -348,8 +348,8 @@ def test_score_with_timeout():
 
 
 def test_score_many_with_timeout_goes_on_after_a_hang():
-    # One thread scores the lot; a hung call is abandoned, the calls after it are still scored,
-    # and the abandoned call's late result never overwrites its timeout.
+    # One child process scores the lot; a hung call is killed, the calls after it are still scored,
+    # and nothing of the killed call comes back later.
     def fn(prompt, response, truth):
         if response == "hang":
             time.sleep(1.5)
@@ -369,7 +369,7 @@ def test_score_many_with_timeout_goes_on_after_a_hang():
                                          (0.0, "timeout"), (1.0, "ok")]
     assert "boom" in outcomes[3][2] and "SystemExit" in outcomes[4][2]
     time.sleep(1.5)  # the hung calls finish now; results already returned stay as they were
-    assert outcomes[1] == (0.0, "timeout", "reward function exceeded 0.3s")
+    assert outcomes[1] == (0.0, "timeout", "reward function exceeded 0.3s (killed)")
     assert rewards.score_many_with_timeout(fn, calls[:1], None) == [(1.0, "ok", "")]
     assert rewards.score_many_with_timeout(fn, [], 1.0) == []
 

@@ -174,3 +174,30 @@ def test_resume_continues_and_fresh_start_is_refused(tmp_path, tiny_model, ray_s
     records = run(resumed)
     assert [r["step"] for r in records if "actor/pg_loss" in r] == [1, 2]  # step 1 logged before, 2 now
     assert [os.path.basename(p) for p in complete_checkpoints(resumed.output_dir)] == ["step_1", "step_2"]
+
+
+def test_multidomain_rewards_logged_per_domain(tmp_path, tiny_model, ray_session):
+    """Math, code sandbox and multiple choice in one run: each domain's reward, statuses and
+    validation accuracy are logged separately."""
+    rewards = {
+        "math_rule": {"worker_cls": "roll_gspo.workers.rewards.MathRuleRewardWorker", "timeout_s": 5,
+                      "num_cpus_per_worker": 0.1},
+        "code_sandbox": {"worker_cls": "roll_gspo.workers.rewards.CodeSandboxRewardWorker", "reward_type": "soft",
+                         "timeout_s": 2, "num_cpus_per_worker": 0.1},
+        "multiple_choice": {"worker_cls": "roll_gspo.workers.rewards.MultipleChoiceRewardWorker",
+                            "num_cpus_per_worker": 0.1},
+    }
+    cfg = write_config(tmp_path, tiny_model, max_steps=1, eval_steps=1, prompt_length=32,
+                       actor_train={"data_args": {"file_name": ["builtin:mixed/train"]}},
+                       actor_infer={"strategy_args": {"strategy_config": {"max_model_len": 48}}},
+                       validation={"data_args": {"file_name": ["builtin:mixed/val"], "max_samples": 12}},
+                       rewards=rewards)
+    records = run(cfg)
+    val = records[0]
+    for domain in rewards:
+        assert f"val/{domain}/reward_mean" in val and f"val/{domain}/accuracy" in val
+        assert f"val/{domain}/errors" in val and f"val/{domain}/format" in val
+    assert "val/accuracy" in val and "val/reward_mean" in val
+    step = records[-1]
+    seen = [d for d in rewards if f"reward/{d}/mean" in step]
+    assert seen and all(f"reward/{d}/timeouts" in step for d in seen)

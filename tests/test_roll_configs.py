@@ -196,17 +196,17 @@ def test_contradictions_between_roll_and_project_names(in_roll_dir):
 
 
 def test_unbuilt_roll_reward_worker_fails_dry_run_naming_available(in_roll_dir):
-    cfg = load_roll(GSPO, ["+rewards.crossthinkqa={worker_cls: roll.pipeline.rlvr.rewards."
-                           "crossthinkqa_rule_reward_worker.CrossThinkQARuleRewardWorker, tag_included: [crossthinkqa]}"])
+    cfg = load_roll(GSPO, ["+rewards.ifeval={worker_cls: roll.pipeline.rlvr.rewards."
+                           "ifeval_rule_reward_worker.GeneralRuleRewardWorker, tag_included: [ifeval]}"])
     with pytest.raises(ConfigError) as info:
         preflight(cfg)
     message = str(info.value)
-    assert "CrossThinkQARuleRewardWorker' (known to ROLL, not built here yet)" in message
+    assert "GeneralRuleRewardWorker' (known to ROLL, not built here yet)" in message
     assert "roll_gspo.workers.rewards.MathRuleRewardWorker" in message and "RegexMatchRewardWorker" in message
 
 
 def test_reward_worker_table_is_one_line_per_worker():
-    path = "roll.pipeline.rlvr.rewards.llm_judge_reward_worker.LLMJudgeRewardWorker"
+    path = "roll.pipeline.rlvr.rewards.detection_reward_worker.DetectionRewardWorker"
     assert roll_compat.reward_worker_problem("judge", path)
     roll_compat.ROLL_REWARD_WORKERS[path] = "roll_gspo.workers.rewards.RegexMatchRewardWorker"
     try:

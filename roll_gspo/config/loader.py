@@ -371,4 +371,10 @@ def load_config(config: str, overrides: Sequence[str] = ()) -> PipelineConfig:
 
 
 def config_to_yaml(cfg: PipelineConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.create(dataclasses.asdict(cfg)))
+    """The resolved config as YAML; a literal `judge_api_key` is masked (`env:NAME` is shown)."""
+    data = dataclasses.asdict(cfg)
+    for reward in data.get("rewards", {}).values():
+        key = reward.get("judge_api_key")
+        if key and not str(key).startswith("env:"):
+            reward["judge_api_key"] = "***"
+    return OmegaConf.to_yaml(OmegaConf.create(data))

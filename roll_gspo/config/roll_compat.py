@@ -62,18 +62,26 @@ _ROLL_REWARDS = "roll.pipeline.rlvr.rewards."
 ROLL_REWARD_WORKERS: Dict[str, Optional[str]] = {
     _ROLL_REWARDS + "math_rule_reward_worker.MathRuleRewardWorker":
         "roll_gspo.workers.rewards.MathRuleRewardWorker",
-    _ROLL_REWARDS + "code_sandbox_reward_worker.CodeSandboxRewardWorker": None,
-    _ROLL_REWARDS + "llm_judge_reward_worker.LLMJudgeRewardWorker": None,
-    _ROLL_REWARDS + "crossthinkqa_rule_reward_worker.CrossThinkQARuleRewardWorker": None,
+    _ROLL_REWARDS + "code_sandbox_reward_worker.CodeSandboxRewardWorker":
+        "roll_gspo.workers.rewards.CodeSandboxRewardWorker",
+    _ROLL_REWARDS + "llm_judge_reward_worker.LLMJudgeRewardWorker":
+        "roll_gspo.workers.rewards.LLMJudgeRewardWorker",
+    _ROLL_REWARDS + "crossthinkqa_rule_reward_worker.CrossThinkQARuleRewardWorker":
+        "roll_gspo.workers.rewards.MultipleChoiceRewardWorker",
     _ROLL_REWARDS + "ifeval_rule_reward_worker.GeneralRuleRewardWorker": None,
     _ROLL_REWARDS + "general_val_rule_reward_worker.GeneralValRuleRewardWorker": None,
-    _ROLL_REWARDS + "multiple_choice_boxed_rule_reward_worker.MultipleChoiceBoxedRuleRewardWorker": None,
+    _ROLL_REWARDS + "multiple_choice_boxed_rule_reward_worker.MultipleChoiceBoxedRuleRewardWorker":
+        "roll_gspo.workers.rewards.MultipleChoiceRewardWorker",
     _ROLL_REWARDS + "detection_reward_worker.DetectionRewardWorker": None,
 }
 PROJECT_REWARD_WORKERS = (
     "roll_gspo.workers.rewards.MathRuleRewardWorker",
     "roll_gspo.workers.rewards.RegexMatchRewardWorker",
     "roll_gspo.workers.rewards.FunctionRewardWorker",
+    "roll_gspo.workers.rewards.MultipleChoiceRewardWorker",
+    "roll_gspo.workers.rewards.CodeSandboxRewardWorker",
+    "roll_gspo.workers.rewards.LLMJudgeRewardWorker",
+    "roll_gspo.workers.rewards.RewardModelWorker",
 )
 
 

@@ -301,16 +301,26 @@ class QueryFilterConfig:
             "are refused.")
 
 
+REWARD_TYPES = [None, "hard", "soft"]
+JUDGE_MODEL_TYPES = [None, "api", "inference"]
+
+
 @dataclass
 class RewardConfig:
     worker_cls: str = _f(
         "roll_gspo.workers.rewards.MathRuleRewardWorker",
-        "Import path of the reward worker class. Built in: `...MathRuleRewardWorker` (math-verify "
-        "equivalence with the ground truth), `...RegexMatchRewardWorker` (exact or regex match), "
-        "`...FunctionRewardWorker` (calls `reward_fn`).")
+        "Import path of the reward worker class. Built in (all under `roll_gspo.workers.rewards.`): "
+        "`MathRuleRewardWorker` (math-verify equivalence with the ground truth), "
+        "`RegexMatchRewardWorker` (exact or regex match), `FunctionRewardWorker` (calls `reward_fn`), "
+        "`MultipleChoiceRewardWorker` (option letter; ROLL's CrossThinkQA worker), "
+        "`CodeSandboxRewardWorker` (runs the response's code against the row's tests in a sandbox), "
+        "`LLMJudgeRewardWorker` (a judge model's verdict, local or an OpenAI-compatible endpoint), "
+        "`RewardModelWorker` (a sequence-classification reward model, `reward_pretrain`).")
     reward_fn: Optional[str] = _f(
         None, "For FunctionRewardWorker: import path `pkg.module:function` (or `pkg.module.function`) "
-              "of `fn(prompt: str, response: str, ground_truth: str) -> float`.")
+              "of `fn(prompt: str, response: str, ground_truth: str) -> float`. For RewardModelWorker: "
+              "an optional rule reward added to the model's score (weights `rule_weight`/`model_weight` "
+              "in `reward_kwargs`).")
     pattern: Optional[str] = _f(
         None, "For RegexMatchRewardWorker: a regex whose first group (or whole match) is compared "
               "with the ground truth. Null: the stripped response must equal it.")
@@ -318,22 +328,76 @@ class RewardConfig:
         [], "Data domains this worker scores. Empty: the domain named by this block's key.")
     world_size: int = _f(1, "Reward worker actors for this domain.")
     num_cpus_per_worker: float = _f(0.1, "Ray CPUs reserved per reward worker.")
+    num_gpus_per_worker: float = _f(
+        0.0, "Ray GPUs per reward worker: for a judge model loaded by the worker (`judge_model_type: "
+             "inference`) or a reward model. 0 runs on CPU.")
     timeout_s: float = _f(
-        10.0, "Seconds one response may take to score. A reward that raises or times out scores "
-              "0 and is counted in `reward/errors` / `reward/timeouts`; the run goes on.")
+        10.0, "Seconds one response may take to score. Rule rewards run in a persistent child process "
+              "per worker; one that overruns is killed (with anything it started) and restarted. A "
+              "reward that raises or times out scores 0 and is counted in `reward/<domain>/errors` / "
+              "`reward/<domain>/timeouts`; the run goes on. Code sandbox: the limit per test program; "
+              "LLM judge: per request.")
     reward_kwargs: Dict[str, Any] = _f({}, "Extra keyword arguments passed to the reward function.")
-    # --- ROLL's worker blocks, for model-based reward workers (rule workers ignore them) ---
-    model_args: ModelArgs = field(
-        default_factory=lambda: ModelArgs(model_name_or_path=None),
-        metadata={"help": "Model of a model-based reward worker (LLM judge, reward model); null "
-                          "model_name_or_path means `reward_pretrain`. Rule-based workers load no "
-                          "model."})
+    # --- shared by every worker (ROLL's names) ---
+    reward_type: Optional[str] = _f(
+        None, "`hard`: 0/1 (all tests pass / right option); `soft`: partial credit (code: the fraction "
+              "of tests passed; multiple choice: 0.5 for the right letter outside `\\boxed{}`). Null: "
+              "hard. Read by CodeSandboxRewardWorker and MultipleChoiceRewardWorker.", REWARD_TYPES)
+    response_length_penalty_coef: float = _f(
+        0.0, "Subtract `coef * response_tokens / response_length` from every score (a full-length "
+             "response pays `coef`). 0: off.")
+    format_pattern: Optional[str] = _f(
+        None, "A regex the whole response must match (`re.match`, DOTALL and MULTILINE), e.g. "
+              "`^<think>.*</think>.*<answer>.*</answer>$`; a response that does not scores 0 with "
+              "status `format` (counted in `reward/<domain>/format`). Null: no check. Independently of "
+              "it, a response that stops inside `<think>` (its own, or one the prompt opened) always "
+              "scores 0 with status `format`.")
+    # --- code sandbox (ROLL's keys) ---
+    use_local: bool = _f(
+        True, "CodeSandboxRewardWorker: run tests on this worker's machine (the only mode built; false "
+              "with `code_url` is refused: no remote sandbox client).")
+    code_url: Optional[str] = _f(
+        None, "CodeSandboxRewardWorker: URL of a remote sandbox service (ROLL's key). Not built: set "
+              "`use_local: true`.")
+    sandbox: str = _f(
+        "auto", "CodeSandboxRewardWorker isolation: `bwrap` (bubblewrap: no network, read-only system, "
+                "private /tmp, fresh PID namespace), `rlimits` (rlimits + `unshare` network namespace), "
+                "`auto` (bwrap when installed, else rlimits). Both add CPU-time, memory, file-size and "
+                "process-count limits and an empty environment.", ["auto", "bwrap", "rlimits"])
+    sandbox_memory_mb: int = _f(512, "CodeSandboxRewardWorker: address-space limit per test program (MB).")
+    sandbox_max_processes: int = _f(
+        16, "CodeSandboxRewardWorker: processes a test program may have at once (fork bombs stop here).")
+    # --- LLM judge (ROLL's keys) ---
+    judge_model_type: Optional[str] = _f(
+        None, "LLMJudgeRewardWorker: `api` (an OpenAI-compatible endpoint at `judge_api_url`) or "
+              "`inference` (the judge model `model_args.model_name_or_path` loaded by the worker, with "
+              "`strategy_args.strategy_name` vllm or hf_infer). Null: api.", JUDGE_MODEL_TYPES)
+    judge_prompt: Optional[str] = _f(
+        None, "LLMJudgeRewardWorker: the judge's prompt template with `{question}`, `{response}`, "
+              "`{reference}`; it must ask for a last line `VERDICT: CORRECT` or `VERDICT: INCORRECT` "
+              "(or `SCORE: <0-10>`). Null: the built-in template.")
+    judge_model_name: Optional[str] = _f(
+        None, "LLMJudgeRewardWorker (api): the model name sent to the endpoint.")
+    judge_api_url: Optional[str] = _f(
+        None, "LLMJudgeRewardWorker (api): base URL of the OpenAI-compatible server, e.g. "
+              "`http://127.0.0.1:8000/v1`.")
+    judge_api_key: Optional[str] = field(default=None, repr=False, metadata={"help": (
+        "LLMJudgeRewardWorker (api): the endpoint's key; `env:NAME` reads it from the environment variable "
+        "NAME (recommended: the YAML then holds no secret). Never logged; `--print-config` shows a literal "
+        "key as `***`.")})
+    judge_max_retries: int = _f(
+        3, "LLMJudgeRewardWorker (api): retries of a failed request (refused, timeout, HTTP 5xx/429), with "
+           "exponential backoff from 0.5 s.")
+    model_args: ModelArgs = _sub(ModelArgs, "Judge model (`judge_model_type: inference`) or reward model "
+                                            "(RewardModelWorker; null path: `reward_pretrain`).")
+    generating_args: GeneratingArgs = field(
+        default_factory=lambda: GeneratingArgs(temperature=0.0, max_new_tokens=64),
+        metadata={"help": "Judge sampling (LLMJudgeRewardWorker); greedy, 64 tokens by default."})
+    strategy_args: StrategyArgs = _sub(StrategyArgs, "Backend of a judge model loaded by the worker: "
+                                                     "`vllm` or `hf_infer` (LLMJudgeRewardWorker, inference).")
+    infer_batch_size: int = _f(8, "Responses per forward pass (RewardModelWorker, hf_infer judge).")
     data_args: DataArgs = _sub(DataArgs, "Prompt template of a model-based reward worker "
                                          "(`template`); rule-based workers read none of it.")
-    generating_args: GeneratingArgs = _sub(GeneratingArgs, "Sampling of an LLM-judge worker.")
-    strategy_args: StrategyArgs = _sub(StrategyArgs, "Backend of a model-based reward worker "
-                                                     "(`hf_infer`, `vllm`).")
-    infer_batch_size: int = _f(16, "Responses per forward pass of a model-based reward worker.")
     query_filter_config: QueryFilterConfig = _sub(
         QueryFilterConfig, "ROLL's dynamic sampling for this domain's prompts: groups whose G scores "
                            "fail the filter are dropped and replaced by newly drawn prompts.")

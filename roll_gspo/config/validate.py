@@ -57,7 +57,7 @@ def _fill_derived(cfg: PipelineConfig) -> None:
     # ROLL: validation prompts are templated like the training prompts unless they name their own.
     if cfg.validation.data_args.template is None:
         cfg.validation.data_args.template = cfg.actor_train.data_args.template
-    for reward in cfg.rewards.values():
+    for reward in cfg.rewards.values():  # model-based rewards default to `reward_pretrain`
         reward.model_args.model_name_or_path = reward.model_args.model_name_or_path or cfg.reward_pretrain
 
 
@@ -257,12 +257,46 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
         if reward.worker_cls.endswith("FunctionRewardWorker") and not reward.reward_fn:
             problems.append(f"rewards.{domain}.reward_fn: FunctionRewardWorker needs an import path "
                             f"`pkg.module:function`")
+        problems += _reward_problems(domain, reward)
     problems += _model_and_engine_problems(cfg)
     problems += unread_key_problems(cfg, yaml_keys)
     stage = cfg.actor_train.strategy_args.strategy_config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2, 3):
         problems.append(f"actor_train.strategy_args.strategy_config.zero_optimization.stage: must be "
                         f"0, 1, 2 or 3, got {stage!r}")
+    return problems
+
+
+def _reward_problems(domain: str, reward) -> List[str]:
+    """Keys of the model-free and model-based reward workers that cannot act as given."""
+    import re
+
+    problems, kind = [], reward.worker_cls.rpartition(".")[2]
+    key = f"rewards.{domain}"
+    if reward.response_length_penalty_coef < 0:
+        problems.append(f"{key}.response_length_penalty_coef: must be >= 0, got {reward.response_length_penalty_coef}")
+    if reward.format_pattern:
+        try:
+            re.compile(reward.format_pattern)
+        except re.error as exc:
+            problems.append(f"{key}.format_pattern: not a valid regex ({exc})")
+    if kind == "CodeSandboxRewardWorker":
+        if not reward.use_local or reward.code_url:
+            problems.append(f"{key}: a remote code sandbox (use_local: false / code_url) is not built; set "
+                            f"use_local: true and drop code_url (tests then run in a local sandbox)")
+        if reward.sandbox_memory_mb < 16 or reward.sandbox_max_processes < 1:
+            problems.append(f"{key}: sandbox_memory_mb must be >= 16 and sandbox_max_processes >= 1")
+    if kind == "LLMJudgeRewardWorker":
+        if (reward.judge_model_type or "api") == "api" and not reward.judge_api_url:
+            problems.append(f"{key}.judge_api_url: judge_model_type api needs the endpoint's base URL "
+                            f"(e.g. http://127.0.0.1:8000/v1), or set judge_model_type: inference")
+        if reward.judge_model_type == "inference" and reward.strategy_args.strategy_name not in ("vllm", "hf_infer"):
+            problems.append(f"{key}.strategy_args.strategy_name: a judge loaded by the worker runs on vllm or "
+                            f"hf_infer, got {reward.strategy_args.strategy_name!r}")
+        if reward.judge_max_retries < 0:
+            problems.append(f"{key}.judge_max_retries: must be >= 0, got {reward.judge_max_retries}")
+    if kind in ("RewardModelWorker", "LLMJudgeRewardWorker") and reward.infer_batch_size < 1:
+        problems.append(f"{key}.infer_batch_size: must be >= 1, got {reward.infer_batch_size}")
     return problems
 
 

@@ -9,6 +9,7 @@ import torch
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
+from roll_gspo.rewards.shaping import decode_for_reward
 from roll_gspo.weight_sync import SharedSegmentReader, receive_bucket
 
 
@@ -57,7 +58,8 @@ class ActorInferWorker(RankWorker):
         tensor = torch.zeros(len(log_probs), width)
         for i, row in enumerate(log_probs):
             tensor[i, : len(row)] = torch.tensor(row)
-        rows["response_text"] = self.tokenizer.batch_decode(rows["response_ids"], skip_special_tokens=True)
+        # Special tokens go, but not `<think>` / `</think>`: rewards must see unfinished reasoning.
+        rows["response_text"] = decode_for_reward(self.tokenizer, rows["response_ids"])
         return Batch({"rollout_log_probs": tensor}, rows)
 
     def score(self, batch: Batch) -> List[List[float]]:

@@ -1,0 +1,124 @@
+"""LLM-as-judge: the judge prompt, strict verdict parsing, and an OpenAI-compatible client.
+
+Verdict format (what the judge prompt asks for, and all that is accepted): a line that is
+exactly ``VERDICT: CORRECT`` or ``VERDICT: INCORRECT`` (case and surrounding whitespace and
+``*``/``#`` markdown ignored), scored 1 / 0; or a line ``SCORE: s`` or ``SCORE: s/10`` with
+0 <= s <= 10, scored s / 10. The last such line counts; when verdict lines disagree, or there is
+none, the verdict is unparsable: the response scores 0 with status ``error`` (counted).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Any, Dict, Optional
+
+logger = logging.getLogger("roll_gspo.rewards")
+
+DEFAULT_JUDGE_PROMPT = """You are grading an answer to a question against a reference answer.
+
+Question:
+{question}
+
+Reference answer:
+{reference}
+
+Answer to grade:
+{response}
+
+Is the answer to grade correct, i.e. does it agree with the reference answer? Think briefly, then
+end with one line that is exactly `VERDICT: CORRECT` or `VERDICT: INCORRECT`."""
+
+_VERDICT = re.compile(r"^[\s*#>`]*verdict\s*[:=]\s*[*`]*\s*(correct|incorrect)\s*[*`.]*\s*$", re.IGNORECASE)
+_SCORE = re.compile(r"^[\s*#>`]*score\s*[:=]\s*[*`]*\s*(\d+(?:\.\d+)?)\s*(?:/\s*10)?\s*[*`.]*\s*$", re.IGNORECASE)
+
+
+class JudgeError(Exception):
+    """A judge call that produced no verdict; ``status`` is ``timeout`` or ``error``."""
+
+    def __init__(self, message: str, status: str = "error"):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_verdict(text: str) -> Optional[float]:
+    """The judge's score in [0, 1], or None when unparsable (see the module doc)."""
+    found = []
+    for line in str(text or "").splitlines():
+        verdict, score = _VERDICT.match(line), _SCORE.match(line)
+        if verdict:
+            found.append(1.0 if verdict.group(1).lower() == "correct" else 0.0)
+        elif score and float(score.group(1)) <= 10:
+            found.append(float(score.group(1)) / 10.0)
+    verdicts = {v for v in found if v in (0.0, 1.0)}
+    if not found or len(verdicts) > 1:
+        return None
+    return found[-1]
+
+
+def format_judge_prompt(template: Optional[str], question: str, response: str, reference: Any) -> str:
+    return (template or DEFAULT_JUDGE_PROMPT).format(question=question, response=response, reference=reference)
+
+
+def resolve_api_key(value: Optional[str]) -> Optional[str]:
+    """``env:NAME`` reads the key from the environment variable NAME; anything else is the key."""
+    if value and value.startswith("env:"):
+        name = value[len("env:"):]
+        if name not in os.environ:
+            raise ValueError(f"judge_api_key names the environment variable {name!r}, which is not set")
+        return os.environ[name]
+    return value
+
+
+class OpenAIJudgeClient:
+    """`POST {base_url}/chat/completions` with retries: a refused connection, a timeout, HTTP 429
+    or 5xx is retried up to ``max_retries`` times after 0.5 s, 1 s, 2 s, ... (capped at 8 s);
+    other HTTP errors are not. The key goes only into the Authorization header, never into a
+    message or log line."""
+
+    def __init__(self, base_url: str, model: Optional[str], *, api_key: Optional[str] = None,
+                 timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5,
+                 body: Optional[Dict[str, Any]] = None):
+        import httpx
+
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.max_retries, self.backoff_s = int(max_retries), float(backoff_s)
+        self.body = dict(body or {})
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s))
+        self.retries = 0
+
+    def close(self) -> None:
+        self._client.close()
+
+    def complete(self, prompt: str) -> str:
+        import httpx
+
+        body = {**self.body, "messages": [{"role": "user", "content": prompt}]}
+        if self.model:
+            body["model"] = self.model
+        last: Optional[JudgeError] = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self.retries += 1
+                time.sleep(min(self.backoff_s * 2 ** (attempt - 1), 8.0))
+            try:
+                reply = self._client.post(self.url, json=body)
+            except httpx.TimeoutException as exc:
+                last = JudgeError(f"judge request timed out ({type(exc).__name__})", "timeout")
+                continue
+            except httpx.TransportError as exc:  # refused, reset, DNS
+                last = JudgeError(f"judge endpoint unreachable ({type(exc).__name__}: {exc})")
+                continue
+            if reply.status_code == 429 or reply.status_code >= 500:
+                last = JudgeError(f"judge endpoint answered HTTP {reply.status_code}")
+                continue
+            if reply.status_code != 200:
+                raise JudgeError(f"judge endpoint answered HTTP {reply.status_code}: {reply.text[:200]}")
+            try:
+                return reply.json()["choices"][0]["message"]["content"] or ""
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                raise JudgeError(f"judge endpoint answered an unexpected body ({type(exc).__name__})") from None
+        raise last if last is not None else JudgeError("judge request failed")
