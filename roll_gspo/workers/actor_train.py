@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from contextlib import nullcontext
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -43,18 +44,37 @@ class ActorTrainWorker(RankWorker):
         self.strategy = DeepSpeedStrategy(self.role, train=True, total_optimizer_steps=self.total_optimizer_steps,
                                           seed=self.cfg.seed)
         self.engine = self.strategy.engine
+        self.moe = self._attach_moe_routing()
+
+    def _attach_moe_routing(self):
+        """Routing hooks for an MoE policy (record, replay, aux loss, metrics); None if dense."""
+        from roll_gspo.moe import TrainerRouting
+
+        routing = TrainerRouting.attach(self.engine.module, self.cfg.router_replay, self.cfg.moe_aux_loss_coef)
+        if routing is not None:
+            routing.infer_batch_size = self.role.infer_batch_size
+        return routing
+
+    def _routing(self, replay=None):
+        return self.moe.capture(replay) if self.moe is not None else nullcontext()
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch) -> Batch:
         """Old log-probs of this rank's shard, in micro-batches of `infer_batch_size`."""
         self.engine.eval()
-        parts = []
+        parts, routed = [], []
         for chunk in micro_batches(len(batch), self.role.infer_batch_size):
-            log_probs, _ = forward_log_probs(self.engine, batch.select(range(chunk.start, chunk.stop)),
-                                             self.temperature)
+            micro = batch.select(range(chunk.start, chunk.stop))
+            with self._routing():
+                log_probs, _ = forward_log_probs(self.engine, micro, self.temperature)
             parts.append(log_probs)
+            if self.moe is not None:  # the experts the old policy chose: replayed, and compared after the update
+                routed.append(self.moe.recorded(micro["input_ids"]))
         self.engine.train()
-        return Batch({"old_log_probs": torch.cat(parts)})
+        out = {"old_log_probs": torch.cat(parts)}
+        if routed:
+            out["routed_experts"] = torch.cat(routed)
+        return Batch(out)
 
     def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None) -> Dict[str, float]:
         """GSPO update on this rank's shard. Needs tensors input_ids, attention_mask,
@@ -73,9 +93,19 @@ class ActorTrainWorker(RankWorker):
                 self._train_mini_batch(mini, metrics, before_any_update=first)
                 first = False
         result = {k: float(sum(v) / len(v)) for k, v in metrics.items()}
+        if self.moe is not None and "routed_experts" in batch:
+            result.update(self._moe_step_metrics(batch))
         if sync_to is not None:
             result.update(self.sync_weights_to(sync_to))
         return result
+
+    @torch.no_grad()
+    def _moe_step_metrics(self, batch: Batch) -> Dict[str, float]:
+        self.engine.eval()
+        try:
+            return self.moe.step_metrics(batch, lambda micro: forward_log_probs(self.engine, micro, self.temperature))
+        finally:
+            self.engine.train()
 
     def _train_mini_batch(self, mini: Batch, metrics: Dict[str, List[float]], before_any_update: bool) -> None:
         cfg, args = self.cfg, self.role.training_args
@@ -87,7 +117,9 @@ class ActorTrainWorker(RankWorker):
         for chunk in micro_batches(len(mini), args.per_device_train_batch_size):
             micro = mini.select(range(chunk.start, chunk.stop))
             micro_mask = micro["response_mask"]
-            log_probs, entropy = forward_log_probs(self.engine, micro, self.temperature, with_entropy=True)
+            replay = micro["routed_experts"] if cfg.router_replay else None
+            with self._routing(replay):
+                log_probs, entropy = forward_log_probs(self.engine, micro, self.temperature, with_entropy=True)
             loss, pg_metrics = policy_loss(
                 log_probs, micro["old_log_probs"], micro["advantages"], micro_mask,
                 importance_sampling=cfg.importance_sampling, clip_low=cfg.pg_clip_low, clip_high=cfg.pg_clip_high,
@@ -100,6 +132,10 @@ class ActorTrainWorker(RankWorker):
                                                norm_length=cfg.loss_norm_length)
                 loss = loss + cfg.kl_loss_coef * kl_value
                 pg_metrics = {**pg_metrics, **kl_metrics}
+            if self.moe is not None:
+                aux_term, moe_metrics = self.moe.train_forward_extras(micro, num_seqs)
+                loss = loss if aux_term is None else loss + aux_term
+                pg_metrics = {**pg_metrics, **moe_metrics}
             if before_any_update and "rollout_log_probs" in micro:
                 # Trainer vs rollout engine on the same, not yet updated, policy.
                 gap = (log_probs.detach() - micro["rollout_log_probs"]).abs()
