@@ -14,9 +14,10 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("zero_stage, update, algorithm", [
-    (2, "auto", dict(importance_sampling="token", pg_clip_low=0.2, pg_clip_high=0.28, router_replay=True,
-                     moe_aux_loss_coef=0.01)),
-    (3, "layerwise", dict(importance_sampling="seq")),
+    (2, "auto", dict(importance_sampling="seq")),
+    # replay under ZeRO-3: the routers' weights are partitioned; the hooks only touch their outputs
+    (3, "layerwise", dict(importance_sampling="token", pg_clip_low=0.2, pg_clip_high=0.28, router_replay=True,
+                          moe_aux_loss_coef=0.01)),
 ])
 def test_moe_two_steps_vllm_matches_trainer(tmp_path, tiny_moe_model, ray_session, zero_stage, update, algorithm):
     from pipelines.rlvr_pipeline import RLVRPipeline

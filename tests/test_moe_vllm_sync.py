@@ -23,8 +23,29 @@ def _expert_tensors(worker):
             for name, layer in cpu_moe_layers(worker.get_model())}
 
 
-@pytest.mark.parametrize("mode", ["auto", "layerwise"])
-def test_vllm_moe_weight_updates_match_trainer_for_every_expert(tiny_moe_model, mode):
+@pytest.fixture(scope="module")
+def qwen2_moe_model(tmp_path_factory):
+    """A micro Qwen2-MoE: routed experts plus a shared expert with its sigmoid gate."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from roll_gspo.builtin import build_tokenizer
+
+    folder = str(tmp_path_factory.mktemp("qwen2_moe"))
+    tokenizer = build_tokenizer()
+    config = Qwen2MoeConfig(vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=256, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                            max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=None,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    Qwen2MoeForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("arch, mode", [("qwen3_moe", "auto"), ("qwen3_moe", "layerwise"), ("qwen2_moe", "auto")])
+def test_vllm_moe_weight_updates_match_trainer_for_every_expert(request, arch, mode):
+    model_dir = request.getfixturevalue("tiny_moe_model" if arch == "qwen3_moe" else "qwen2_moe_model")
     from transformers import AutoModelForCausalLM
     from vllm import LLM, SamplingParams
     from vllm._custom_ops import cpu_prepack_moe_weight
@@ -32,8 +53,8 @@ def test_vllm_moe_weight_updates_match_trainer_for_every_expert(tiny_moe_model, 
     from roll_gspo.strategies.vllm_strategy import EXTENSION
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    model = AutoModelForCausalLM.from_pretrained(tiny_moe_model, dtype=torch.float32)
-    llm = LLM(model=tiny_moe_model, dtype="float32", max_model_len=32, enforce_eager=True, seed=0,
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=32, enforce_eager=True, seed=0,
               worker_extension_cls=EXTENSION)
     try:
         used = llm.collective_rpc("roll_gspo_prepare_weight_updates", args=(mode,))[0]
