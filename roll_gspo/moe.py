@@ -141,20 +141,22 @@ class TrainerRouting:
     replay it (`router_replay`), add the load-balancing loss (`moe_aux_loss_coef`), and measure
     routing metrics. `attach` returns None for a dense model (and refuses MoE keys for one)."""
 
-    def __init__(self, hooks: RouterHooks, router_replay: bool, aux_loss_coef: float):
+    def __init__(self, hooks: RouterHooks, router_replay: bool, aux_loss_coef: float, infer_batch_size: int = 64):
         self.hooks = hooks
         self.router_replay = router_replay
         self.aux_loss_coef = aux_loss_coef
+        self.infer_batch_size = infer_batch_size  # rows per no-grad pass of `step_metrics`
 
     @classmethod
-    def attach(cls, model: torch.nn.Module, router_replay: bool, aux_loss_coef: float) -> Optional["TrainerRouting"]:
+    def attach(cls, model: torch.nn.Module, router_replay: bool, aux_loss_coef: float,
+               infer_batch_size: int = 64) -> Optional["TrainerRouting"]:
         if not find_routers(model):
             used = [key for key, on in (("router_replay", router_replay), ("moe_aux_loss_coef", aux_loss_coef)) if on]
             if used:
                 raise ValueError(f"{', '.join(used)} set, but the model has no Mixture-of-Experts routers "
                                  f"(top-k router modules); these keys act on MoE models only")
             return None
-        return cls(RouterHooks(model), router_replay, aux_loss_coef)
+        return cls(RouterHooks(model), router_replay, aux_loss_coef, infer_batch_size)
 
     def capture(self, replay: Optional[torch.Tensor] = None):
         return self.hooks.capture(replay)
@@ -189,5 +191,3 @@ class TrainerRouting:
         return {"moe/expert_volatility": expert_set_change_fraction(old, torch.cat(new).long(), mask),
                 "moe/load_balance_max_over_mean": load_balance_max_over_mean(old, mask, self.hooks.num_experts),
                 "moe/aux_loss_coef": self.aux_loss_coef, "moe/router_replay": float(self.router_replay)}
-
-    infer_batch_size = 64

@@ -50,10 +50,8 @@ class ActorTrainWorker(RankWorker):
         """Routing hooks for an MoE policy (record, replay, aux loss, metrics); None if dense."""
         from roll_gspo.moe import TrainerRouting
 
-        routing = TrainerRouting.attach(self.engine.module, self.cfg.router_replay, self.cfg.moe_aux_loss_coef)
-        if routing is not None:
-            routing.infer_batch_size = self.role.infer_batch_size
-        return routing
+        return TrainerRouting.attach(self.engine.module, self.cfg.router_replay, self.cfg.moe_aux_loss_coef,
+                                     self.role.infer_batch_size)
 
     def _routing(self, replay=None):
         return self.moe.capture(replay) if self.moe is not None else nullcontext()
