@@ -36,7 +36,8 @@ from pipelines.common import prepare_models, progress_bar
 logger = logging.getLogger("roll_gspo")
 REWARD_WORKER_RESTARTS = 3  # per reward worker and run
 TRAINER_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "old_log_probs",
-                   "advantages", "ref_log_probs", "rollout_log_probs", "loss_mask")
+                   "advantages", "ref_log_probs", "rollout_log_probs", "loss_mask",
+                   "routed_experts")
 
 
 class RLVRPipeline:
@@ -158,8 +159,13 @@ class RLVRPipeline:
                      if cfg.old_logprob_source == "trainer" else None)
             if pending_rewards is None:
                 pending_rewards = self._start_rewards(batch)
-            batch["old_log_probs"] = (self.actor_train.collect(calls)["old_log_probs"] if calls is not None
-                                      else batch["rollout_log_probs"])
+            if calls is not None:
+                scored = self.actor_train.collect(calls)
+                batch["old_log_probs"] = scored["old_log_probs"]
+                if "routed_experts" in scored:  # MoE: the experts the old policy chose (replay, volatility)
+                    batch["routed_experts"] = scored["routed_experts"]
+            else:
+                batch["old_log_probs"] = batch["rollout_log_probs"]
         with _timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
             self._collect_rewards(batch, pending_rewards)
         reward_metrics = self._reward_metrics(batch)

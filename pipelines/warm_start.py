@@ -1,6 +1,7 @@
-"""Builder of `builtin:tiny-arith`: the random-init base model after a short SFT run
-(configs/sft_tiny_arith.yaml), so RL starts from a model that knows the answer format but is
-still often wrong. Registered with roll_gspo.builtin and run on first use, then cached."""
+"""Builders of `builtin:tiny-arith` and `builtin:tiny-moe`: the random-init base models after a
+short SFT run (configs/sft_tiny_arith.yaml, configs/sft_tiny_moe.yaml), so RL starts from a model
+that knows the answer format but is still often wrong. Registered with roll_gspo.builtin and run
+on first use, then cached."""
 from __future__ import annotations
 
 import logging
@@ -12,21 +13,32 @@ from roll_gspo.builtin import register_builtin_model
 
 logger = logging.getLogger("roll_gspo")
 SFT_CONFIG = "sft_tiny_arith.yaml"
+MOE_SFT_CONFIG = "sft_tiny_moe.yaml"
 
 
-def build_tiny_arith(folder: str) -> None:
+def warm_start(folder: str, sft_config: str, name: str) -> None:
+    """Run the SFT pipeline with `sft_config` and copy its final model into `folder`."""
     from roll_gspo.config import load_config
 
     from pipelines.sft_pipeline import greedy_accuracy, run_sft
 
     with tempfile.TemporaryDirectory(prefix="roll_gspo_sft_") as work:
-        cfg = load_config(SFT_CONFIG, [f"output_dir={work}"])
-        logger.info("warm-starting builtin:tiny-arith with SFT (%s); runs once, then cached", SFT_CONFIG)
+        cfg = load_config(sft_config, [f"output_dir={work}"])
+        logger.info("warm-starting %s with SFT (%s); runs once, then cached", name, sft_config)
         run_sft(cfg)
-        for name in os.listdir(os.path.join(work, "final_model")):
-            shutil.copy2(os.path.join(work, "final_model", name), folder)
+        for entry in os.listdir(os.path.join(work, "final_model")):
+            shutil.copy2(os.path.join(work, "final_model", entry), folder)
     accuracy = greedy_accuracy(folder, ["builtin:arith/val"], max_new_tokens=8)
-    logger.info("builtin:tiny-arith warm start: greedy validation accuracy %.3f", accuracy)
+    logger.info("%s warm start: greedy validation accuracy %.3f", name, accuracy)
+
+
+def build_tiny_arith(folder: str) -> None:
+    warm_start(folder, SFT_CONFIG, "builtin:tiny-arith")
+
+
+def build_tiny_moe(folder: str) -> None:
+    warm_start(folder, MOE_SFT_CONFIG, "builtin:tiny-moe")
 
 
 register_builtin_model("builtin:tiny-arith", build_tiny_arith)
+register_builtin_model("builtin:tiny-moe", build_tiny_moe)

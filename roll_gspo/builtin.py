@@ -178,6 +178,51 @@ def write_base_model(folder: str, *, seed: int = 0, size: str = "tiny") -> None:
     tokenizer.save_pretrained(folder)
 
 
+# Qwen3-MoE: every layer sparse, `num_experts` experts of width `moe_intermediate_size`, top-k
+# routing. Widths are multiples of 32 (vLLM's CPU MoE kernel alignment; no padding at load).
+MOE_MODEL_SIZES: Dict[str, Dict[str, int]] = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=32, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2),
+    "micro": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+}
+
+
+def write_base_moe_model(folder: str, *, seed: int = 0, size: str = "tiny") -> None:
+    """Save a random-init Qwen3MoeForCausalLM plus the char tokenizer into ``folder`` (not atomic).
+
+    Checkpoint naming is transformers' (per-expert tensors), which vLLM and transformers load.
+    Router logits are not returned by default: the auxiliary load-balancing loss is opt-in
+    (`moe_aux_loss_coef`)."""
+    if size not in MOE_MODEL_SIZES:
+        raise ValueError(f"unknown MoE model size {size!r}; valid: {sorted(MOE_MODEL_SIZES)}")
+    import torch
+    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=256, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        use_cache=True, intermediate_size=4 * MOE_MODEL_SIZES[size]["hidden_size"], decoder_sparse_step=1,
+        norm_topk_prob=True, output_router_logits=False, router_aux_loss_coef=0.0,
+        **MOE_MODEL_SIZES[size])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3MoeForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+def build_base_moe_model(folder: str, *, seed: int = 0, size: str = "tiny") -> str:
+    """Build the base MoE model into ``folder`` atomically; an existing ``folder`` is reused."""
+    if size not in MOE_MODEL_SIZES:
+        raise ValueError(f"unknown MoE model size {size!r}; valid: {sorted(MOE_MODEL_SIZES)}")
+    return build_atomically(folder, lambda tmp: write_base_moe_model(tmp, seed=seed, size=size),
+                            what=f"base MoE model ({size}, seed {seed})")
+
+
 def build_base_model(folder: str, *, seed: int = 0, size: str = "tiny") -> str:
     """Build the base model into ``folder`` atomically; an existing ``folder`` is reused as is."""
     if size not in MODEL_SIZES:
@@ -231,6 +276,15 @@ register_builtin_model(
 register_builtin_model(
     "builtin:tiny-arith", None, provider="pipelines.warm_start",
     description="builtin:tiny-arith-base after SFT on builtin:arith/sft (configs/sft_tiny_arith.yaml).")
+
+
+register_builtin_model(
+    "builtin:tiny-moe-base", lambda folder: write_base_moe_model(folder, seed=0, size="tiny"),
+    description="Random-init 4-layer Qwen3-MoE (hidden 128, 8 experts of width 64, top-2) with the "
+                "char-level tokenizer.")
+register_builtin_model(
+    "builtin:tiny-moe", None, provider="pipelines.warm_start",
+    description="builtin:tiny-moe-base after SFT on builtin:arith_easy/sft_biased (configs/sft_tiny_moe.yaml).")
 
 
 def builtin_model_folder(name: str, cache_dir: Optional[str] = None) -> str:

@@ -41,3 +41,11 @@ def ray_session(session_cache):
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(session_cache):
+    """A random-init micro Qwen3-MoE (2 layers, 4 experts, top-2, head_dim 32), char tokenizer."""
+    from roll_gspo.builtin import build_base_moe_model
+
+    return build_base_moe_model(os.path.join(session_cache, "test-moe-model"), seed=0, size="micro")

@@ -573,6 +573,16 @@ class PipelineConfig:
                 "elsewhere layerwise. layerwise: always vLLM's layerwise reload (any model and "
                 "quantization, no extra memory).",
         VLLM_WEIGHT_UPDATES)
+    # --- Mixture-of-Experts (ignored keys are refused for dense models) ---
+    router_replay: bool = _f(
+        False, "Routing Replay (MoE only): the experts each token was routed to when the old "
+               "log-probs were computed are replayed in every training forward pass (router "
+               "weights still come from the current router). The GSPO paper's stabiliser for "
+               "token-level GRPO on MoE models, which GSPO does without.")
+    moe_aux_loss_coef: float = _f(
+        0.0, "Weight of the MoE auxiliary load-balancing loss (Switch Transformer form, 1.0 when "
+             "balanced) added to the policy loss (MoE only; 0: off). Its value is logged as "
+             "`moe/aux_loss` for MoE models either way.")
 
     # --- ROLL's algorithm keys (roll_gspo.config.roll_compat) ---
     pg_clip: Optional[float] = _f(

@@ -206,6 +206,11 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
             f"mini-batch actor_train.training_args.per_device_train_batch_size * "
             f"gradient_accumulation_steps * actor_train.world_size = {args.per_device_train_batch_size} "
             f"* {args.gradient_accumulation_steps} * {cfg.actor_train.world_size} = {mini}")
+    if cfg.moe_aux_loss_coef < 0:
+        problems.append(f"moe_aux_loss_coef must be >= 0 (0: off), got {cfg.moe_aux_loss_coef}")
+    if cfg.router_replay and cfg.old_logprob_source != "trainer":
+        problems.append("router_replay: true replays the experts recorded while the trainer computes the old "
+                        "log-probs; it needs old_logprob_source: trainer")
     if cfg.adv_estimator in ("grpo", "rloo") and group < 2:
         problems.append(f"adv_estimator {cfg.adv_estimator!r} needs num_return_sequences_in_group >= 2 "
                         f"(a group baseline of one response is the response itself), got {group}")

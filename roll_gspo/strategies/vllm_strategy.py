@@ -125,9 +125,17 @@ class WeightUpdateExtension:
 
     def roll_gspo_prepare_weight_updates(self, method: str) -> str:
         """Choose and set up the update mode once, at start-up; returns it."""
+        from roll_gspo.strategies.vllm_moe import DirectMoeUpdate, check_layerwise_supported, cpu_moe_layers
+
         self._roll_gspo_packed = None
+        # vLLM's CPU MoE layers re-pack their experts only on the first load: both modes finish them here.
+        self._roll_gspo_moe = cpu_moe_layers(self.get_model())
         if method == "auto":
             self._roll_gspo_packed = _keep_plain_linear_weights(self.get_model(), self.vllm_config)
+        if self._roll_gspo_packed is None:
+            check_layerwise_supported(self._roll_gspo_moe)
+        self._roll_gspo_moe_direct = (DirectMoeUpdate(self._roll_gspo_moe)
+                                      if self._roll_gspo_packed is not None and self._roll_gspo_moe else None)
         self._roll_gspo_unchecked = True
         # Direct loads skip second names of one tensor (tied embeddings): the loaders refuse a
         # bucket holding the alias without its first name, and loading the first updates both.
@@ -138,6 +146,8 @@ class WeightUpdateExtension:
         return "layerwise" if self._roll_gspo_packed is None else "direct"
 
     def roll_gspo_begin_weight_update(self) -> None:
+        if self._roll_gspo_moe_direct is not None:
+            self._roll_gspo_moe_direct.begin()
         if self._roll_gspo_packed is None:
             from vllm.config import set_current_vllm_config
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -161,6 +171,9 @@ class WeightUpdateExtension:
                 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
                 finalize_layerwise_reload(self.get_model(), self.model_config)
+                from roll_gspo.strategies.vllm_moe import repack_after_layerwise
+
+                repack_after_layerwise(self._roll_gspo_moe)
                 return
             from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
@@ -171,6 +184,8 @@ class WeightUpdateExtension:
                                        f"checkpoint names must match the trained model's")
                 dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
             self._roll_gspo_unchecked = False
+            if self._roll_gspo_moe_direct is not None:
+                self._roll_gspo_moe_direct.finish()
 
 
 def _keep_plain_linear_weights(model, vllm_config) -> Optional[List[Tuple[str, Any]]]:
@@ -185,6 +200,8 @@ def _keep_plain_linear_weights(model, vllm_config) -> Optional[List[Tuple[str, A
         from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
         from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
         from vllm.platforms import current_platform
+
+        from roll_gspo.strategies.vllm_moe import is_unquantized_moe_method
     except ImportError as exc:  # another vLLM version: its layerwise reload still works
         logger.warning("vLLM direct weight updates unavailable (%s); using layerwise reload", exc)
         return None
@@ -193,6 +210,8 @@ def _keep_plain_linear_weights(model, vllm_config) -> Optional[List[Tuple[str, A
     packed, freed = [], []
     for name, layer in model.named_modules():
         method = getattr(layer, "quant_method", None)
+        if is_unquantized_moe_method(method):
+            continue  # fused experts: roll_gspo.strategies.vllm_moe updates them
         if method is not None and type(method) not in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
             return None
         if not hasattr(layer, "cpu_linear") or getattr(layer, "_cpu_skip_gemm_dispatch", False):

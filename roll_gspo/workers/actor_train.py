@@ -4,6 +4,7 @@ the whole mini-batch across ranks and micro-batches."""
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -51,6 +52,17 @@ class ActorTrainWorker(RankWorker):
         self.strategy = DeepSpeedStrategy(self.role, train=True, total_optimizer_steps=self.total_optimizer_steps,
                                           seed=self.cfg.seed)
         self.engine = self.strategy.engine
+        self.moe = self._attach_moe_routing()
+
+    def _attach_moe_routing(self):
+        """Routing hooks for an MoE policy (record, replay, aux loss, metrics); None if dense."""
+        from roll_gspo.moe import TrainerRouting
+
+        return TrainerRouting.attach(self.engine.module, self.cfg.router_replay, self.cfg.moe_aux_loss_coef,
+                                     self.role.infer_batch_size)
+
+    def _routing(self, replay=None):
+        return self.moe.capture(replay) if self.moe is not None else nullcontext()
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch) -> Batch:
@@ -59,11 +71,25 @@ class ActorTrainWorker(RankWorker):
         micro = self.role.infer_batch_size
         passes = self.strategy.scoring_passes(num_micro_batches(len(batch), micro))
         self.engine.eval()
+        if self.moe is None:
+            try:
+                log_probs = score_micro_batches(self.engine, batch, micro, self.temperature, passes)
+            finally:
+                self.engine.train()
+            return Batch({"old_log_probs": log_probs})
+        # MoE: micro-batch by micro-batch, recording the experts the old policy chose (replayed,
+        # and compared after the update). Uneven ZeRO-3 shards are not padded on this path.
+        parts, routed = [], []
         try:
-            log_probs = score_micro_batches(self.engine, batch, micro, self.temperature, passes)
+            for chunk in micro_batches(len(batch), micro):
+                part = batch.select(range(chunk.start, chunk.stop))
+                with self._routing():
+                    log_probs, _ = forward_log_probs(self.engine, part, self.temperature)
+                parts.append(log_probs)
+                routed.append(self.moe.recorded(part["input_ids"]))
         finally:
             self.engine.train()
-        return Batch({"old_log_probs": log_probs})
+        return Batch({"old_log_probs": torch.cat(parts), "routed_experts": torch.cat(routed)})
 
     def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None) -> Dict[str, float]:
         """GSPO update on this rank's shard. Needs tensors input_ids, attention_mask,
@@ -87,9 +113,19 @@ class ActorTrainWorker(RankWorker):
                 self._train_mini_batch(mini, metrics, before_any_update=first)
                 first = False
         result = metrics.reduce(self.strategy.all_reduce_sum)
+        if self.moe is not None and "routed_experts" in batch:
+            result.update(self._moe_step_metrics(batch))
         if sync_to is not None:
             result.update(self.sync_weights_to(sync_to))
         return result
+
+    @torch.no_grad()
+    def _moe_step_metrics(self, batch: Batch) -> Dict[str, float]:
+        self.engine.eval()
+        try:
+            return self.moe.step_metrics(batch, lambda micro: forward_log_probs(self.engine, micro, self.temperature))
+        finally:
+            self.engine.train()
 
     def _train_mini_batch(self, mini: Batch, metrics: SplitInvariantMetrics, before_any_update: bool) -> None:
         cfg, args = self.cfg, self.role.training_args
@@ -101,8 +137,10 @@ class ActorTrainWorker(RankWorker):
         for chunk in micro_batches(len(mini), args.per_device_train_batch_size):
             micro = mini.select(range(chunk.start, chunk.stop))
             micro_mask = loss_mask(micro)
-            log_probs, entropy = forward_log_probs(self.engine, micro, self.temperature, with_entropy=True,
-                                                   entropy_grad=cfg.entropy_loss_coef > 0)
+            replay = micro["routed_experts"] if cfg.router_replay else None
+            with self._routing(replay):
+                log_probs, entropy = forward_log_probs(self.engine, micro, self.temperature, with_entropy=True,
+                                                       entropy_grad=cfg.entropy_loss_coef > 0)
             loss, pg_metrics = policy_loss(
                 log_probs, micro["old_log_probs"], micro["advantages"], micro_mask,
                 importance_sampling=cfg.importance_sampling, clip_low=cfg.pg_clip_low, clip_high=cfg.pg_clip_high,
@@ -115,6 +153,10 @@ class ActorTrainWorker(RankWorker):
                                                norm_length=cfg.loss_norm_length)
                 loss = loss + cfg.kl_loss_coef * kl_value
                 pg_metrics = {**pg_metrics, **kl_metrics}
+            if self.moe is not None:
+                aux_term, moe_metrics = self.moe.train_forward_extras(micro, num_seqs)
+                loss = loss if aux_term is None else loss + aux_term
+                pg_metrics = {**pg_metrics, **moe_metrics}
             if cfg.entropy_loss_coef > 0:  # entropy bonus, aggregated like the policy loss
                 entropy_term = aggregate_loss(entropy, micro_mask, cfg.loss_agg_mode, num_seqs=num_seqs,
                                               num_tokens=num_tokens, norm_length=cfg.loss_norm_length)
