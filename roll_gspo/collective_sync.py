@@ -160,7 +160,7 @@ class CollectiveSender:
         from roll_gspo.distributed.cluster import free_port, node_address
 
         self.receivers, self.timeout_s = list(receivers), timeout_s
-        counts = self._wait([r.weight_receivers.remote() for r in self.receivers], "count its workers")
+        counts = self._wait([r.weight_receivers.remote() for r in self.receivers], "report their worker count")
         world_size = 1 + sum(counts)
         host, port, backend = node_address(), free_port(), group_backend()
         joins, first_rank = [], 1

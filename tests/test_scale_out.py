@@ -46,3 +46,83 @@ def test_tensor_parallel_with_enough_cores_and_collective_load(tmp_path):
     cfg = load(tmp_path, overrides=["+actor_infer.strategy_args.strategy_config.tensor_parallel_size=2",
                                     "actor_infer.num_cpus_per_worker=2", "weight_sync_transport=collective"])
     assert cfg.weight_sync_transport == "collective"
+
+
+class BucketSink:
+    """A rollout rank's weight-receiving end (the real CollectiveReceiver) without an engine: it
+    keeps what arrives; `stall` makes it never take the next broadcast."""
+
+    def __init__(self):
+        from roll_gspo.collective_sync import CollectiveReceiver
+
+        self.receiver, self.got, self.stall = CollectiveReceiver(), [], False
+
+    def node_id(self):
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def weight_receivers(self):
+        return 1
+
+    def join_weight_group(self, *args):
+        self.receiver.join(*args)
+
+    def stall_next(self):
+        self.stall = True
+
+    def load_weight_bucket(self, meta, first, last):
+        if self.stall:
+            import time
+
+            time.sleep(3600)
+        self.got += self.receiver.receive(meta)
+
+    def received(self):
+        return self.got
+
+
+def start_sinks(ray, count):
+    # concurrency 2: `stall_next` must reach a sink whose previous load is still queued.
+    sinks = [ray.remote(num_cpus=0.1, max_concurrency=2)(BucketSink).remote() for _ in range(count)]
+    ray.get([s.node_id.remote() for s in sinks])  # started (slow on a busy machine) before any deadline runs
+    return sinks
+
+
+@pytest.mark.e2e
+def test_collective_transport_delivers_every_bucket(ray_session):
+    from roll_gspo.weight_sync import WeightSender
+
+    sinks = start_sinks(ray_session, 2)
+    sender = WeightSender(sinks, "collective", 1 << 20, timeout_s=60)
+    buckets = [[("w1", torch.randn(8, 4)), ("b1", torch.randn(4).to(torch.bfloat16))], [("w2", torch.randn(3, 3))]]
+    for index, bucket in enumerate(buckets):
+        sender.send(bucket, first=index == 0, last=index == len(buckets) - 1)
+    sent = [pair for bucket in buckets for pair in bucket]
+    for got in ray_session.get([s.received.remote() for s in sinks]):
+        assert [name for name, _ in got] == [name for name, _ in sent]
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(got, sent))
+    for sink in sinks:
+        ray_session.kill(sink)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("failure, expected", [("dies", "died"), ("stalls", "within weight_sync_timeout_s = 10 s")])
+def test_collective_transport_fails_clearly_when_a_receiver_is_lost(ray_session, failure, expected):
+    """A rollout worker that dies or stops answering mid-sync fails the sync with a WeightSyncError
+    within the deadline instead of hanging the trainer."""
+    from roll_gspo.collective_sync import WeightSyncError
+    from roll_gspo.weight_sync import WeightSender
+
+    sinks = start_sinks(ray_session, 2)
+    sender = WeightSender(sinks, "collective", 1 << 20, timeout_s=10)
+    bucket = [("w", torch.randn(64, 64))]
+    sender.send(bucket, first=True, last=False)
+    if failure == "dies":
+        ray_session.kill(sinks[1])
+    else:
+        ray_session.get(sinks[1].stall_next.remote())
+    with pytest.raises(WeightSyncError, match=expected):
+        sender.send(bucket, first=False, last=True)
+    for sink in sinks:
+        ray_session.kill(sink)
