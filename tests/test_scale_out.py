@@ -126,3 +126,48 @@ def test_collective_transport_fails_clearly_when_a_receiver_is_lost(ray_session,
         sender.send(bucket, first=False, last=True)
     for sink in sinks:
         ray_session.kill(sink)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("tp_size, transport, bucket_mb", [(2, "auto", 256.0), (2, "collective", 0.02),
+                                                           (1, "collective", 0.02)])
+def test_weight_sync_reaches_every_tensor_parallel_worker(tmp_path, tiny_model, ray_session, tp_size, transport,
+                                                          bucket_mb):
+    """vLLM with TP workers in processes of their own inside the Ray actor: after each of two
+    steps and syncs, its log-probs of fixed sequences equal the trainer's as tightly as the TP = 1
+    test does (tests/test_pipeline_e2e.py), by shared memory and by the collective transport (in
+    many buckets, so a layer's tensors span buckets)."""
+    import ray
+
+    from pipelines.rlvr_pipeline import RLVRPipeline
+    from roll_gspo.distributed.batch import Batch
+    from tests.test_pipeline_e2e import write_config
+
+    engine = {"max_model_len": 32, "enforce_eager": True, "tensor_parallel_size": tp_size}
+    cfg = write_config(tmp_path, tiny_model, max_steps=2, weight_sync_transport=transport,
+                       weight_sync_bucket_mb=bucket_mb, weight_sync_timeout_s=300,
+                       actor_infer={"strategy_args": {"strategy_config": engine}, "num_cpus_per_worker": tp_size})
+    pipeline = RLVRPipeline(cfg)
+    try:
+        infer = pipeline.actor_infer.workers[0]
+        assert ray.get(infer.weight_receivers.remote()) == tp_size
+        fixed = Batch(meta={"prompt_ids": [[20, 21, 15, 22], [23, 24, 15], [25, 15, 26, 27, 28]],
+                            "response_ids": [[20, 21, 1], [22, 1], [23, 24, 25, 1]]})
+        pipeline._add_sequence_tensors(fixed)
+
+        def gaps():
+            vllm_rows = ray.get(infer.score.remote(fixed))
+            trainer = pipeline.actor_train.dispatch("compute_log_probs", pipeline._view(fixed))["old_log_probs"]
+            vllm = [torch.tensor(r) for r in vllm_rows]
+            return vllm, max(float((v - trainer[i, :len(v)]).abs().max()) for i, v in enumerate(vllm))
+
+        before, gap = gaps()
+        assert gap < 1e-3
+        for step in (1, 2):
+            pipeline.step(step)  # generate, reward, train, sync
+            after, gap = gaps()
+            assert gap < 1e-3, (step, gap)
+            assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-3  # weights did change
+            before = after
+    finally:
+        pipeline.shutdown()
