@@ -52,3 +52,14 @@ def test_fits_and_does_not_fit_with_the_reason():
     shared = DeviceUse("node0/gpu0", 80 * GIB, roles={"actor_infer": rollout}, limits={"actor_infer": 0.5})
     assert any("actor_infer needs" in p and "may use 0.5 x" in p for p in plan_problems([shared]))
     assert "actor_infer:" in shared.describe()
+
+
+def test_dry_run_prints_the_plan_and_refuses_what_does_not_fit(tmp_path, tiny_model):
+    from roll_gspo.cli import main
+
+    config = str(tmp_path / "c.yaml")
+    with open(config, "w") as handle:
+        handle.write(f"pretrain: {tiny_model}\nactor_train:\n  data_args:\n    file_name: [builtin:arith/train]\n")
+    # The default batch: 64 prompts x 8 responses of 6144 tokens hold ~3 GiB of the tiny model's KV cache.
+    assert main(["--config", config, "--dry-run", "--device-memory-gb", "8"]) == 0
+    assert main(["--config", config, "--dry-run", "--device-memory-gb", "1"]) == 1
