@@ -15,8 +15,10 @@ ranks), for every transport:
 * `collective`: the weight-sync group (gloo here, NCCL on GPUs), one broadcast per bucket.
 
 Receivers take each bucket as a rollout rank does (`receive_bucket` / `CollectiveReceiver`) and
-drop it: this measures the transport, not the engine's weight load (which is the same for all
-transports). The first sync of each transport (group set-up, segment creation) is a warm-up and
+copy every tensor into a weight buffer of their own, as an engine's weight loader would (the
+object store hands out zero-copy views of its shared memory, so without that copy it would be
+measured doing less work than the others). The engine's own load (vLLM's loaders, re-packing) is
+not measured: it is the same for all transports. The first sync of each transport (group set-up, segment creation) is a warm-up and
 not counted. GB/s is the model's bytes over the median sync time (per receiver, not summed).
 """
 from __future__ import annotations
@@ -79,6 +81,7 @@ class TransportSink:
         from roll_gspo.weight_sync import SharedSegmentReader
 
         self.shared, self.collective, self.received_bytes = SharedSegmentReader(), CollectiveReceiver(), 0
+        self.weights = {}  # name -> this receiver's copy
 
     def node_id(self) -> str:
         import ray
@@ -97,7 +100,11 @@ class TransportSink:
 
         tensors = (self.collective.receive(bucket) if isinstance(bucket, CollectiveBucket)
                    else receive_bucket(bucket, self.shared))
-        self.received_bytes += sum(t.numel() * t.element_size() for _, t in tensors)
+        for name, tensor in tensors:
+            if name not in self.weights:
+                self.weights[name] = torch.empty_like(tensor)
+            self.weights[name].copy_(tensor)
+            self.received_bytes += tensor.numel() * tensor.element_size()
 
 
 def measure(weights, transport: str, receivers: int, bucket_mb: float, repeats: int) -> Dict[str, float]:
@@ -135,8 +142,12 @@ def main(argv=None) -> int:
     parser.add_argument("--bucket-mb", type=float, default=256.0, help="weight_sync_bucket_mb")
     parser.add_argument("--repeats", type=int, default=3, help="measured syncs per transport (after 1 warm-up)")
     parser.add_argument("--smoke", action="store_true", help="micro model, 1 repeat, small buckets")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the sending process (Ray gives a training rank of < 2 CPUs one; "
+                             "on a busy machine a 2-thread copy waits for both threads to be scheduled)")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     if args.smoke:
         args.sizes, args.repeats, args.bucket_mb = ["micro"], 1, 0.05
 
