@@ -129,8 +129,7 @@ def test_collective_transport_fails_clearly_when_a_receiver_is_lost(ray_session,
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("tp_size, transport, bucket_mb", [(2, "auto", 256.0), (2, "collective", 0.02),
-                                                           (1, "collective", 0.02)])
+@pytest.mark.parametrize("tp_size, transport, bucket_mb", [(2, "auto", 256.0), (2, "collective", 0.02)])
 def test_weight_sync_reaches_every_tensor_parallel_worker(tmp_path, tiny_model, ray_session, tp_size, transport,
                                                           bucket_mb):
     """vLLM with TP workers in processes of their own inside the Ray actor: after each of two
