@@ -65,15 +65,17 @@ def test_dry_run_prints_the_plan_and_refuses_what_does_not_fit(tmp_path, tiny_mo
     assert main(["--config", config, "--dry-run", "--device-memory-gb", "1"]) == 1
 
 
-def test_gpu_recipe_passes_dry_run_on_80gb_devices_and_not_on_24gb(tmp_path):
-    """configs/gpu/qwen2.5-7b_8gpu.yaml against a folder holding only Qwen2.5-7B's config.json."""
+@pytest.mark.parametrize("recipe, config", [("qwen2.5-7b_8gpu.yaml", QWEN25_7B),
+                                            ("qwen3-30b-a3b_16gpu.yaml", QWEN3_30B_A3B)])
+def test_gpu_recipe_passes_dry_run_on_80gb_devices_and_not_on_24gb(tmp_path, recipe, config):
+    """configs/gpu/ recipes against a folder holding only the model's config.json."""
     import json
     from pathlib import Path
 
     from roll_gspo.cli import main
 
-    (tmp_path / "config.json").write_text(json.dumps({**QWEN25_7B, "architectures": ["Qwen2ForCausalLM"]}))
-    recipe = str(Path(__file__).resolve().parents[1] / "configs" / "gpu" / "qwen2.5-7b_8gpu.yaml")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    recipe = str(Path(__file__).resolve().parents[1] / "configs" / "gpu" / recipe)
     args = ["--config", recipe, "--dry-run", f"pretrain={tmp_path}"]
     assert main(args + ["--device-memory-gb", "80"]) == 0
     assert main(args + ["--device-memory-gb", "24"]) == 1
