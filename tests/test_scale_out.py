@@ -161,11 +161,13 @@ def test_weight_sync_reaches_every_tensor_parallel_worker(tmp_path, tiny_model, 
             return vllm, max(float((v - trainer[i, :len(v)]).abs().max()) for i, v in enumerate(vllm))
 
         before, gap = gaps()
-        assert gap < 1e-3
+        print(f"TP {tp_size}, {transport}: before any sync, max |vLLM - trainer| log-prob = {gap:.2e}")
+        assert gap < 1e-4
         for step in (1, 2):
             pipeline.step(step)  # generate, reward, train, sync
             after, gap = gaps()
-            assert gap < 1e-3, (step, gap)
+            print(f"TP {tp_size}, {transport}: after sync {step}, max |vLLM - trainer| log-prob = {gap:.2e}")
+            assert gap < 1e-4, (step, gap)  # float32 rounding (~5e-7 measured, TP 1 and 2 alike)
             assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-3  # weights did change
             before = after
     finally:
