@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="validate config, data files, model folder and reward functions without "
                              "starting Ray; exit 0 if all is well, 1 with the errors otherwise")
+    parser.add_argument("--device-memory-gb", type=float, default=None,
+                        help="with --dry-run: print an estimate of memory per device (weights, gradients, "
+                             "optimizer by ZeRO stage, activations, vLLM KV cache) for devices of this many GiB "
+                             "and exit 1 when a role does not fit")
     parser.add_argument("overrides", nargs="*", help="Hydra-style overrides")
     return parser
 
@@ -43,6 +47,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.dry_run:
+        if args.device_memory_gb and _memory_plan_fails(cfg, args.device_memory_gb):
+            return 1
         print(f"dry run: config {args.config!r} is valid ({cfg.pipeline} pipeline, "
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
         return 0
@@ -64,3 +70,13 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"resume_from_checkpoint=auto", file=sys.stderr)
         return 130
     return 0
+
+
+def _memory_plan_fails(cfg, device_memory_gb: float) -> bool:
+    from roll_gspo.memory_plan import config_memory_plan
+
+    text, problems = config_memory_plan(cfg, device_memory_gb)
+    print(text)
+    for problem in problems:
+        print(f"error: does not fit: {problem}", file=sys.stderr)
+    return bool(problems)

@@ -7,7 +7,10 @@ by one of two transports:
   reused every sync, and the receivers copy it out. No Ray object store (a put of a few MB
   costs 1-20 ms of raylet round trips on a busy CPU box, against 0.1 ms for the copy);
 * Ray's object store, to rollout ranks on other nodes (and to all of them with
-  `weight_sync_transport: object_store`), as numpy arrays.
+  `weight_sync_transport: object_store`), as numpy arrays;
+* with `weight_sync_transport: collective` (what `auto` picks when the sender has a GPU), a
+  torch.distributed broadcast to every rollout worker (`roll_gspo.collective_sync`).
+How a bucket then reaches each worker of a tensor-parallel vLLM engine: `strategies/vllm_tp.py`.
 """
 from __future__ import annotations
 
@@ -57,7 +60,13 @@ def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSende
 class WeightSender:
     """Rank 0's end of weight sync: picks each receiver's transport once, then delivers buckets."""
 
-    def __init__(self, receivers: Sequence[Any], transport: str, bucket_bytes: int):
+    def __init__(self, receivers: Sequence[Any], transport: str, bucket_bytes: int, timeout_s: float = 600.0):
+        self.collective = None
+        if transport == "collective" or (transport == "auto" and torch.cuda.is_available()):
+            from roll_gspo.collective_sync import CollectiveSender
+
+            self.collective = CollectiveSender(receivers, timeout_s)
+            return
         here = ray.get_runtime_context().get_node_id()
         nodes = ray.get([r.node_id.remote() for r in receivers])
         local = transport == "auto" and shared_memory_available(2 * bucket_bytes)
@@ -69,6 +78,9 @@ class WeightSender:
         self.segment = SharedSegmentWriter() if self.by_shared_memory else None
 
     def send(self, bucket: List[Tuple[str, torch.Tensor]], first: bool, last: bool) -> None:
+        if self.collective is not None:
+            self.collective.send(bucket, first, last)
+            return
         calls = []
         if self.by_shared_memory:
             shared = self.segment.write(bucket)

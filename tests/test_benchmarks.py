@@ -106,3 +106,22 @@ def test_logprob_memory_benchmark_smoke():
     assert after["peak_mb"] < 0.8 * before["peak_mb"]
     table = module.format_table(results, args)
     assert "scoring" in table and "train" not in table.splitlines()[-1]
+
+
+@pytest.mark.e2e
+def test_weight_sync_benchmark_smoke(tmp_path):
+    """bench_weight_sync.py --smoke: every transport delivers the micro model (the script checks
+    the bytes each receiver got) and reports a time and GB/s."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "sync.json"
+    script = BENCH.parent / "bench_weight_sync.py"
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parents[1])}
+    done = subprocess.run([sys.executable, str(script), "--smoke", "--json", str(out)], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["transport"] for r in rows] == ["shared_memory", "object_store", "collective"]
+    assert all(r["sync_s_median"] > 0 and r["gb_per_s"] > 0 for r in rows)

@@ -62,7 +62,7 @@ the way out, and lists every problem at once:
 
 - **Ranges.** Negative `kl_loss_coef`, `init_kl_coef`, `actor_train.training_args.learning_rate`,
   `warmup_steps`, `max_grad_norm`, `weight_decay`; `adam_beta1/2` outside [0, 1);
-  `weight_sync_bucket_mb` <= 0; `temperature` < 0, `top_p` outside (0, 1], `top_k` < -1 (in
+  `weight_sync_bucket_mb` or `weight_sync_timeout_s` <= 0; `temperature` < 0, `top_p` outside (0, 1], `top_k` < -1 (in
   `actor_infer.generating_args` and `validation.generating_args`).
 - **Zero is not null.** An explicit 0 for `max_new_tokens`, `num_return_sequences` or
   `loss_norm_length` is refused; only null means "the default".
@@ -84,7 +84,10 @@ the way out, and lists every problem at once:
   differing from actor_train's (or a vLLM `model` key); a vLLM `dtype` contradicting
   `actor_infer.model_args.dtype`; DeepSpeed `bf16.enabled` / `fp16.enabled` in a
   `strategy_config` contradicting the role's `model_args.dtype`; a vLLM `max_model_len` below
-  `prompt_length + response_length`; `max_new_tokens` above `response_length`.
+  `prompt_length + response_length`; `max_new_tokens` above `response_length`; a vLLM
+  `tensor_parallel_size` above the rollout rank's reservation (`num_cpus_per_worker` on CPU, one
+  core per TP worker; `num_gpus_per_worker` on GPUs), or with a `distributed_executor_backend`
+  other than `mp`.
 - **Keys a role never reads** (next section).
 
 And warns (logged, the run goes on):

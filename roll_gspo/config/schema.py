@@ -21,7 +21,7 @@ ADV_ESTIMATORS = ["reinforce", "grpo", "rloo"]
 REWARD_NORMS = [None, "group", "batch", "running"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
 OLD_LOGPROB_SOURCES = ["trainer", "rollout"]
-WEIGHT_SYNC_TRANSPORTS = ["auto", "object_store"]
+WEIGHT_SYNC_TRANSPORTS = ["auto", "object_store", "collective"]
 VLLM_WEIGHT_UPDATES = ["auto", "layerwise"]
 DTYPES = ["fp32", "bf16", "fp16"]
 TRAIN_STRATEGIES = ["deepspeed_train"]
@@ -560,11 +560,18 @@ class PipelineConfig:
     weight_sync_bucket_mb: float = _f(256.0, "Weights are sent to vLLM in buckets of at most this "
                                              "many MB (> 0; bounds the extra memory of a sync).")
     weight_sync_transport: str = _f(
-        "auto", "How weight buckets reach the rollout ranks. auto: through one reused shared-memory "
-                "segment to ranks on the trainer's node (needs /dev/shm room for 2 buckets; falls back "
-                "with a warning), Ray's object store to the others. object_store: always the object "
-                "store (slower on one node; for debugging or a small /dev/shm).",
+        "auto", "How weight buckets reach the rollout ranks. auto: collective when the sending "
+                "trainer rank has a GPU; otherwise one reused shared-memory segment to ranks on the "
+                "trainer's node (needs /dev/shm room for 2 buckets; falls back with a warning) and Ray's "
+                "object store to the others. object_store: always the object store (slower on one "
+                "node; for debugging or a small /dev/shm). collective: a torch.distributed group of its "
+                "own (gloo on CPU, NCCL on GPUs) between trainer rank 0 and every rollout worker (each "
+                "vLLM tensor-parallel worker included), one broadcast per bucket; any node.",
         WEIGHT_SYNC_TRANSPORTS)
+    weight_sync_timeout_s: float = _f(
+        600.0, "Deadline (> 0) of each step of a weight sync: forming the collective group, every "
+               "broadcast, every rollout rank's load of a bucket. A rollout worker that dies or hangs "
+               "mid-sync then fails the run with an error naming it instead of blocking it.")
     vllm_weight_update: str = _f(
         "auto", "How vLLM takes the new weights. auto: on CPU with an unquantized model, each linear "
                 "layer keeps a plain copy of its weight (vLLM frees it after packing it for oneDNN; "

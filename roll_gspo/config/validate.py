@@ -88,6 +88,8 @@ def _range_problems(cfg: PipelineConfig) -> List[str]:
                             f"reference), got {getattr(cfg, key)}")
     if cfg.weight_sync_bucket_mb <= 0:
         problems.append(f"weight_sync_bucket_mb: must be > 0, got {cfg.weight_sync_bucket_mb}")
+    if cfg.weight_sync_timeout_s <= 0:
+        problems.append(f"weight_sync_timeout_s: must be > 0, got {cfg.weight_sync_timeout_s}")
     if cfg.loss_norm_length < 1:
         problems.append(f"loss_norm_length: must be >= 1 (null means response_length), got {cfg.loss_norm_length}")
     args = cfg.actor_train.training_args
@@ -170,6 +172,9 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
         return problems
     engine = infer.strategy_args.strategy_config
     key = "actor_infer.strategy_args.strategy_config"
+    from roll_gspo.strategies.vllm_tp import tensor_parallel_problems
+
+    problems += tensor_parallel_problems(infer)
     if "dtype" in engine and vllm_dtype_name(engine["dtype"]) != infer.model_args.dtype:
         problems.append(f"{key}.dtype = {engine['dtype']!r} contradicts actor_infer.model_args.dtype = "
                         f"{infer.model_args.dtype!r}; the rollout dtype is set by model_args.dtype only (drop "

@@ -10,6 +10,8 @@ import torch
 
 from roll_gspo.config.rollout_logprobs import vllm_logprobs_mode
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+from roll_gspo.strategies.vllm_tp import (WorkerBucketLoading, WorkerBucketRelay, prepare_tensor_parallel,
+                                          tensor_parallel_size)
 
 logger = logging.getLogger("roll_gspo.vllm")
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -56,7 +58,10 @@ class VllmStrategy:
 
         engine_args = vllm_engine_args(role, max_model_len=max_model_len, seed=seed)
         _check_extension(engine_args["worker_extension_cls"])
+        prepare_tensor_parallel(engine_args)  # TP > 1: multiprocess executor, threads bound (vllm_tp)
+        self.tensor_parallel_size = tensor_parallel_size(engine_args)
         self.llm = LLM(**engine_args)
+        self.relay = WorkerBucketRelay(self.llm)
         self.update_mode = self.llm.collective_rpc("roll_gspo_prepare_weight_updates", args=(weight_update,))[0]
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int,
@@ -102,12 +107,24 @@ class VllmStrategy:
     def load_weights(self, named_tensors: List[Tuple[str, Any]]) -> None:
         self.llm.collective_rpc("roll_gspo_load_weights", args=(named_tensors,))
 
+    def load_bucket(self, payload, reader) -> None:
+        """One bucket as it arrived (shared memory, object store or collective; see vllm_tp):
+        with TP > 1 or a collective bucket the vLLM workers take it themselves."""
+        from roll_gspo.collective_sync import CollectiveBucket
+
+        if self.tensor_parallel_size > 1 or isinstance(payload, CollectiveBucket):
+            self.relay.load(payload, reader)
+        else:  # one in-process worker: tensors are handed over by reference
+            from roll_gspo.weight_sync import receive_bucket
+
+            self.load_weights(receive_bucket(payload, reader))
+
     def finish_weight_update(self) -> None:
         self.llm.collective_rpc("roll_gspo_finish_weight_update")
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
 
 
-class WeightUpdateExtension:
+class WeightUpdateExtension(WorkerBucketLoading):
     """Mixed into every vLLM worker class (`worker_extension_cls`), so that `collective_rpc` can
     call these by name, in-process or in vLLM's worker processes alike, as vLLM's own
     weight-transfer engines do. A custom `worker_extension_cls` must subclass it.

@@ -9,6 +9,7 @@ import torch
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
+from roll_gspo.collective_sync import CollectiveBucket, CollectiveReceiver
 from roll_gspo.rewards.shaping import decode_for_reward
 from roll_gspo.weight_sync import SharedSegmentReader, receive_bucket
 
@@ -18,6 +19,7 @@ class ActorInferWorker(RankWorker):
         super().__init__(dist_env)
         self.cfg = cfg
         self.shared_weights = SharedSegmentReader()
+        self.collective = CollectiveReceiver()  # hf_infer's end of weight_sync_transport: collective
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
@@ -71,6 +73,23 @@ class ActorInferWorker(RankWorker):
         `first` and `last` open and close the engine's update session."""
         if first:
             self.strategy.begin_weight_update()
-        self.strategy.load_weights(receive_bucket(bucket, self.shared_weights))
+        if hasattr(self.strategy, "load_bucket"):  # vLLM: its workers may take the bucket themselves
+            self.strategy.load_bucket(bucket, self.shared_weights)
+        elif isinstance(bucket, CollectiveBucket):
+            self.strategy.load_weights(self.collective.receive(bucket))
+        else:
+            self.strategy.load_weights(receive_bucket(bucket, self.shared_weights))
         if last:
             self.strategy.finish_weight_update()
+
+    # -- weight_sync_transport: collective ----------------------------------------------------------
+    def weight_receivers(self) -> int:
+        """Members this rank adds to the weight-sync group: one per vLLM TP worker (or itself)."""
+        return getattr(self.strategy, "tensor_parallel_size", 1)
+
+    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, timeout_s: float,
+                          backend: str) -> None:
+        if hasattr(self.strategy, "relay"):
+            self.strategy.relay.join_weight_group(host, port, first_rank, world_size, timeout_s, backend)
+        else:
+            self.collective.join(host, port, first_rank, world_size, timeout_s, backend)

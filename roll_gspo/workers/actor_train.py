@@ -214,7 +214,8 @@ class ActorTrainWorker(RankWorker):
     def sync_weights_to(self, receivers: List[Any]) -> Dict[str, float]:
         bucket_bytes = int(self.cfg.weight_sync_bucket_mb * (1 << 20))
         if self.rank == 0 and self.weight_sender is None:  # the rollout ranks are fixed for the run
-            self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes)
+            self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes,
+                                              self.cfg.weight_sync_timeout_s)
         return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
 
     def save_checkpoint(self, folder: str) -> None:
