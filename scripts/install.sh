@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 EXTRAS=${ROLL_GSPO_EXTRAS:-cpu,dev,trackers}
+# The code-sandbox reward isolates programs with bubblewrap (Debian's `bubblewrap`); without it
+# the sandbox falls back to rlimits + a network namespace. Installed here when we may (root + apt).
+if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }) \
+    || echo "note: could not install bubblewrap; the code sandbox will use its rlimits fallback" >&2
+fi
 STAMP=.venv/.roll_gspo_installed
 want="$(sha256sum setup.py | cut -d' ' -f1) $EXTRAS"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
