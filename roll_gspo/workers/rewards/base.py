@@ -50,9 +50,11 @@ class RewardWorker(RankWorker):
 
         import ray
 
-        with warnings.catch_warnings():  # Ray's own property warns about an API it uses itself
-            warnings.simplefilter("ignore")
-            self.restart_unreported = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        self.restart_unreported = False
+        if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:  # in an actor
+            with warnings.catch_warnings():  # Ray's own property warns about an API it uses itself
+                warnings.simplefilter("ignore")
+                self.restart_unreported = bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
     def setup(self) -> None:
         self.ready = True
