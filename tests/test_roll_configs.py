@@ -23,11 +23,9 @@ ROLL_DIR = REPO / "tests" / "data" / "roll"
 ZERO3_SP2 = ROLL_DIR / "rlvr_zero3_sp2.yaml"
 GSPO = ROLL_DIR / "example_gspo.yaml"
 
-# Keys of ROLL's files that other parts of the project declare (placement by device_mapping,
-# per-domain mixing, reward worker options); while they are not in the schema the tests delete
-# them from the command line, afterwards the YAMLs are read as written.
-OTHER_OWNERS = ("actor_train.device_mapping", "actor_infer.device_mapping", "reference.device_mapping",
-                "actor_train.data_args.domain_interleave_probs")
+# ROLL's GPU placement, dropped for a CPU run on the command line (README: "a ROLL YAML runs on a
+# CPU machine by dropping the mappings"); each role then runs world_size ranks on CPUs.
+GPU_PLACEMENT = ("actor_train.device_mapping", "actor_infer.device_mapping", "reference.device_mapping")
 # ROLL's files set num_train_epochs, which an rlvr run never reads (max_steps decides, in ROLL as
 # well); it is refused with that reason (test_never_read_roll_keys), so the runs drop it.
 NEVER_READ = ("~actor_train.training_args.num_train_epochs",)
@@ -40,7 +38,7 @@ def _declared(path: str) -> bool:
 
 def cpu_overrides(yaml_path: Path, output_dir) -> list:
     """The GPU placement of ROLL's YAMLs turned into a CPU run, on the command line."""
-    over = [f"~{key}" for key in OTHER_OWNERS if not _declared(key)] + list(NEVER_READ)
+    over = [f"{key}=null" for key in GPU_PLACEMENT] + list(NEVER_READ)
     over += ["actor_infer.strategy_args.strategy_config.block_size=32",  # vLLM's CPU attention
              "rewards.math_rule.world_size=1", "max_steps=2", f"output_dir={output_dir}",
              f"logging_dir={output_dir}/logs", f"checkpoint_config.output_dir={output_dir}/ckpt",
@@ -396,12 +394,13 @@ def test_gspo_example_trains_two_steps_with_zero3_cpu_offload(tmp_path, session_
 
 
 def test_max_ckpt_to_keep_zero_keeps_every_checkpoint(tmp_path):
-    from roll_gspo.checkpoint import complete_checkpoints, finish_checkpoint, new_checkpoint_dir
+    from roll_gspo.checkpoint import begin_checkpoint, commit_checkpoint, complete_checkpoints
 
+    out = str(tmp_path)
     for step in (1, 2, 3):
-        finish_checkpoint(new_checkpoint_dir(str(tmp_path), step), {"step": step}, str(tmp_path), keep=0)
-    assert len(complete_checkpoints(str(tmp_path))) == 3
-    finish_checkpoint(new_checkpoint_dir(str(tmp_path), 4), {"step": 4}, str(tmp_path), keep=2)
+        commit_checkpoint(begin_checkpoint(out, step), {"step": step}, out, step, keep=0)
+    assert len(complete_checkpoints(out)) == 3
+    commit_checkpoint(begin_checkpoint(out, 4), {"step": 4}, out, 4, keep=2)
     assert len(complete_checkpoints(str(tmp_path))) == 2
 
 
