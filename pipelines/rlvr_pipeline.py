@@ -23,7 +23,7 @@ from roll_gspo.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_
 from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
+from roll_gspo.distributed.cluster import Cluster, WorkerDiedError, init_ray, worker_env
 from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
 from roll_gspo.graceful_stop import GracefulStop, resume_command
 from roll_gspo.modeling import build_sequences

@@ -24,13 +24,18 @@ def half_solved(prompt: str, response: str, ground_truth: str) -> float:
 
 
 def dies_once(prompt: str, response: str, ground_truth: str, marker: str) -> float:
-    """Kills its own process (a reward worker) the first time it is called in a run: `marker`
-    is a file that records that it did."""
+    """Kills the reward worker (the Ray actor) the first time it is called in a run: `marker` is
+    a file that records that it did. Rule rewards run in a child process of the worker
+    (roll_gspo.rewards.scoring), so the worker is this process's parent when it is a Ray actor."""
     import os
     import signal
 
+    import psutil
+
     if not os.path.exists(marker):
+        parent = psutil.Process().parent()
+        worker = parent.pid if parent is not None and "ray::" in " ".join(parent.cmdline()) else os.getpid()
         with open(marker, "w") as handle:
-            handle.write(str(os.getpid()))
-        os.kill(os.getpid(), signal.SIGKILL)
+            handle.write(str(worker))
+        os.kill(worker, signal.SIGKILL)
     return digit_fraction(prompt, response, ground_truth)
