@@ -155,8 +155,7 @@ def write_base_model(folder: str, *, seed: int = 0, size: str = "tiny") -> None:
     """
     if size not in MODEL_SIZES:
         raise ValueError(f"unknown model size {size!r}; valid: {sorted(MODEL_SIZES)}")
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer()
     config = Qwen2Config(
@@ -169,9 +168,18 @@ def write_base_model(folder: str, *, seed: int = 0, size: str = "tiny") -> None:
         use_cache=True,
         **MODEL_SIZES[size],
     )
-    with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's RNG
+    _save_random_model(folder, Qwen2ForCausalLM, config, tokenizer, seed)
+
+
+def _save_random_model(folder: str, model_cls, config, tokenizer, seed: int) -> None:
+    """Random-init `model_cls(config)` in fp32 (seeded without disturbing the caller's RNG), saved
+    with the tokenizer and a generation config that holds no sampling keys."""
+    import torch
+    from transformers import GenerationConfig
+
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = model_cls(config).to(torch.float32)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     model.save_pretrained(folder, safe_serialization=True)
@@ -196,8 +204,7 @@ def write_base_moe_model(folder: str, *, seed: int = 0, size: str = "tiny") -> N
     (`moe_aux_loss_coef`)."""
     if size not in MOE_MODEL_SIZES:
         raise ValueError(f"unknown MoE model size {size!r}; valid: {sorted(MOE_MODEL_SIZES)}")
-    import torch
-    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tokenizer = build_tokenizer()
     config = Qwen3MoeConfig(
@@ -206,13 +213,7 @@ def write_base_moe_model(folder: str, *, seed: int = 0, size: str = "tiny") -> N
         use_cache=True, intermediate_size=4 * MOE_MODEL_SIZES[size]["hidden_size"], decoder_sparse_step=1,
         norm_topk_prob=True, output_router_logits=False, router_aux_loss_coef=0.0,
         **MOE_MODEL_SIZES[size])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3MoeForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    _save_random_model(folder, Qwen3MoeForCausalLM, config, tokenizer, seed)
 
 
 def build_base_moe_model(folder: str, *, seed: int = 0, size: str = "tiny") -> str:
