@@ -35,7 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.device_memory_gb is not None and (not args.dry_run or args.device_memory_gb <= 0):
+        # Accepted flags act: the estimate only runs with --dry-run, for a positive device size.
+        parser.error("--device-memory-gb needs --dry-run and a size > 0 (GiB per device)")
     setup_logging()
     try:
         cfg = load_config(args.config, args.overrides)

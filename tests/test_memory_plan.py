@@ -79,3 +79,13 @@ def test_gpu_recipe_passes_dry_run_on_80gb_devices_and_not_on_24gb(tmp_path, rec
     args = ["--config", recipe, "--dry-run", f"pretrain={tmp_path}"]
     assert main(args + ["--device-memory-gb", "80"]) == 0
     assert main(args + ["--device-memory-gb", "24"]) == 1
+
+
+@pytest.mark.parametrize("argv", [["--device-memory-gb", "80"], ["--dry-run", "--device-memory-gb", "0"],
+                                  ["--dry-run", "--device-memory-gb", "-8"]])
+def test_device_memory_flag_without_dry_run_or_with_no_size_is_refused(argv, capsys):
+    from roll_gspo.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--config", "example_gspo.yaml", *argv])
+    assert info.value.code == 2 and "--device-memory-gb needs --dry-run" in capsys.readouterr().err
