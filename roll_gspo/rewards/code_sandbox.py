@@ -172,7 +172,10 @@ class Sandbox:
         self.bwrap = shutil.which("bwrap")
         self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
         self.max_processes, self.max_file_mb = int(max_processes), int(max_file_mb)
-        self.python = python or sys.executable
+        # Without site-packages the base interpreter serves, wherever the venv lives: a venv under
+        # /tmp (a CI clone) is hidden by bubblewrap's private /tmp.
+        self.python = python or (sys.executable if site_packages else
+                                 os.path.realpath(getattr(sys, "_base_executable", sys.executable)))
         # Without site-packages (`-S`) an interpreter starts ~3x faster here; tests needing
         # third-party modules turn them on.
         self.python_flags = ["-I"] if site_packages else ["-I", "-S"]
