@@ -6,6 +6,15 @@ def digit_fraction(prompt: str, response: str, ground_truth: str) -> float:
     return sum(c.isdigit() for c in response) / max(1, len(response))
 
 
+def slow_digit_fraction(prompt: str, response: str, ground_truth: str, seconds: float = 0.05) -> float:
+    """digit_fraction after a pause: makes a step last long enough that a signal sent after one
+    step is logged lands in the next step even on an idle machine (tiny steps take ~0.1 s)."""
+    import time
+
+    time.sleep(seconds)
+    return digit_fraction(prompt, response, ground_truth)
+
+
 def flaky(prompt: str, response: str, ground_truth: str) -> float:
     """Raises on responses that start with a digit (a broken user reward); scores the rest."""
     if response[:1].isdigit():

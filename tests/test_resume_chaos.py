@@ -21,6 +21,8 @@ from tests.test_pipeline_e2e import REPO_ROOT_FOR_SUBPROCESS, load_weights, read
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 HF_INFER = {"strategy_args": {"strategy_name": "hf_infer", "strategy_config": {}}}
+# ~1 s steps: a signal sent once a step is logged lands in the next step even on an idle machine.
+SLOW_REWARDS = {"math_rule": {"reward_fn": "tests.reward_fns:slow_digit_fraction", "reward_kwargs": {"seconds": 0.05}}}
 WAIT_S = 600  # generous: the machine running the suite may be shared and slow
 
 
@@ -33,6 +35,8 @@ def config(tmp_path, model, name, **changes):
     folder = tmp_path / name
     folder.mkdir()
     base = dict(max_steps=4, save_steps=2, save_total_limit=2)
+    if "rewards" not in changes:
+        base["rewards"] = SLOW_REWARDS
     cfg = write_config(folder, model, **{**base, **changes})
     return cfg, str(folder / "config.yaml")
 
@@ -124,7 +128,7 @@ def test_vllm_sigterm_then_kill9_then_older_resume_match_an_uninterrupted_run(tm
     kill_driver_after_step(cfg, path, tmp_path, 3, "resume_from_checkpoint=auto")
     # 3. Resumed again, in this process: steps 3 and 4 are exactly the uninterrupted run's.
     resumed = write_config(tmp_path / "interrupted", tiny_model, max_steps=4, save_steps=2, save_total_limit=2,
-                           resume_from_checkpoint="auto")
+                           rewards=SLOW_REWARDS, resume_from_checkpoint="auto")
     run(resumed)
     check_same_as(reference, resumed, resumed_steps={3, 4})
     (side,) = [n for n in os.listdir(resumed.output_dir) if ".after_step_2." in n]
@@ -133,7 +137,7 @@ def test_vllm_sigterm_then_kill9_then_older_resume_match_an_uninterrupted_run(tm
     assert comparable(crashed_rows[0]) == comparable(reference["records"][2])  # step 3 both times
     # 4. An explicit resume from the older step 2 with save_total_limit 1: step_4 moves aside.
     older = write_config(tmp_path / "interrupted", tiny_model, max_steps=3, save_steps=2, save_total_limit=1,
-                         resume_from_checkpoint=os.path.join(resumed.output_dir, "checkpoints", "step_2"))
+                         rewards=SLOW_REWARDS, resume_from_checkpoint=os.path.join(resumed.output_dir, "checkpoints", "step_2"))
     records = run(older)
     assert [os.path.basename(p) for p in complete_checkpoints(older.output_dir)] == ["step_3"]
     aside = os.path.join(older.output_dir, "checkpoints", ABANDONED_DIR)
@@ -146,7 +150,7 @@ def test_hf_infer_kill9_resume_matches_an_uninterrupted_run(tmp_path, tiny_model
     cfg, path = config(tmp_path, tiny_model, "interrupted", actor_infer=HF_INFER)
     kill_driver_after_step(cfg, path, tmp_path, 3)
     resumed = write_config(tmp_path / "interrupted", tiny_model, max_steps=4, save_steps=2, save_total_limit=2,
-                           actor_infer=HF_INFER, resume_from_checkpoint="auto")
+                           actor_infer=HF_INFER, rewards=SLOW_REWARDS, resume_from_checkpoint="auto")
     run(resumed)
     check_same_as(reference, resumed, resumed_steps={3, 4})
 
