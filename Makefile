@@ -14,7 +14,7 @@ run: install
 	$(PY) run_pipeline.py --config example_gspo.yaml $(ARGS)
 
 test: install
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=25
 
 test-fast: install
 	$(PY) -m pytest tests -q -m "not e2e"

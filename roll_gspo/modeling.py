@@ -125,10 +125,16 @@ def score_micro_batches(model, batch, micro: int, temperature: float, passes: Op
         log_probs, _ = response_token_log_probs(model, micro_batch["input_ids"], micro_batch["attention_mask"],
                                                 micro_batch["prompt_lengths"], width, temperature)
         parts.append(log_probs)
-    for _ in range(len(parts), passes or 0):  # padding passes: one token of context, one scored
+    padding_passes(model, (passes or 0) - len(parts), temperature)
+    return torch.cat(parts) if parts else torch.zeros(0, width)
+
+
+def padding_passes(model, count: int, temperature: float) -> None:
+    """`count` (<= 0: none) forward passes whose output is dropped, one token of context and one
+    scored: they keep a rank with fewer micro-batches in step with its ZeRO-3 peers."""
+    for _ in range(max(0, count)):
         ids = torch.zeros(1, 2, dtype=torch.long)
         response_token_log_probs(model, ids, torch.ones_like(ids), torch.ones(1, dtype=torch.long), 1, temperature)
-    return torch.cat(parts) if parts else torch.zeros(0, width)
 
 
 def disable_dropout(model: torch.nn.Module) -> int:

@@ -20,3 +20,9 @@ def test_study_smoke_mode_writes_table_plots_and_claims(tmp_path, session_cache,
     assert any("Routing Replay" in line for line in summary["claims"])
     assert (tmp_path / "study.png").stat().st_size > 0
     assert "| moe | grpo_replay |" in (tmp_path / "table.md").read_text()
+    # The report rebuilt from runs.jsonl alone is the same table and the same verdicts.
+    (tmp_path / "study.png").unlink()
+    assert main(["--report-only", "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert json.dumps(again["table"]) == json.dumps(summary["table"]) and again["claims"] == summary["claims"]
+    assert (tmp_path / "study.png").stat().st_size > 0

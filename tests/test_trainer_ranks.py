@@ -134,3 +134,28 @@ def test_zero3_uneven_shards_no_dropout_and_split_invariant_losses(tmp_path, dro
         assert metrics["actor/pg_loss"] == pytest.approx(want_pg["actor/pg_loss"], rel=1e-4, abs=1e-6)
         assert metrics["actor/kl_loss"] == pytest.approx(want_kl["actor/kl_loss"], rel=1e-4, abs=1e-6)
         assert metrics["actor/kl_mean"] == pytest.approx(want_kl["actor/kl_mean"], rel=1e-4)
+
+
+def test_moe_zero3_uneven_shards_score_record_and_train(tmp_path, tiny_moe_model, ray_session):
+    """The MoE path (routing recorded with the old log-probs) keeps uneven ZeRO-3 ranks in step
+    too: 5 rows over 2 ranks, 2 rows per pass; then a step with routing metrics on 4 rows."""
+    from roll_gspo.workers.actor_train import ActorTrainWorker
+
+    uneven = sequences(5, seed=3)
+    expected = expected_log_probs(tiny_moe_model, uneven)
+    mask = uneven["response_mask"].bool()
+    zero3 = role_config(tmp_path, tiny_moe_model, world_size=2, per_device=2, accumulation=1, zero_stage=3)
+    trainer = start("ranks_moe", ActorTrainWorker, zero3, zero3.actor_train, total_optimizer_steps=2)
+    try:
+        scored = Batch.concat(call(trainer.dispatch_async("compute_log_probs", uneven)))
+        torch.testing.assert_close(scored["old_log_probs"][mask], expected[mask], rtol=1e-5, atol=1e-5)
+        assert scored["routed_experts"].shape[:2] == uneven["input_ids"].shape
+        batch = sequences(4, seed=4)
+        batch["old_log_probs"] = batch["ref_log_probs"] = expected_log_probs(tiny_moe_model, batch)
+        batch["routed_experts"] = Batch.concat(call(trainer.dispatch_async("compute_log_probs", batch)))["routed_experts"]
+        batch["advantages"] = torch.randn(4, 1, generator=torch.Generator().manual_seed(5)).expand_as(
+            batch["response_mask"]).clone()
+        per_rank = call(trainer.dispatch_async("train_step", batch))
+    finally:
+        trainer.shutdown()
+    assert all(0.0 <= metrics["moe/expert_volatility"] <= 1.0 for metrics in per_rank)

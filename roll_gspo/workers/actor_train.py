@@ -13,7 +13,8 @@ from roll_gspo.algorithms import aggregate_loss, kl_loss, policy_loss
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.modeling import micro_batches, num_micro_batches, response_token_log_probs, score_micro_batches
+from roll_gspo.modeling import (micro_batches, num_micro_batches, padding_passes, response_token_log_probs,
+                                score_micro_batches)
 from roll_gspo.seeding import trainer_seed
 from roll_gspo.weight_sync import WeightSender, broadcast_weights
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
@@ -78,7 +79,7 @@ class ActorTrainWorker(RankWorker):
                 self.engine.train()
             return Batch({"old_log_probs": log_probs})
         # MoE: micro-batch by micro-batch, recording the experts the old policy chose (replayed,
-        # and compared after the update). Uneven ZeRO-3 shards are not padded on this path.
+        # and compared after the update), then the same padding passes as the dense path.
         parts, routed = [], []
         try:
             for chunk in micro_batches(len(batch), micro):
@@ -87,8 +88,13 @@ class ActorTrainWorker(RankWorker):
                     log_probs, _ = forward_log_probs(self.engine, part, self.temperature)
                 parts.append(log_probs)
                 routed.append(self.moe.recorded(part["input_ids"]))
+            padding_passes(self.engine, (passes or 0) - len(parts), self.temperature)
         finally:
             self.engine.train()
+        if not parts:  # an empty shard: nothing scored, nothing recorded
+            return Batch({"old_log_probs": torch.zeros(0, batch["response_mask"].shape[1]),
+                          "routed_experts": torch.zeros(0, batch["input_ids"].shape[1], len(self.moe.hooks.routers),
+                                                        self.moe.hooks.top_k, dtype=torch.int16)})
         return Batch({"old_log_probs": torch.cat(parts), "routed_experts": torch.cat(routed)})
 
     def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None) -> Dict[str, float]:
@@ -121,9 +127,15 @@ class ActorTrainWorker(RankWorker):
 
     @torch.no_grad()
     def _moe_step_metrics(self, batch: Batch) -> Dict[str, float]:
+        """Routing metrics of this rank's shard; under ZeRO-3 padded to the busiest rank's passes."""
+        micro = self.role.infer_batch_size
+        passes = self.strategy.scoring_passes(num_micro_batches(len(batch), micro))
         self.engine.eval()
         try:
-            return self.moe.step_metrics(batch, lambda micro: forward_log_probs(self.engine, micro, self.temperature))
+            metrics = (self.moe.step_metrics(batch, lambda part: forward_log_probs(self.engine, part, self.temperature))
+                       if len(batch) else {})
+            padding_passes(self.engine, (passes or 0) - num_micro_batches(len(batch), micro), self.temperature)
+            return metrics
         finally:
             self.engine.train()
 
