@@ -25,21 +25,40 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the resolved config (defaults filled in) and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate config, data files, model folder and reward functions without "
-                             "starting Ray; exit 0 if all is well, 1 with the errors otherwise")
-    parser.add_argument("--device-memory-gb", type=float, default=None,
-                        help="with --dry-run: print an estimate of memory per device (weights, gradients, "
-                             "optimizer by ZeRO stage, activations, vLLM KV cache) for devices of this many GiB "
-                             "and exit 1 when a role does not fit")
+                             "starting Ray, and print the placement plan (which role's ranks sit on which "
+                             "node and GPU); exit 0 if all is well, 1 with the errors otherwise")
+    cluster = parser.add_argument_group(
+        "cluster for the --dry-run placement plan",
+        "Describe the cluster (--nodes, --gpus-per-node, --device-memory-gb) or read it from a running "
+        "Ray cluster (--ray-address, or RAY_ADDRESS when neither is given); the plan is then checked "
+        "against it: GPUs that do not exist, too few nodes or GPUs, memory per device.")
+    cluster.add_argument("--nodes", type=int, default=None,
+                         help="nodes in the cluster, each with --gpus-per-node GPUs")
+    cluster.add_argument("--gpus-per-node", type=int, default=None,
+                         help="GPUs per node (default: the config's num_gpus_per_node, which also says how "
+                              "device_mapping's GPU indices map to nodes)")
+    cluster.add_argument("--device-memory-gb", type=float, default=None,
+                         help="memory of each GPU in GiB: estimate memory per device (weights, gradients, "
+                              "optimizer states by ZeRO stage, activations, vLLM's share and KV cache; ranks "
+                              "sharing a GPU add up) and exit 1 naming the device that does not fit, by how much")
+    cluster.add_argument("--ray-address", default=None,
+                         help="read the nodes (GPUs, CPUs) from the running Ray cluster at this address "
+                              "(joins as a driver; starts no worker)")
     parser.add_argument("overrides", nargs="*", help="Hydra-style overrides")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before and after the flags
     if args.device_memory_gb is not None and (not args.dry_run or args.device_memory_gb <= 0):
         # Accepted flags act: the estimate only runs with --dry-run, for a positive device size.
         parser.error("--device-memory-gb needs --dry-run and a size > 0 (GiB per device)")
+    for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and (not args.dry_run or value < 1):
+            parser.error(f"{flag} needs --dry-run and a number >= 1")
+    if args.ray_address is not None and (not args.dry_run or args.nodes is not None):
+        parser.error("--ray-address needs --dry-run and replaces --nodes (the nodes are read from Ray)")
     setup_logging()
     try:
         cfg = load_config(args.config, args.overrides)
@@ -51,7 +70,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.dry_run:
-        if args.device_memory_gb and _memory_plan_fails(cfg, args.device_memory_gb):
+        if not _placement_plan_fits(cfg, args):
             return 1
         print(f"dry run: config {args.config!r} is valid ({cfg.pipeline} pipeline, "
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
@@ -76,11 +95,45 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def _memory_plan_fails(cfg, device_memory_gb: float) -> bool:
-    from roll_gspo.memory_plan import config_memory_plan
+def _placement_plan_fits(cfg, args) -> bool:
+    """Print the placement plan against the described (or running) cluster and its problems."""
+    import os
 
-    text, problems = config_memory_plan(cfg, device_memory_gb)
-    print(text)
-    for problem in problems:
-        print(f"error: does not fit: {problem}", file=sys.stderr)
-    return bool(problems)
+    from roll_gspo.placement_plan import ClusterSpec, plan_cluster
+
+    gpus_per_node = args.gpus_per_node or cfg.num_gpus_per_node
+    address = args.ray_address or (os.environ.get("RAY_ADDRESS") if args.nodes is None else None)
+    if args.nodes is not None:
+        cluster = ClusterSpec.described(args.nodes, gpus_per_node, args.device_memory_gb)
+    elif address:
+        try:
+            cluster = ClusterSpec.from_ray_nodes(_ray_nodes(address), gpus_per_node, args.device_memory_gb, address)
+        except Exception as exc:  # no cluster answers: the plan is still printed, unchecked
+            if args.ray_address:
+                print(f"error: --ray-address {address}: cannot read the cluster's nodes ({exc})", file=sys.stderr)
+                return False
+            print(f"(RAY_ADDRESS={address} does not answer ({type(exc).__name__}); plan not checked against it)")
+            cluster = ClusterSpec(gpus_per_node, device_memory_gib=args.device_memory_gb)
+    else:
+        cluster = ClusterSpec(gpus_per_node, device_memory_gib=args.device_memory_gb,
+                              source=f"not described (nodes of {gpus_per_node} GPUs; --nodes/--gpus-per-node/"
+                                     f"--device-memory-gb or --ray-address check it)")
+    plan = plan_cluster(cfg, cluster)
+    print(plan.text())
+    if args.device_memory_gb and not any(d.occupants for d in plan.devices.values()):
+        # Accepted flags act: with no rank on a GPU there is no device memory to check.
+        plan.problems.append("--device-memory-gb: no role of this config uses a GPU (num_gpus_per_worker 0 and no "
+                             "device_mapping), so there is no device to check; give the roles GPUs or drop the flag")
+    for problem in plan.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return not plan.problems
+
+
+def _ray_nodes(address: str) -> list:
+    import ray
+
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        return ray.nodes()
+    finally:
+        ray.shutdown()

@@ -15,15 +15,16 @@ over N data-parallel ranks, with b bytes per weight (2 in bf16/fp16, 4 in fp32):
 Rollout ranks (vLLM): weights b*P/TP per device, KV cache 2 * layers * kv_dim * b per token and
 TP rank, for `max_num_seqs` sequences of `max_model_len` tokens (what must fit for the
 configured concurrency). On a GPU vLLM then claims `gpu_memory_utilization` of the device
-whatever it needs; the plan checks the estimate against that share.
+whatever it needs; the placement plan (roll_gspo.placement_plan) checks the estimate against that
+share and adds up the ranks that share a device.
 
 These are estimates (allocator slack, CUDA context ~0.5-1 GB, temporary buffers are not counted):
-`fits` keeps a 10 % margin.
+the plan keeps a 10 % margin (MARGIN).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional
 
 GIB = float(1 << 30)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -113,46 +114,16 @@ def rollout_memory(shape: ModelShape, *, dtype: str, tensor_parallel_size: int, 
             "kv_cache": float(kv_per_token * max_num_seqs * max_model_len)}
 
 
-@dataclass
-class DeviceUse:
-    """One device's estimated use: role -> component -> bytes."""
-    name: str
-    capacity: float
-    roles: Dict[str, Dict[str, float]] = field(default_factory=dict)
-    limits: Dict[str, float] = field(default_factory=dict)  # role -> share of capacity it may use
-
-    def total(self) -> float:
-        return sum(sum(parts.values()) for parts in self.roles.values())
-
-    def problems(self) -> List[str]:
-        out = []
-        for role, parts in self.roles.items():
-            limit = self.limits.get(role)
-            if limit is not None and sum(parts.values()) > limit * self.capacity:
-                out.append(f"{self.name}: {role} needs {_gib(sum(parts.values()))} ({_parts(parts)}) but may use "
-                           f"{limit:g} x {_gib(self.capacity)} = {_gib(limit * self.capacity)}")
-        if not out and self.total() > MARGIN * self.capacity:
-            out.append(f"{self.name}: the roles on it need {_gib(self.total())} in all "
-                       f"({'; '.join(f'{r}: {_parts(p)}' for r, p in self.roles.items())}), more than "
-                       f"{MARGIN:.0%} of its {_gib(self.capacity)}")
-        return out
-
-    def describe(self) -> str:
-        lines = [f"{self.name} ({_gib(self.capacity)}): {_gib(self.total())} estimated"]
-        lines += [f"  {role}: {_gib(sum(parts.values()))} = {_parts(parts)}" for role, parts in self.roles.items()]
-        return "\n".join(lines)
-
-
-def plan_problems(devices: List[DeviceUse]) -> List[str]:
-    return [problem for device in devices for problem in device.problems()]
-
-
-def _gib(value: float) -> str:
-    return f"{value / GIB:.2f} GiB"
-
-
-def _parts(parts: Mapping[str, float]) -> str:
-    return " + ".join(f"{name} {_gib(value)}" for name, value in parts.items())
+def frozen_memory(shape: ModelShape, *, dtype: str, zero_stage: int, world_size: int, batch: int,
+                  seq_len: int) -> Dict[str, float]:
+    """Bytes per device of a frozen model scoring `batch` sequences (reference, hf_infer): its
+    weights (sharded under ZeRO-3) and one forward pass without gradients (one layer's
+    activations at a time, the fp32 logits and their log-softmax)."""
+    params, b = shape.num_parameters(), DTYPE_BYTES[dtype]
+    tokens = batch * seq_len
+    per_token_layer = 8 * shape.hidden_size + 2 * shape.kv_dim + 4 * shape.active_ffn_size()
+    return {"weights": b * params / (max(world_size, 1) if zero_stage >= 3 else 1),
+            "activations": float(tokens * per_token_layer * b + tokens * shape.vocab_size * 8)}
 
 
 def shape_of_model_folder(folder: str) -> Optional[ModelShape]:
@@ -166,44 +137,3 @@ def shape_of_model_folder(folder: str) -> Optional[ModelShape]:
     with open(path) as handle:
         config = json.load(handle)
     return ModelShape.from_hf_config(config.get("text_config", config))
-
-
-def config_memory_plan(cfg, device_memory_gib: float, shape: Optional[ModelShape] = None) -> Tuple[str, List[str]]:
-    """Per-device estimate of a loaded RLVR/SFT config's roles on devices of `device_memory_gib`
-    each: (a printable plan, the problems). A role gets `num_gpus_per_worker` of a device (all of
-    it at >= 1; a fraction when roles share one); vLLM at most its `gpu_memory_utilization`
-    (default 0.9). `shape` defaults to the actor's model folder's config.json."""
-    train = cfg.actor_train
-    shape = shape or shape_of_model_folder(train.model_args.model_name_or_path or "")
-    if shape is None:
-        return (f"memory plan: no config.json in {train.model_args.model_name_or_path!r} to estimate from", [])
-    capacity = device_memory_gib * GIB
-    seq_len = cfg.prompt_length + cfg.response_length
-    zero_stage = int(train.strategy_args.strategy_config.get("zero_optimization", {}).get("stage", 0))
-    devices = [DeviceUse(f"actor_train device (x{train.world_size})", capacity,
-                         roles={"actor_train": training_memory(
-                             shape, dtype=train.model_args.dtype, zero_stage=zero_stage, world_size=train.world_size,
-                             micro_batch=train.training_args.per_device_train_batch_size, seq_len=seq_len,
-                             gradient_checkpointing=train.model_args.gradient_checkpointing)},
-                         limits={"actor_train": _share(train.num_gpus_per_worker, 1)})]
-    if getattr(cfg, "pipeline", "rlvr") == "rlvr" and cfg.actor_infer.strategy_args.strategy_name == "vllm":
-        infer = cfg.actor_infer
-        engine = infer.strategy_args.strategy_config
-        tp = int(engine.get("tensor_parallel_size", 1) or 1)
-        concurrency = int(engine.get("max_num_seqs") or cfg.rollout_batch_size * cfg.num_return_sequences_in_group)
-        share = min(_share(infer.num_gpus_per_worker, tp), float(engine.get("gpu_memory_utilization", 0.9)))
-        devices.append(DeviceUse(f"actor_infer device (x{infer.world_size * tp}, TP {tp})", capacity,
-                                 roles={"actor_infer": rollout_memory(
-                                     shape, dtype=infer.model_args.dtype, tensor_parallel_size=tp,
-                                     max_num_seqs=concurrency, max_model_len=seq_len)},
-                                 limits={"actor_infer": share}))
-    text = "memory plan (estimate per device; see roll_gspo/memory_plan.py):\n" + "\n".join(
-        d.describe() for d in devices)
-    return text, plan_problems(devices)
-
-
-def _share(gpus_per_worker: float, devices_per_worker: int) -> float:
-    """The part of each of its devices a rank may use."""
-    if not gpus_per_worker:
-        return 1.0
-    return min(1.0, gpus_per_worker / devices_per_worker)

@@ -9,7 +9,9 @@ On Ray this becomes one placement group per node index (all its bundles on one n
 per GPU used there: `{"GPU": 1, "CPU": <the CPUs of the ranks anchored on it>}`. A rank is anchored
 on the bundle of its first GPU and asks for an equal share of that GPU, so colocated roles fit the
 same bundle; a rank with several GPUs is shown the others through CUDA_VISIBLE_DEVICES. The plan is
-checked against the cluster's nodes before any placement group or worker exists.
+checked against the cluster's nodes before any placement group or worker exists: each node index
+gets a Ray node of its own, and its placement group is pinned there (the `ray.io/node-id` label),
+so roles mapped to different node indices run on different nodes.
 
 The parser reads the string forms ROLL users write (`list(range(0,16))`, `range(0,8)`, `[0,1,2]`,
 `"0,1"`) with `ast`, never `eval`.
@@ -24,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 logger = logging.getLogger("roll_gspo.placement")
 PLACEMENT_TIMEOUT_S = float(os.environ.get("ROLL_GSPO_PLACEMENT_TIMEOUT_S", "300"))
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node (ray.util.placement_group.NODE_ID_LABEL_KEY)
 DEVICE_MAPPING_FORMS = "a list of GPU indices ([0, 1, 2]), 'list(range(0, 8))', 'range(0, 8)', '[0,1,2]' or '0,1'"
 
 
@@ -110,7 +113,9 @@ def ranks_of(gpus: Sequence[int], num_gpus_per_worker: int, num_gpus_per_node: i
         nodes = sorted({g // num_gpus_per_node for g in group})
         if len(nodes) > 1:
             raise PlacementError(f"{key}: rank {rank} would span nodes {nodes} (GPUs {group}, "
-                                 f"num_gpus_per_node = {num_gpus_per_node}); a rank's GPUs must be on one node")
+                                 f"num_gpus_per_node = {num_gpus_per_node}); a rank's GPUs (a vLLM rank's tensor-parallel "
+                                 f"group) must be on one node: align the device_mapping so that each group of "
+                                 f"{num_gpus_per_worker} stays within one node's {num_gpus_per_node}")
     return ranks
 
 
@@ -175,33 +180,58 @@ def plan_placement(roles: Dict[str, tuple], num_gpus_per_node: int) -> Placement
     return plan
 
 
-def check_plan_against_nodes(plan: PlacementPlan, nodes: List[Dict[str, Any]]) -> None:
-    """Raise PlacementError naming the shortfall when the alive `nodes` (ray.nodes() records) cannot
-    hold every node index of the plan: each needs one node with its GPUs and CPUs (first fit,
-    largest need first)."""
-    free = [{"name": n.get("NodeManagerAddress", n.get("NodeID", "?")),
-             "GPU": float(n["Resources"].get("GPU", 0)), "CPU": float(n["Resources"].get("CPU", 0))}
-            for n in nodes if n.get("Alive", True)]
-    needs = []
-    for node_index, gpus in plan.node_gpus().items():
-        needs.append((node_index, gpus, sum(plan.bundle_cpus(g) for g in gpus)))
-    needs.sort(key=lambda n: (-len(n[1]), -n[2]))
-    for node_index, gpus, cpus in needs:
-        fit = next((n for n in free if n["GPU"] + 1e-6 >= len(gpus) and n["CPU"] + 1e-6 >= cpus), None)
-        if fit is None:
-            have = ", ".join(f"{n['name']} with {n['GPU']:g} GPUs / {n['CPU']:g} CPUs" for n in free) or "no alive node"
-            roles = sorted({s.role for slots in plan.slots.values() for s in slots if set(s.gpus) & set(gpus)})
-            best = max((n["GPU"] for n in free), default=0)
-            total = sum(len(g) for _, g, _ in needs)
-            raise PlacementError(
-                f"device_mapping cannot be placed: node index {node_index} (GPUs {gpus} of {', '.join(roles)}; "
-                f"num_gpus_per_node = {plan.num_gpus_per_node}) needs one node with {len(gpus)} GPUs and "
-                f"{cpus:g} CPUs; the Ray cluster has {have} (left after the node indices placed before it), "
-                f"short by {len(gpus) - best:g} GPUs on its largest node. The mapping uses {total} GPUs on "
-                f"{len(needs)} node(s): add GPUs or nodes, shrink the device_mapping, or drop it (null) to run "
-                f"the role with world_size / num_cpus_per_worker (CPU)")
-        fit["GPU"] -= len(gpus)
-        fit["CPU"] -= cpus
+def assign_node_indices(needs: Dict[int, tuple], nodes: List[Dict[str, Any]]) -> Dict[int, Optional[int]]:
+    """Which node (position in `nodes`, each `{"GPU": n, "CPU": n}`) holds each node index of a
+    plan (`needs`: node index -> (GPUs, CPUs)); None where no node is left for it. Every node index
+    gets a node of its own, as device_mapping says (GPU g is on node g // num_gpus_per_node):
+    node k when it is free and fits, else the first free node that fits, largest need first."""
+    free = set(range(len(nodes)))
+    out: Dict[int, Optional[int]] = {}
+    for index in sorted(needs, key=lambda i: (-needs[i][0], -needs[i][1], i)):
+        gpus, cpus = needs[index]
+
+        def fits(n: int) -> bool:
+            return (float(nodes[n].get("GPU", 0)) + 1e-6 >= gpus
+                    and (nodes[n].get("CPU") is None or float(nodes[n]["CPU"]) + 1e-6 >= cpus))
+
+        choice = index if index in free and fits(index) else next((n for n in sorted(free) if fits(n)), None)
+        out[index] = choice
+        free.discard(choice)
+    return out
+
+
+def check_plan_against_nodes(plan: PlacementPlan, nodes: List[Dict[str, Any]]) -> Dict[int, Dict[str, Any]]:
+    """The alive node (a ray.nodes() record) of each node index of the plan; raise PlacementError
+    naming the shortfall when the cluster cannot give each node index a node of its own with its
+    GPUs and CPUs."""
+    alive = [n for n in nodes if n.get("Alive", True)]
+    resources = [{"GPU": float(n["Resources"].get("GPU", 0)), "CPU": float(n["Resources"].get("CPU", 0))}
+                 for n in alive]
+    needs = {index: (len(gpus), sum(plan.bundle_cpus(g) for g in gpus)) for index, gpus in plan.node_gpus().items()}
+    chosen = assign_node_indices(needs, resources)
+    for node_index, position in sorted(chosen.items(), key=lambda item: (-needs[item[0]][0], item[0])):
+        if position is not None:
+            continue
+        gpus, (count, cpus) = plan.node_gpus()[node_index], needs[node_index]
+        taken = {p for p in chosen.values() if p is not None}
+        have = ", ".join(f"{_node_name(n)} with {r['GPU']:g} GPUs / {r['CPU']:g} CPUs"
+                         + (" (taken by another node index)" if i in taken else "")
+                         for i, (n, r) in enumerate(zip(alive, resources))) or "no alive node"
+        roles = sorted({s.role for slots in plan.slots.values() for s in slots if set(s.gpus) & set(gpus)})
+        best = max((r["GPU"] for i, r in enumerate(resources) if i not in taken), default=0)
+        total = sum(n for n, _ in needs.values())
+        raise PlacementError(
+            f"device_mapping cannot be placed: node index {node_index} (GPUs {gpus} of {', '.join(roles)}; "
+            f"num_gpus_per_node = {plan.num_gpus_per_node}) needs one node with {count} GPUs and "
+            f"{cpus:g} CPUs; the Ray cluster has {have}, short by {count - best:g} GPUs on its largest free "
+            f"node. The mapping uses {total} GPUs on {len(needs)} node(s), each node index on a node of its "
+            f"own: add GPUs or nodes, shrink the device_mapping, or drop it (null) to run the role with "
+            f"world_size / num_cpus_per_worker (CPU)")
+    return {index: alive[position] for index, position in chosen.items()}
+
+
+def _node_name(node: Dict[str, Any]) -> str:
+    return node.get("NodeManagerAddress", node.get("NodeID", "?"))
 
 
 class GpuPlacement:
@@ -218,14 +248,17 @@ class GpuPlacement:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        check_plan_against_nodes(self.plan, ray.nodes())
+        chosen = check_plan_against_nodes(self.plan, ray.nodes())
         for node_index, gpus in self.plan.node_gpus().items():
             bundles = []
             for i, gpu in enumerate(gpus):
                 cpus = self.plan.bundle_cpus(gpu)
                 bundles.append({"GPU": 1.0, **({"CPU": cpus} if cpus else {})})
                 self.bundle_index[gpu] = i
-            self.groups[node_index] = placement_group(bundles, strategy="STRICT_PACK",
+            # Pinned to the node the check chose, so distinct node indices land on distinct nodes
+            # (by resources alone two small node indices could share one large node).
+            pin = [{NODE_ID_LABEL: chosen[node_index]["NodeID"]}] * len(bundles) if "NodeID" in chosen[node_index] else None
+            self.groups[node_index] = placement_group(bundles, strategy="STRICT_PACK", bundle_label_selector=pin,
                                                       name=f"roll_gspo_node{node_index}_{os.getpid()}")
         try:
             ray.get([g.ready() for g in self.groups.values()], timeout=PLACEMENT_TIMEOUT_S)
