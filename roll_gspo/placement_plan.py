@@ -119,6 +119,9 @@ class ClusterPlan:
         used = sorted(key for key, device in self.devices.items() if device.occupants)
         used_nodes = sorted({node for node, _ in used})
         size = f" of {self.cluster.device_memory_gib:g} GiB" if capacity else ""
+        if not used and not self.problems:
+            return "placement plan: no role uses a GPU; every rank runs on CPUs (Ray picks the node): " + \
+                "; ".join(self.cpu_ranks) + "".join("\n" + n for n in self.notes if not n.startswith("memory"))
         uses = (f"the roles use {len(used)} GPU(s) on {len(used_nodes)} node(s)"
                 + (f": needs {len(used_nodes)} nodes" if len(used_nodes) > 1 else "")) if used else "no role uses a GPU"
         lines = [f"placement plan: {uses}; cluster: {self.cluster.source}" + (f", GPUs{size}" if capacity else "")]
@@ -269,6 +272,7 @@ def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) 
         if role.device_mapping is not None:
             placed[name] = [[(where[s.node_index], g % npn) for g in s.gpus] for s in mapped.slots[name]]
         elif gpus_per_rank(role) > 0:
+            notes.append(f"{name}: no device_mapping, so Ray places its ranks at run time; shown: first fit")
             placed[name] = []
             for rank in range(role.world_size):
                 spot = _first_fit(gpus_per_rank(role), nodes, devices, node_at, cluster.gpus_per_node)

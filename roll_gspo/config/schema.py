@@ -250,8 +250,10 @@ class RoleConfig:
               "num_gpus_per_node of node g // num_gpus_per_node), as a list `[0, 1, 2]` or one of the "
               "strings `'list(range(0, 8))'`, `'range(0, 8)'`, `'[0,1,2]'`, `'0,1'` (read as data, never "
               "evaluated). Consecutive groups of num_gpus_per_worker GPUs form one rank. Roles whose "
-              "maps overlap share those GPUs (colocated); disjoint maps split the cluster. Checked "
-              "against the Ray cluster before any worker starts (the missing GPUs/nodes are named). "
+              "maps overlap share those GPUs (colocated); disjoint maps split the cluster. Each node "
+              "index runs on a Ray node of its own, so roles mapped to different node indices run on "
+              "different nodes. Checked against the Ray cluster before any worker starts (the missing "
+              "GPUs/nodes are named); `--dry-run` prints the plan per node and GPU. "
               "Null: today's form, world_size ranks of num_cpus_per_worker CPUs and "
               "num_gpus_per_worker GPUs each (CPU runs).")
     num_cpus_per_worker: float = _f(
@@ -436,9 +438,6 @@ class PipelineConfig:
                                                  "so a resume finds it.")
     logging_dir: Optional[str] = _f(None, "TensorBoard event files. Null: `<output_dir>/tensorboard`.")
     max_steps: int = _f(100, "Pipeline steps (one rollout batch each).")
-    num_gpus_per_node: int = _f(
-        8, "GPUs per node, for reading device_mapping (GPU g is on node g // num_gpus_per_node). "
-           "Unused without a device_mapping.")
     query_filter_max_rounds: int = _f(
         4, "With a rewards.<domain>.query_filter_config: generations per step at most, the first "
            "included. Each round draws as many new prompts as were dropped. When the cap is hit the "
@@ -457,9 +456,11 @@ class PipelineConfig:
         {}, "Environment variables set in every worker (all roles, rewards included) before it "
             "builds anything; a role's own `system_envs` wins. The driver keeps its environment.")
     num_gpus_per_node: int = _f(
-        8, "GPUs per node, for `device_mapping`: device id d lives on node d // num_gpus_per_node. "
-           "Not read by the world_size / num_*_per_worker form. (ROLL overwrites it with the "
-           "driver node's device count.)")
+        8, "GPUs per node, for `device_mapping`: device id d is GPU d % num_gpus_per_node of node "
+           "d // num_gpus_per_node (each node index on a Ray node of its own). Not read by the "
+           "world_size / num_*_per_worker form. `--dry-run` plans on nodes of this many GPUs unless "
+           "`--gpus-per-node` says otherwise, and names mapped GPUs past a node's real count. (ROLL "
+           "overwrites it with the driver node's device count.)")
     resume_from_checkpoint: Optional[str] = _f(
         None, "`auto`: resume from the newest complete checkpoint in output_dir if any; a path: "
               "that checkpoint (newer ones in output_dir move to `checkpoints/abandoned/`, kept); "
