@@ -233,11 +233,12 @@ def test_dry_run_reads_the_running_cluster(two_node_cluster, tiny_model):
         return subprocess.run(
             [sys.executable, "run_pipeline.py", "--config", "example_gspo.yaml", "--dry-run", "--ray-address",
              two_node_cluster["address"], f"pretrain={tiny_model}", "num_gpus_per_node=4",
-             "actor_train.world_size=1", *overrides],
+             "actor_train.world_size=1", "actor_infer.strategy_args.strategy_name=hf_infer",  # no vLLM import
+             "actor_infer.strategy_args.strategy_config={}", *overrides],
             cwd=REPO_ROOT, env={**two_node_cluster["env"], "PYTHONPATH": str(REPO_ROOT)},
             capture_output=True, text=True, timeout=300)
 
-    # Node indices 0, 1 and 2 (GPUs 0, 4, 8 at 4 per node) on two nodes. (One run: each imports vLLM.)
+    # Node indices 0, 1 and 2 (GPUs 0, 4, 8 at 4 per node) on two nodes.
     too_big = dry_run("actor_train.device_mapping=[0]", "actor_infer.device_mapping=[4,8]")
     assert "on 3 node(s): needs 3 nodes; cluster: the Ray cluster at" in too_big.stdout, too_big.stderr[-3000:]
     assert too_big.stdout.count("4 GPUs / 2 CPUs") == 2  # both nodes, as Ray reports them
