@@ -51,6 +51,7 @@ class ClusterSpec:
     nodes: Optional[List[NodeSpec]] = None
     device_memory_gib: Optional[float] = None
     source: str = "not described"
+    from_ray: bool = False  # nodes as Ray reports them: node indices go where the run would put them
 
     @classmethod
     def described(cls, nodes: int, gpus_per_node: int, device_memory_gib: Optional[float] = None) -> "ClusterSpec":
@@ -65,7 +66,7 @@ class ClusterSpec:
                           int(r["Resources"].get("GPU", 0)), float(r["Resources"].get("CPU", 0)))
                  for r in records if r.get("Alive", True)]
         return cls(gpus_per_node, nodes, device_memory_gib, f"the Ray cluster at {address or 'RAY_ADDRESS'}: "
-                   + ", ".join(f"{n.name} {n.gpus} GPUs / {n.cpus:g} CPUs" for n in nodes))
+                   + ", ".join(f"{n.name} {n.gpus} GPUs / {n.cpus:g} CPUs" for n in nodes), from_ray=True)
 
 
 @dataclass
@@ -238,7 +239,10 @@ def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) 
         needs = {index: (len(gpus), sum(mapped.bundle_cpus(g) for g in gpus))
                  for index, gpus in mapped.node_gpus().items()}
         if described:
-            chosen = assign_node_indices(needs, [{"GPU": max(n.gpus, npn), "CPU": n.cpus} for n in nodes])
+            # A described node k holds node index k (its missing GPUs are named below); Ray's nodes
+            # are matched as the run matches them (GpuPlacement.reserve).
+            chosen = assign_node_indices(needs, [{"GPU": n.gpus if cluster.from_ray else max(n.gpus, npn),
+                                                  "CPU": n.cpus} for n in nodes])
             spare = len(nodes)
             for index in sorted(needs):
                 if chosen[index] is None:
@@ -257,7 +261,7 @@ def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) 
             if absent:
                 have = sum(n.gpus for n in cluster.nodes or [])
                 problems.append(
-                    f"{name}.device_mapping names GPUs that do not exist: {_ranges(absent)} (GPU g is GPU "
+                    f"{name}.device_mapping names GPUs that do not exist: {_ranges(sorted(absent))} (GPU g is GPU "
                     f"g % {npn} of node index g // {npn}, num_gpus_per_node = {npn}); the cluster has "
                     f"{len(cluster.nodes or [])} node(s) with {', '.join(str(n.gpus) for n in cluster.nodes or [])} "
                     f"GPUs ({have} in all)"
@@ -285,9 +289,12 @@ def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) 
                  if name not in placed]
     for domain, reward in (cfg.rewards.items() if getattr(cfg, "pipeline", "rlvr") == "rlvr" else []):
         if reward.num_gpus_per_worker:
-            placed[f"rewards.{domain}"] = [s for s in (_first_fit(reward.num_gpus_per_worker, nodes, devices, node_at,
-                                                                  cluster.gpus_per_node)
-                                                       for _ in range(reward.world_size)) if s is not None]
+            spots = [_first_fit(reward.num_gpus_per_worker, nodes, devices, node_at, cluster.gpus_per_node)
+                     for _ in range(reward.world_size)]
+            placed[f"rewards.{domain}"] = [spot for spot in spots if spot is not None]
+            if None in spots:
+                problems.append(f"rewards.{domain}: a worker needs {reward.num_gpus_per_worker:g} GPUs on one node "
+                                f"(rewards.{domain}.num_gpus_per_worker) but a node has {cluster.gpus_per_node}")
         else:
             cpu_ranks.append(f"rewards.{domain} {reward.world_size} x {reward.num_cpus_per_worker:g} CPU")
     # 3. what each rank holds on its devices
@@ -324,22 +331,16 @@ def _first_fit(share: float, nodes: List[NodeSpec], devices: Dict[Tuple[int, int
     """GPUs for one rank asking `share` Ray GPUs: that many whole free GPUs of one node (>= 1) or
     one GPU with that share left (< 1). Takes them; None if no node, even a new one, could."""
     whole = int(math.ceil(share)) if share >= 1 else 1
-    if whole > gpus_per_node and all(n.gpus < whole for n in nodes):
-        return None
-    index = 0
-    while True:
+    need = 1.0 if share >= 1 else share
+    # The nodes there are, then one more (a new node of gpus_per_node GPUs, if a rank fits one).
+    for index in range(len(nodes) + (1 if whole <= gpus_per_node else 0)):
         node = node_at(index)
-        free = [g for g in range(node.gpus)
-                if devices.get((index, g), Device(index, g)).free_share + 1e-9 >= (1.0 if share >= 1 else share)]
+        free = [g for g in range(node.gpus) if devices.get((index, g), Device(index, g)).free_share + 1e-9 >= need]
         if len(free) >= whole:
-            taken = free[:whole]
-            for g in taken:
-                d = devices.setdefault((index, g), Device(index, g))
-                d.free_share -= 1.0 if share >= 1 else share
-            return [(index, g) for g in taken]
-        index += 1
-        if index > len(nodes) + 1024:  # cannot happen: a new node always has room
-            return None
+            for g in free[:whole]:
+                devices.setdefault((index, g), Device(index, g)).free_share -= need
+            return [(index, g) for g in free[:whole]]
+    return None
 
 
 def _occupant(cfg, name: str, role, rank: int, tp_rank: int, tp: int, shape: Optional[ModelShape],

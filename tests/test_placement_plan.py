@@ -126,6 +126,17 @@ def test_mapping_past_the_nodes_gpus_and_tp_groups_across_nodes_are_refused(tmp_
     assert any("actor_infer: a rank needs 2 GPUs on one node" in p for p in problems)
 
 
+def test_a_rank_larger_than_the_free_nodes_is_named_not_searched_for_forever(tmp_path):
+    from roll_gspo.placement_plan import NodeSpec
+
+    cfg = load(tmp_path, actor_train={"device_mapping": None, "world_size": 1, "num_gpus_per_worker": 1},
+               actor_infer={"device_mapping": None, "world_size": 2, "num_gpus_per_worker": 2})
+    cluster = ClusterSpec(1, [NodeSpec("big", 3), NodeSpec("small", 1)], 80, "two unequal nodes")
+    plan = plan_cluster(cfg, cluster, shape=QWEN25_7B)  # train: GPU 0; rollout rank 0: GPUs 1-2; rank 1: none
+    assert where(plan, "actor_infer") == {0: [(0, 1), (0, 2)]}
+    assert any("actor_infer: a rank needs 2 GPUs on one node" in p for p in plan.problems)
+
+
 def test_colocated_roles_add_up_on_their_gpus_unless_they_free_memory_between_phases(tmp_path):
     shared = {"device_mapping": "list(range(0,8))"}
     cfg = load(tmp_path, actor_train={**shared, "training_args": {"per_device_train_batch_size": 1}},
