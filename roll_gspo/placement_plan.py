@@ -95,15 +95,15 @@ class Device:
     occupants: List[Occupant] = field(default_factory=list)
     free_share: float = 1.0  # Ray's GPU accounting, for the ranks Ray places
 
+    def peak_phase(self) -> str:
+        """The phase in which the device holds most."""
+        return max(PHASES, key=lambda phase: sum(o.holds(phase) for o in self.occupants))
+
     def peak(self) -> Tuple[float, float]:
         """(estimated bytes, claimed bytes) in the phase where the device holds most."""
-        best = (0.0, 0.0)
-        for phase in PHASES:
-            estimated = sum(o.holds(phase) for o in self.occupants if o.claim is None)
-            claimed = sum(o.holds(phase) for o in self.occupants if o.claim is not None)
-            if estimated + claimed > sum(best):
-                best = (estimated, claimed)
-        return best
+        phase = self.peak_phase()
+        return (sum(o.holds(phase) for o in self.occupants if o.claim is None),
+                sum(o.holds(phase) for o in self.occupants if o.claim is not None))
 
 
 @dataclass
@@ -172,6 +172,10 @@ def _describe_use(o: Occupant) -> str:
     if not o.parts:
         return "memory not estimated"
     return f"{o.need() / GIB:.2f} GiB = {_parts(o.parts)}"
+
+
+def _ranks(count: int) -> str:
+    return f"{count} rank" + ("s" if count != 1 else "")
 
 
 def _parts(parts: Dict[str, float]) -> str:
@@ -365,7 +369,7 @@ def _occupant(cfg, name: str, role, rank: int, tp_rank: int, tp: int, shape: Opt
         return occupant
     zero = int((engine.get("zero_optimization") or {}).get("stage", 0)) if isinstance(engine, dict) else 0
     if name == "actor_train":
-        occupant = Occupant(name, rank, f"ZeRO-{zero}, {role.world_size} ranks")
+        occupant = Occupant(name, rank, f"ZeRO-{zero}, {_ranks(role.world_size)}")
         if shape is not None:
             occupant.parts = training_memory(
                 shape, dtype=dtype, zero_stage=zero, world_size=role.world_size,
@@ -378,7 +382,7 @@ def _occupant(cfg, name: str, role, rank: int, tp_rank: int, tp: int, shape: Opt
             occupant.parts = rollout_memory(shape, dtype=dtype, tensor_parallel_size=1,
                                             max_num_seqs=_rollout_concurrency(cfg, role), max_model_len=seq_len)
         return occupant
-    occupant = Occupant(name, rank, f"{strategy}" + (f", ZeRO-{zero}, {role.world_size} ranks" if zero else ""))
+    occupant = Occupant(name, rank, f"{strategy}" + (f", ZeRO-{zero}, {_ranks(role.world_size)}" if zero else ""))
     if shape is not None:
         occupant.parts = frozen_memory(shape, dtype=dtype, zero_stage=zero, world_size=role.world_size,
                                        batch=role.infer_batch_size, seq_len=seq_len)
@@ -445,8 +449,12 @@ def _memory_problems(device: Device, capacity: float) -> List[str]:
     room = MARGIN * max(capacity - claimed, 0.0)
     if claimed > capacity + 1e-6 or estimated > room + 1e-6:
         over = estimated + claimed - capacity if claimed > capacity else estimated - room
-        held = " + ".join(f"{o.role} rank {o.rank} {'claims ' if o.claim is not None else ''}"
-                          f"{max(o.holds(p) for p in PHASES) / GIB:.2f}" for o in device.occupants)
+        phase = device.peak_phase()
+        freed = any(o.held for o in device.occupants)
+        held = ("while generating: " if phase == "rollout" else "while training: ") if freed else ""
+        held += " + ".join(f"{o.role} rank {o.rank} " + (
+            "asleep 0" if o.claim is not None and not o.holds(phase) else
+            f"{'claims ' if o.claim is not None else ''}{o.holds(phase) / GIB:.2f}") for o in device.occupants)
         why = (f"the vLLM claims leave {max(capacity - claimed, 0) / GIB:.2f} GiB, {MARGIN:.0%} of it for the "
                f"estimates" if claimed else f"estimates keep a {1 - MARGIN:.0%} margin: {room / GIB:.2f} GiB usable")
         together = f"; {len(device.occupants)} ranks share this GPU and add up" if len(device.occupants) > 1 else ""
