@@ -464,8 +464,22 @@ def _memory_problems(device: Device, capacity: float) -> List[str]:
         else:
             held += f" = {(estimated + claimed) / GIB:.2f} GiB"
         out.append(f"does not fit: {where} of {capacity / GIB:g} GiB: {held}, over by {over / GIB:.2f} GiB "
-                   f"({why}{together})")
+                   f"({why}{together})" + _remedies({o.role for o in device.occupants}))
     return out
+
+
+def _remedies(roles) -> str:
+    """The keys that shrink what the roles on an overfull device hold."""
+    hints = []
+    if "actor_train" in roles:
+        hints.append("actor_train: a higher strategy_config.zero_optimization.stage or more ranks, a smaller "
+                     "training_args.per_device_train_batch_size, model_args.gradient_checkpointing")
+    if "actor_infer" in roles and len(roles) > 1:
+        hints.append("actor_infer.strategy_args.strategy_config.gpu_memory_utilization lower, or the roles "
+                     "on separate GPUs")
+    if "reference" in roles:
+        hints.append("reference: ZeRO-3 over more ranks or a smaller infer_batch_size")
+    return "; to fit: " + "; ".join(hints) if hints else ""
 
 
 def _grouped(devices: List[Device], capacity: float) -> List[str]:
