@@ -197,3 +197,53 @@ def test_deepspeed_offload_round_trip_is_exact_on_cpu(tmp_path, tiny_model, stag
     done = subprocess.run([sys.executable, str(script), tiny_model, str(free_port()), str(stage), str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and f"OK {stage}" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+@pytest.mark.e2e
+def test_colocated_run_on_cpu_sleeps_offloads_and_syncs_exactly(tmp_path, tiny_model, ray_session, monkeypatch):
+    """The GPU path's calls on CPU (ROLL_GSPO_OFFLOAD_ON_CPU=1; they free nothing here): vLLM sleeps
+    at level 2 after generating and wakes for the sync, the trainer's states and weights go to
+    CPU and back; after the sync vLLM scores fixed sequences as the trainer does."""
+    import ray
+    import torch
+
+    from pipelines.rlvr_pipeline import RLVRPipeline
+    from roll_gspo.distributed.batch import Batch
+    from tests.test_pipeline_e2e import write_config
+
+    monkeypatch.setenv("ROLL_GSPO_OFFLOAD_ON_CPU", "1")  # the driver's view; workers get system_envs
+    cfg = write_config(tmp_path, tiny_model, is_offload_states=True, offload_train_params=True,
+                       system_envs={"ROLL_GSPO_OFFLOAD_ON_CPU": "1"},
+                       actor_infer={"strategy_args": {"strategy_config": {"sleep_level": 2}}})
+    pipeline = RLVRPipeline(cfg)
+    try:
+        infer, train = pipeline.actor_infer.workers[0], pipeline.actor_train.workers[0]
+
+        def engine_state():
+            return ray.get(infer.__ray_call__.remote(
+                lambda w: (w.strategy.sleeper.active, w.strategy.sleeper.state, w.strategy.llm.llm_engine.is_sleeping())))
+
+        def trainer_offloaded():
+            return sorted(ray.get(train.__ray_call__.remote(lambda w: w.strategy.offloader.offloaded)))
+
+        everything = sorted(["optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer", "lp_params"])
+        assert engine_state() == (True, "awake", False) and trainer_offloaded() == everything
+        for step in (1, 2):
+            metrics = pipeline.step(step)
+            assert engine_state() == (True, "awake", False)  # slept after generating, woken by the sync
+            assert trainer_offloaded() == everything
+            for key in ("memory/actor_infer_generate_gb", "memory/actor_infer_sleep_gb", "memory/actor_train_train_gb",
+                        "memory/actor_train_offload_gb", "time/offload_s"):
+                assert metrics[key] > 0, key
+        assert metrics["rollout/logprob_gap"] < 1e-3  # step 2 sampled from the weights synced after a wake
+        pipeline.actor_infer.execute_all("offload_states")
+        assert engine_state() == (True, "asleep", True)
+        pipeline.sync_weights()  # wake the weights, load, wake the KV cache
+        fixed = Batch(meta={"prompt_ids": [[20, 21, 15, 22], [23, 24, 15]], "response_ids": [[20, 21, 1], [22, 1]]})
+        pipeline._add_sequence_tensors(fixed)
+        vllm = [torch.tensor(r) for r in ray.get(infer.score.remote(fixed))]
+        trainer = pipeline.actor_train.dispatch("compute_log_probs", pipeline._view(fixed))["old_log_probs"]
+        for i, v in enumerate(vllm):
+            assert torch.allclose(v, trainer[i, :len(v)], atol=1e-3), (v, trainer[i])
+    finally:
+        pipeline.shutdown()
