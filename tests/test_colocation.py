@@ -186,6 +186,13 @@ a, b = train(plain, 3, False), train(moved, 3, True)
 assert all(torch.equal(a[k], b[k]) for k in a), "training with offload differs"
 moved.offloader.offload(params=True)
 assert sorted(moved.offloader.offloaded) == sorted(["optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer", "lp_params"])
+if stage == 3:  # ZeRO-Offload: the optimizer side lives on the host already and must stay there
+    OmegaConf.save(OmegaConf.merge(OmegaConf.load(path), OmegaConf.create({"actor_train": {"strategy_args": {
+        "strategy_config": {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}}}})), path)
+    host = DeepSpeedStrategy(load_config(path).actor_train, train=True, seed=0, offload=True)
+    c = train(host, 2, True)
+    host.offloader.offload(params=True)
+    assert sorted(host.offloader.offloaded) == ["contiguous_grad_buffer", "lp_grads", "lp_params"]
 print("OK", stage)
 """
 

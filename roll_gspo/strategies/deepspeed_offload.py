@@ -26,7 +26,8 @@ from typing import Iterator, List
 import torch
 
 OPTIMIZER_SIDE = ["optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer"]
-THIS_SIDE_AT_STAGE3 = ("optim_states", "hp_params")  # moved here, not by DeepSpeed (FusedAdam-only there)
+# Moved here under ZeRO-3, not by DeepSpeed (FusedAdam-only there); on the host already with ZeRO-Offload.
+THIS_SIDE_AT_STAGE3 = ("optim_states", "hp_params")
 
 
 class StateOffloader:
@@ -35,13 +36,17 @@ class StateOffloader:
         self.zero_stage = zero_stage
         self.active = active  # False: the engine is on CPU; offloading would free nothing
         self.offloaded: List[str] = []  # what is on CPU now, in the order it went
+        # ZeRO-Offload (`offload_optimizer: {device: cpu}`) keeps the optimizer side on the host
+        # for good: those states must neither move nor come back to the device.
+        self.host_optimizer = zero_stage > 0 and bool(engine.zero_use_cpu_optimizer())
 
     def offload(self, params: bool = False) -> None:
         """Move the optimizer side (and the weights with `params`) to CPU; what is already there
         stays. Collective-free: each rank moves its own states."""
         if not self.active:
             return
-        wanted = [s for s in OPTIMIZER_SIDE + (["lp_params"] if params else []) if s not in self.offloaded]
+        wanted = [s for s in OPTIMIZER_SIDE + (["lp_params"] if params else []) if s not in self.offloaded
+                  and not (self.host_optimizer and s in THIS_SIDE_AT_STAGE3)]
         if not wanted:
             return
         if self.zero_stage == 0:
