@@ -6,10 +6,14 @@ driver and the workers:
 * a rollout rank shares its GPUs when another role's ranks use them too: overlapping
   `device_mapping`s, or fractional `num_gpus_per_worker` (Ray packs fractions of one GPU
   together, so every fractional GPU role may land beside a fractional rollout rank);
-* its **share** of each GPU is what it may hold while awake: with device_mapping, an equal split
-  among the ranks using the GPU; with fractions, its Ray fraction. vLLM reserves memory up front
-  (`gpu_memory_utilization`), so that is where the share goes: the default when colocated, and a
-  bound an explicit value must respect (the shares of the ranks on one GPU must sum to <= 1);
+* its **share** of each GPU: with device_mapping, an equal split among the ranks using the GPU;
+  with fractions, its Ray fraction. vLLM reserves memory up front (`gpu_memory_utilization`), so
+  that is where the share goes: the default when colocated, and a bound on an explicit value
+  (the shares of the ranks on one GPU must sum to <= 1). Fractions are shares the YAML declares,
+  so they always bind. Equal splits of a device_mapping bind while every role stays resident;
+  with offloading between phases the other roles move their states off the GPU while vLLM is
+  awake, so any value up to 1 is accepted (ROLL's own recipes reserve 0.8 on GPUs shared three
+  ways) and the memory plan (`--dry-run --device-memory-gb`) is the place to check the fit;
 * between phases the rollout engine sleeps (vLLM sleep level 1 or 2) and the trainer moves its
   optimizer states to CPU (`is_offload_states`; null means "when colocated").
 
@@ -172,7 +176,7 @@ def colocation_problems(cfg) -> List[str]:
     if offload:
         problems += _stage_zero_mixed_precision_problem(cfg)
     if is_vllm and "gpu_memory_utilization" in engine and placement.on_gpu:
-        problems += _share_problems(engine["gpu_memory_utilization"], placement)
+        problems += _share_problems(engine["gpu_memory_utilization"], placement, offload)
     return problems
 
 
@@ -199,7 +203,7 @@ def _stage_zero_mixed_precision_problem(cfg) -> List[str]:
     return []
 
 
-def _share_problems(value, placement: Colocation) -> List[str]:
+def _share_problems(value, placement: Colocation, offload: bool) -> List[str]:
     key = f"{ENGINE_KEY}.gpu_memory_utilization"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         return [f"{key} = {value!r}: must be a number in (0, 1], the fraction of each GPU vLLM reserves"]
@@ -210,6 +214,8 @@ def _share_problems(value, placement: Colocation) -> List[str]:
                     f"and the shares on one GPU would then sum to more than 1. Set it to at most "
                     f"{placement.share:g} or leave it out (the share is the default)"]
         return []
+    if offload:  # the others leave the GPU to vLLM while it is awake (see the module's docstring)
+        return []
     problems = []
     for gpu, users in placement.users.items():
         others = sum(n for role, n in users.items() if role != "actor_infer")
@@ -217,9 +223,10 @@ def _share_problems(value, placement: Colocation) -> List[str]:
         total = value * users.get("actor_infer", 0) + others / ranks
         if total > 1 + SHARE_TOLERANCE:
             who = ", ".join(f"{role} x{n}" for role, n in sorted(users.items()))
-            problems.append(f"{key} = {value:g}: GPU {gpu} holds {who}; vLLM's {value:g} per rollout rank plus "
-                            f"1/{ranks} for each other rank sums to {total:.3g} > 1 of the GPU. Set it to at most "
-                            f"{_floor4(1.0 / ranks):g} or leave it out (the share is the default)")
+            problems.append(f"{key} = {value:g}: GPU {gpu} holds {who}, all resident at once (is_offload_states "
+                            f"is false); vLLM's {value:g} per rollout rank plus 1/{ranks} for each other rank sums "
+                            f"to {total:.3g} > 1 of the GPU. Set it to at most {_floor4(1.0 / ranks):g}, leave it "
+                            f"out (the share is the default) or let the roles offload between phases")
     return problems
 
 

