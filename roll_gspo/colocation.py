@@ -191,15 +191,11 @@ def _stage_zero_mixed_precision_problem(cfg) -> List[str]:
     zero = (train.strategy_args.strategy_config or {}).get("zero_optimization") or {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
     if stage == 0 and train.model_args.dtype != "fp32":
-        return [f"is_offload_states with actor_train.model_args.dtype = {train.model_args.dtype} needs ZeRO stage >= 1 "
-                f"(actor_train.strategy_args.strategy_config.zero_optimization.stage is 0): DeepSpeed's stage-0 "
-                f"mixed-precision optimizer cannot move its fp32 master weights; stage 1 on one rank partitions "
-                f"nothing and costs nothing"]
-    offload_param = (zero.get("offload_param") or {}).get("device") if isinstance(zero, dict) else None
-    if offload_param not in (None, "none"):
-        return ["is_offload_states with actor_train.strategy_args.strategy_config.zero_optimization.offload_param: "
-                "the parameters already live on the CPU between steps, and DeepSpeed cannot move states of an "
-                "engine whose parameters it offloads itself; drop one of them"]
+        return [f"is_offload_states ({_offload_reason(cfg)}) with actor_train.model_args.dtype = "
+                f"{train.model_args.dtype} needs ZeRO stage >= 1 (actor_train.strategy_args.strategy_config."
+                f"zero_optimization.stage is 0): DeepSpeed's stage-0 mixed-precision optimizer cannot move its fp32 "
+                f"master weights. Stage 1 on one rank partitions nothing and costs nothing; or set "
+                f"is_offload_states: false"]
     return []
 
 

@@ -107,7 +107,7 @@ def test_fractional_gpus_colocate_with_ray_fractions_as_shares(load):
      r"enable_sleep_mode = false contradicts sleeping between phases \(is_offload_states is null: on"),
     (dict(offload_train_params=True), r"offload_train_params = true does nothing without offloading"),
     (dict(is_offload_states=True, actor_train={"model_args": {"dtype": "bf16"}}),
-     r"is_offload_states with actor_train.model_args.dtype = bf16 needs ZeRO stage >= 1"),
+     r"is_offload_states \(= true\) with actor_train.model_args.dtype = bf16 needs ZeRO stage >= 1"),
     (dict(is_offload_optimizer_states_in_train_step=True), r"is_offload_optimizer_states_in_train_step"),
     (dict(pipeline="sft", is_offload_states=True), r"the sft pipeline has no rollout phase"),
 ])

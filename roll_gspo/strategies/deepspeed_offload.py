@@ -34,7 +34,10 @@ class StateOffloader:
     def __init__(self, engine, zero_stage: int, active: bool):
         self.engine = engine
         self.zero_stage = zero_stage
-        self.active = active  # False: the engine is on CPU; offloading would free nothing
+        # Inactive where moving would free nothing: the engine is on CPU, or ZeRO-Infinity's
+        # `offload_param` keeps the weights on the host already (DeepSpeed then refuses to move states).
+        params_on_host = zero_stage == 3 and getattr(engine.zero_offload_param(), "device", "none") not in (None, "none")
+        self.active = active and not params_on_host
         self.offloaded: List[str] = []  # what is on CPU now, in the order it went
         # ZeRO-Offload (`offload_optimizer: {device: cpu}`) keeps the optimizer side on the host
         # for good: those states must neither move nor come back to the device.
