@@ -41,7 +41,7 @@ class Colocation:
     on_gpu: bool                       # the rollout ranks have GPUs
     shared_with: List[str] = field(default_factory=list)  # roles that may share a rollout GPU
     share: float = 1.0                 # the part of each of its GPUs a rollout rank may hold
-    explicit_share: bool = False       # the share came from device_mapping (exact), not Ray fractions
+    mapped: bool = False               # device_mapping form (equal splits), not Ray fractions
     # GPU (global index) -> {role: ranks using it}, device_mapping form only
     users: Dict[int, Dict[str, int]] = field(default_factory=dict)
 
@@ -68,7 +68,7 @@ def gpus_per_rollout_rank(role) -> int:
         1, int(engine.get("pipeline_parallel_size", 1) or 1))
 
 
-def rank_gpus(role, num_gpus_per_node: int) -> List[List[int]]:
+def rank_gpus(role) -> List[List[int]]:
     """The global GPU indices of each rank of a role with a (parsed) device_mapping."""
     per_worker = max(1, int(role.num_gpus_per_worker or 1))
     gpus = list(role.device_mapping)
@@ -85,11 +85,11 @@ def colocation(cfg) -> Colocation:
         for name, role in roles.items():
             if role.device_mapping is None:
                 continue
-            for gpus in rank_gpus(role, cfg.num_gpus_per_node):
+            for gpus in rank_gpus(role):
                 for gpu in gpus:
                     users.setdefault(gpu, {}).setdefault(name, 0)
                     users[gpu][name] += 1
-        infer_gpus = sorted({g for gpus in rank_gpus(infer, cfg.num_gpus_per_node) for g in gpus})
+        infer_gpus = sorted({g for gpus in rank_gpus(infer) for g in gpus})
         shared = sorted({name for g in infer_gpus for name in users[g] if name != "actor_infer"})
         share = min(1.0 / sum(users[g].values()) for g in infer_gpus)
         return Colocation(True, shared, _floor4(share), True, {g: users[g] for g in infer_gpus})
@@ -203,7 +203,7 @@ def _share_problems(value, placement: Colocation, offload: bool) -> List[str]:
     key = f"{ENGINE_KEY}.gpu_memory_utilization"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         return [f"{key} = {value!r}: must be a number in (0, 1], the fraction of each GPU vLLM reserves"]
-    if not placement.explicit_share:
+    if not placement.mapped:
         if value > placement.share + SHARE_TOLERANCE:
             return [f"{key} = {value:g} is more than the {placement.share:g} of a GPU each actor_infer rank holds "
                     f"(num_gpus_per_worker / GPUs per rank): Ray may put other ranks in the rest of the GPU, "

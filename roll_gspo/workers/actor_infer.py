@@ -72,9 +72,9 @@ class ActorInferWorker(RankWorker):
         from roll_gspo.colocation import memory_gb
 
         before = memory_gb()
-        sleeper = getattr(self.strategy, "sleeper", None)
-        if sleeper is not None:
-            sleeper.sleep()
+        sleep = getattr(self.strategy, "offload_states", None)  # hf_infer has no sleep mode
+        if sleep is not None:
+            sleep()
         return {"memory/actor_infer_generate_gb": before, "memory/actor_infer_sleep_gb": memory_gb()}
 
     def score(self, batch: Batch) -> List[List[float]]:
