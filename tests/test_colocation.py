@@ -202,7 +202,7 @@ for stage in map(int, sys.argv[3].split(",")):  # stage 3 last: its HfDeepSpeedC
     plain = DeepSpeedStrategy(role, train=True, seed=0)
     moved = DeepSpeedStrategy(role, train=True, seed=0, offload=True)
     assert moved.offloader.active
-    a, b = train(plain, 3, False), train(moved, 3, True)
+    a, b = train(plain, 2, False), train(moved, 2, True)
     assert all(torch.equal(a[k], b[k]) for k in a), f"training with offload differs (stage {stage})"
     moved.offloader.offload(params=True)
     assert sorted(moved.offloader.offloaded) == sorted(["optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer", "lp_params"])
@@ -222,8 +222,8 @@ if stage == 3:  # ZeRO-Offload: the optimizer side lives on the host already and
 def test_deepspeed_offload_round_trip_is_exact_on_cpu(tmp_path, tiny_model):
     """DeepSpeed's state offload runs on its CPU accelerator (ROLL_GSPO_OFFLOAD_ON_CPU=1 makes it
     copy CPU to CPU), under ZeRO 0, 2 and 3 (and ZeRO-3 with ZeRO-Offload): every state is
-    byte-identical after a round trip, and three optimizer steps with a round trip after each
-    equal three without."""
+    byte-identical after a round trip, and two optimizer steps with a round trip after each
+    equal two without."""
     from roll_gspo.distributed.cluster import free_port
 
     script = tmp_path / "round_trip.py"
