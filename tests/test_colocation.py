@@ -1,7 +1,6 @@
 """Colocation (roll_gspo.colocation): which roles share the rollout's GPUs, vLLM's memory share,
 sleep/offload keys and their refusals, the CPU skip line, the GPU recipe's dry run, and
 (subprocess) DeepSpeed's state offload round trip on CPU. Fast except the e2e run at the end."""
-import json
 import logging
 import os
 import subprocess
@@ -11,13 +10,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from roll_gspo.colocation import colocation, cpu_skip_message, offload_between_phases, start_rollout_first
+from roll_gspo.colocation import (colocation, cpu_skip_message, offload_between_phases, sleep_level,
+                                  start_rollout_first)
 from roll_gspo.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
-QWEN25_05B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=896,
-                  num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, intermediate_size=4864,
-                  tie_word_embeddings=True)
 
 
 @pytest.fixture
@@ -134,17 +131,13 @@ def test_cpu_run_says_once_that_sleep_and_offload_are_skipped(load, caplog, monk
     assert "vLLM sleeps (level 1)" in caplog.text and "gpu_memory_utilization 0.5" in caplog.text
 
 
-def test_one_gpu_recipe_passes_dry_run(tmp_path):
-    """configs/gpu/qwen2.5-0.5b_1gpu.yaml against a folder holding only Qwen2.5-0.5B's config.json."""
-    from roll_gspo.cli import main
-
-    (tmp_path / "config.json").write_text(json.dumps(QWEN25_05B))
-    recipe = str(REPO / "configs" / "gpu" / "qwen2.5-0.5b_1gpu.yaml")
-    args = ["--config", recipe, "--dry-run", f"pretrain={tmp_path}"]
-    assert main(args) == 0
-    assert main(args + ["--device-memory-gb", "40"]) == 0
-    cfg = load_config(recipe, [f"pretrain={tmp_path}"])
+def test_one_gpu_recipe_colocates_both_roles_on_half_a_gpu(tmp_path):
+    """configs/gpu/qwen2.5-0.5b_1gpu.yaml (its dry run on the cluster it names is
+    tests/test_placement_plan.py's) against a folder holding only Qwen2.5-0.5B's config.json."""
+    (tmp_path / "config.json").write_text((REPO / "tests" / "data" / "model_configs" / "Qwen2.5-0.5B.json").read_text())
+    cfg = load_config(str(REPO / "configs" / "gpu" / "qwen2.5-0.5b_1gpu.yaml"), [f"pretrain={tmp_path}"])
     assert colocation(cfg).shared_with == ["actor_train"] and engine(cfg)["gpu_memory_utilization"] == 0.5
+    assert offload_between_phases(cfg) and sleep_level(cfg) == 1 and start_rollout_first(cfg)
 
 
 OFFLOAD_ROUND_TRIP = r"""
