@@ -22,11 +22,13 @@ from roll_gspo.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_
                                   read_state, resolve_resume)
 from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
 from roll_gspo.config.roll_compat import checkpoint_base
+from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, WorkerDiedError, init_ray, worker_env
 from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
 from roll_gspo.graceful_stop import GracefulStop, resume_command
 from roll_gspo.modeling import build_sequences
+from roll_gspo.moe import folder_is_moe
 from roll_gspo.seeding import rollout_seeds
 from roll_gspo.tracking import MetricsTracker, plot_metrics
 from roll_gspo.utils.imports import import_object
@@ -50,6 +52,9 @@ class RLVRPipeline:
         prepare_models(cfg, ["actor_train", "actor_infer", "reference"])
         self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
+        self.old_logprobs = choose_old_logprob_source(
+            cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
+        logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
         self.domain_of_worker = self._reward_routes()
         self.train_items, stats = self._load_prompts(cfg.actor_train.data_args)
         self.filtered_prompts = stats["filtered_prompts"]
@@ -162,19 +167,20 @@ class RLVRPipeline:
                 if pending_rewards is None:
                     pending_rewards = self._start_rewards(batch)
                 batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
-        with _timed(timings, "old_log_probs"):
-            calls = (self.actor_train.dispatch_async("compute_log_probs", view)
-                     if cfg.old_logprob_source == "trainer" else None)
-            if pending_rewards is None:
-                pending_rewards = self._start_rewards(batch)
-            if calls is not None:
+        if self.old_logprobs.source == "trainer":
+            with _timed(timings, "old_log_probs"):
+                calls = self.actor_train.dispatch_async("compute_log_probs", view)
+                if pending_rewards is None:
+                    pending_rewards = self._start_rewards(batch)
                 scored = self.actor_train.collect(calls)
                 batch["old_log_probs"] = scored["old_log_probs"]
                 if "routed_experts" in scored:  # MoE: the experts the old policy chose (replay, volatility)
                     batch["routed_experts"] = scored["routed_experts"]
-            else:
-                batch["old_log_probs"] = batch["rollout_log_probs"]
+        else:  # the rollout engine's log-probs are the trainer's (choose_old_logprob_source): no pass
+            batch["old_log_probs"] = batch["rollout_log_probs"]
         with _timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
+            if pending_rewards is None:
+                pending_rewards = self._start_rewards(batch)
             self._collect_rewards(batch, pending_rewards)
         reward_metrics = self._reward_metrics(batch)
         with _timed(timings, "advantages"):
@@ -199,6 +205,7 @@ class RLVRPipeline:
             "response/truncated_frac": 1.0 - sum(batch["finished"]) / len(batch),
             "throughput/tokens_per_s": float(lengths.sum()) / max(step_seconds, 1e-9),
             "data/epoch": float(self.sampler.epoch), "data/filtered_prompts": float(self.filtered_prompts),
+            "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
         }
 
     def _prompt_batch(self, items: List[dict], step: int, stream: str) -> Batch:
