@@ -193,6 +193,7 @@ class RLVRPipeline:
             per_rank = self.actor_train.dispatch("train_step", self._view(batch),
                                                  sync_to=self.actor_infer.workers if sync_due else None)
         train_metrics, sync_metrics = _split_sync_metrics(per_rank)
+        self._follow_logprob_gap(step, train_metrics.get("rollout/logprob_gap"))
         if sync_due:
             timings["sync"] = sync_metrics["sync/seconds"]
             timings["train"] -= timings["sync"]
@@ -207,6 +208,19 @@ class RLVRPipeline:
             "data/epoch": float(self.sampler.epoch), "data/filtered_prompts": float(self.filtered_prompts),
             "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
         }
+
+    def _follow_logprob_gap(self, step: int, gap) -> None:
+        """auto outside fp32: the rollout engine's old log-probs while the measured trainer-rollout
+        gap (first mini-batch, before any update) stays below the threshold, the trainer's otherwise."""
+        choice = self.old_logprobs
+        if choice.max_gap is None or gap is None:
+            return
+        wanted = "rollout" if gap < choice.max_gap else "trainer"
+        if wanted != choice.source:
+            reason = (f"auto: the mean trainer-rollout gap at step {step} is {gap:.3g}, "
+                      f"{'below' if wanted == 'rollout' else 'above'} old_logprob_auto_max_gap = {choice.max_gap:g}")
+            self.old_logprobs = dataclasses.replace(choice, source=wanted, reason=reason)
+            logger.info("old log-probs from the %s from step %d on (%s)", wanted, step + 1, reason)
 
     def _prompt_batch(self, items: List[dict], step: int, stream: str) -> Batch:
         """Prompts with their rollout seeds (`sample_seed`: a function of seed, step and position,
@@ -397,7 +411,8 @@ class RLVRPipeline:
             discard(folder)
             raise CheckpointError(message) from exc
         state = {"step": step, "sampler": self.sampler.state_dict(),
-                 "running_stats": self.running_stats.state_dict() if self.running_stats else None}
+                 "running_stats": self.running_stats.state_dict() if self.running_stats else None,
+                 "old_logprob_source": self.old_logprobs.source}
         return commit_checkpoint(folder, state, output_dir, step, self.cfg.save_total_limit)
 
     def _load_checkpoint(self, folder: str) -> None:
@@ -407,6 +422,9 @@ class RLVRPipeline:
         if self.running_stats is not None and state.get("running_stats"):
             self.running_stats.load_state_dict(state["running_stats"])
         self.start_step = int(state["step"])
+        if self.old_logprobs.max_gap is not None and state.get("old_logprob_source"):  # where the gap had led
+            self.old_logprobs = dataclasses.replace(self.old_logprobs, source=state["old_logprob_source"],
+                                                    reason=f"auto: as at step {self.start_step} (resumed)")
         self.sync_weights()  # the rollout engine starts from `pretrain`
         logger.info("resumed from %s at step %d", folder, self.start_step)
 

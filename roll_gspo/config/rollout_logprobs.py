@@ -94,6 +94,13 @@ class OldLogprobChoice:
     """Where a run's old log-probs come from, and why (logged once at start)."""
     source: str  # "trainer" | "rollout"
     reason: str
+    # auto outside fp32: follow the measured gap, taking the rollout's below it (see the pipeline)
+    max_gap: Optional[float] = None
+
+
+def auto_max_gap(cfg: PipelineConfig) -> float:
+    """old_logprob_auto_max_gap, or a tenth of pg_clip_low when it is null."""
+    return cfg.pg_clip_low / 10 if cfg.old_logprob_auto_max_gap is None else cfg.old_logprob_auto_max_gap
 
 
 def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -> OldLogprobChoice:
@@ -118,8 +125,15 @@ def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -
     if cfg.model_update_frequency > 1:
         return trainer(f"model_update_frequency = {cfg.model_update_frequency}: the rollout log-probs come from "
                        f"stale weights, and a ratio measured from them starts outside a GSPO-sized clip")
+    bias = rollout_logprobs_bias(cfg)
+    if bias:
+        return trainer(bias)
     exact, why_not = rollout_logprobs_are_exact(cfg)
-    if not exact:
+    if not exact:  # precision only: measure the gap
+        threshold = auto_max_gap(cfg)
+        if threshold > 0:
+            return OldLogprobChoice("trainer", f"auto: {why_not}; the trainer's until a step measures a mean "
+                                               f"gap below old_logprob_auto_max_gap = {threshold:g}", threshold)
         return trainer(why_not)
     engine = cfg.actor_infer.strategy_args.strategy_name
     return OldLogprobChoice("rollout", f"auto: {engine}'s sampled-token log-probs are the trainer's (fp32 on both "

@@ -563,12 +563,19 @@ class PipelineConfig:
                 "any other temperature has no exact mode, and a `logprobs_mode` in strategy_config "
                 "overrides the choice: both are refused with `rollout`. `auto` (default): `rollout` where "
                 "those log-probs are exact (no such refusal, fp32 on both roles) and nothing needs the "
-                "trainer's pass, else `trainer`; the trainer's for importance_sampling: token (each token's "
+                "trainer's pass, else `trainer`; outside fp32 it follows the measured gap "
+                "(old_logprob_auto_max_gap); the trainer's for importance_sampling: token (each token's "
                 "mismatch enters its own ratio), router_replay and Mixture-of-Experts policies (the pass "
                 "records the experts), and model_update_frequency > 1. The run logs which and why at start "
                 "and `rollout/old_logprobs_from_rollout` (1 or 0) each step; the mean |trainer - rollout| "
                 "gap (`rollout/logprob_gap`) is logged either way, from the first mini-batch's forward pass.",
         OLD_LOGPROB_SOURCES)
+    old_logprob_auto_max_gap: Optional[float] = _f(
+        None, "old_logprob_source: auto outside fp32 (where the rollout log-probs are otherwise the trainer's): "
+              "old log-probs come from the trainer until a step measures the mean |trainer - rollout| per-token "
+              "gap (`rollout/logprob_gap`) below this, then from the rollout engine, and from the trainer again "
+              "if a later step's gap exceeds it (each switch is logged). A sequence ratio's log moves by at most "
+              "the mean gap, so null takes a tenth of pg_clip_low, well inside the clip; 0 never switches.")
     model_update_frequency: int = _f(
         1, "Push trained weights to the rollout engine every N steps. N > 1 warns: rollouts between "
            "syncs come from weights up to N-1 updates old and nothing corrects for it (the ratio "

@@ -213,6 +213,9 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
             f"* {args.gradient_accumulation_steps} * {cfg.actor_train.world_size} = {mini}")
     if cfg.moe_aux_loss_coef < 0:
         problems.append(f"moe_aux_loss_coef must be >= 0 (0: off), got {cfg.moe_aux_loss_coef}")
+    if cfg.old_logprob_auto_max_gap is not None and cfg.old_logprob_auto_max_gap < 0:
+        problems.append(f"old_logprob_auto_max_gap must be >= 0 (0: never switch; null: pg_clip_low / 10), "
+                        f"got {cfg.old_logprob_auto_max_gap}")
     if cfg.router_replay and cfg.old_logprob_source == "rollout":
         problems.append("router_replay: true replays the experts recorded while the trainer computes the old "
                         "log-probs; it needs old_logprob_source: trainer (or auto, the default)")
