@@ -27,6 +27,10 @@ Variants:
   always makes it here: with 4 steps per generation, and for vLLM's importance-sampling
   correction), train = cycle - ``_generate_and_score_completions``.
 
+**Same priority**: Ray runs every actor at niceness 15 (``RAY_worker_niceness``); the TRL
+processes are started at the same niceness, so another tenant's processes on a shared machine
+take CPU from both sides alike.
+
 **Interleaved**: each repetition runs one cycle of every variant, in a rotating order, while
 the others wait idle (Ray actors idle, TRL blocked in its callback), so machine drift and
 another tenant's burst hit every variant alike. The first ``--warmup`` cycles are not counted;
@@ -86,6 +90,10 @@ PHASES = ("generate", "score", "old_log_probs", "train")
 PROMPT_LENGTH = 16
 CLIP_LOW, CLIP_HIGH, LEARNING_RATE = 3.0e-3, 4.0e-3, 2.0e-4  # examples/example_gspo.yaml
 OPTIMIZER_STEPS_PER_CYCLE = 4
+# Ray starts its worker processes (every actor of the pipeline) at this niceness (Ray's
+# `RAY_worker_niceness`, 15 by default); the TRL processes get the same, so that other work on a
+# shared machine takes CPU from both alike (at nice 0 TRL would win every contended moment).
+RAY_WORKER_NICENESS = int(os.environ.get("RAY_worker_niceness", "15"))
 WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 # Sizes: the model, the response length, prompts x responses per prompt.
 SIZES: Dict[str, Dict[str, Any]] = {
@@ -343,8 +351,10 @@ class ChildProcess:
         with open(spec_path, "w") as handle:
             json.dump(spec, handle)
         env = dict(os.environ, **WORKER_ENV)
+        niceness = 0
         if spec["variant"].startswith("trl"):
             env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # one process on every core
+            niceness = RAY_WORKER_NICENESS  # as the pipeline's Ray actors run
         else:
             env.pop("OMP_NUM_THREADS", None)  # Ray sets it per actor from num_cpus, as in a real run
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
@@ -352,7 +362,8 @@ class ChildProcess:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--_child", spec_path, "--_reply_fd", str(write_fd)],
-            stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,), env=env)
+            stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,), env=env,
+            preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
         os.close(write_fd)
         self.replies = os.fdopen(read_fd)
         self.variant = spec["variant"]
@@ -632,6 +643,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "peak_gflops_before": measure_matmul_peak(), "sizes": []}
     for name in args.sizes:
         report["sizes"].append(run_size(name, args, workdir))
+        if len(args.sizes) > 1:  # each size's table as soon as it is measured (peak: the one before)
+            partial = {**report, "sizes": [report["sizes"][-1]], "peak_gflops": report["peak_gflops_before"],
+                       "peak_gflops_after": float("nan"), "load_end": os.getloadavg()}
+            add_peak_figures(partial, partial["peak_gflops"])
+            print("\n" + format_report(partial) + "\n", flush=True)
     report["peak_gflops_after"] = measure_matmul_peak()
     report["peak_gflops"] = max(report["peak_gflops_before"], report["peak_gflops_after"])
     report["load_end"] = os.getloadavg()
