@@ -29,7 +29,9 @@ Variants:
 
 **Same priority**: Ray runs every actor at niceness 15 (``RAY_worker_niceness``); the TRL
 processes are started at the same niceness, so another tenant's processes on a shared machine
-take CPU from both sides alike.
+take CPU from both sides alike (``--trl-niceness 0`` runs TRL at the default priority: on a
+loaded machine it then takes CPU first, and its two-thread process is hurt far more by contention
+than the pipeline's one-thread actors when it does not).
 
 **Interleaved**: each repetition runs one cycle of every variant, in a rotating order, while
 the others wait idle (Ray actors idle, TRL blocked in its callback), so machine drift and
@@ -354,7 +356,7 @@ class ChildProcess:
         niceness = 0
         if spec["variant"].startswith("trl"):
             env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # one process on every core
-            niceness = RAY_WORKER_NICENESS  # as the pipeline's Ray actors run
+            niceness = spec["trl_niceness"]  # by default as the pipeline's Ray actors run
         else:
             env.pop("OMP_NUM_THREADS", None)  # Ray sets it per actor from num_cpus, as in a real run
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
@@ -517,7 +519,7 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
             spec = {"variant": variant, "size": name, "model": model_dir, "prompts": prompts,
                     "prompts_per_cycle": size["prompts"], "group": size["group"],
                     "response_length": size["response_length"], "seed": 42, "cycles": cycles,
-                    "output_dir": os.path.join(workdir, f"{name}_{variant}")}
+                    "output_dir": os.path.join(workdir, f"{name}_{variant}"), "trl_niceness": args.trl_niceness}
             if variant.startswith("pipeline"):
                 spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles)
                 if variant == "pipeline_trainer":
@@ -588,7 +590,8 @@ def format_report(report: Dict[str, Any]) -> str:
     lines = [f"GSPO rollout cycle (generate + score + old log-probs + {OPTIMIZER_STEPS_PER_CYCLE} optimizer steps), "
              f"medians of {report['reps']} cycles after {report['warmup']} warm-up, interleaved; seconds",
              f"fp32 matmul peak on {os.cpu_count()} cores: {report['peak_gflops']:.1f} GFLOP/s "
-             f"(before {report['peak_gflops_before']:.1f}, after {report['peak_gflops_after']:.1f}); "
+             f"(before {report['peak_gflops_before']:.1f}, after {report['peak_gflops_after']:.1f}); TRL at niceness "
+             f"{report['trl_niceness']}; "
              f"load average at start {report['load_start'][0]:.2f}, at end {report['load_end'][0]:.2f}"]
     header = (f"{'variant':<17}{'cycle':>8}{'generate':>10}{'score':>8}{'old lp':>8}{'train':>8}{'x pipe':>8}"
               f"{'GFLOP/s':>9}{'% peak':>8}{'floor':>8}{'/floor':>8}  peak RSS MB per process")
@@ -618,6 +621,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--reps", type=int, default=5, help="measured cycles per variant")
     parser.add_argument("--warmup", type=int, default=1, help="cycles per variant not counted")
+    parser.add_argument("--trl-niceness", type=int, default=RAY_WORKER_NICENESS,
+                        help="niceness of the TRL processes (default: Ray's worker niceness, as the pipeline's actors)")
     parser.add_argument("--smoke", action="store_true", help="micro model, 4 prompts x 4, 1 cycle (tests)")
     parser.add_argument("--json", dest="json_path", help="also write every figure as JSON here")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
@@ -640,6 +645,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workdir = tempfile.mkdtemp(prefix="bench_peers_")
     print(f"[bench] work dir {workdir} (TRL logs there)", flush=True)
     report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg(),
+                              "trl_niceness": args.trl_niceness,
                               "peak_gflops_before": measure_matmul_peak(), "sizes": []}
     for name in args.sizes:
         report["sizes"].append(run_size(name, args, workdir))
