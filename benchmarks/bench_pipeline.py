@@ -16,7 +16,7 @@ In one run, on the same tiny model and the same batches, step by step:
      the step's prompts with the same sampling parameters;
    * raw DeepSpeed: ``world_size`` plain processes (torch.distributed over gloo, no Ray) each
      building ``DeepSpeedStrategy`` and doing the training phase's work on its shard of the step's
-     batch: the old-log-prob forward pass (when ``old_logprob_source: trainer``), then
+     batch: the old-log-prob forward pass (when the pipeline's old log-probs come from the trainer), then
      ppo_epochs x mini-batches of forward / GSPO ``policy_loss`` / backward / step.
    Interleaving puts each raw figure next to the pipeline step it is compared with, so a machine
    that speeds up or slows down during the run moves both sides alike;
@@ -456,6 +456,9 @@ def run_interleaved(args, cfg, overrides: List[str], workdir: str) -> Dict[str, 
     start = time.perf_counter()
     pipeline = RLVRPipeline(cfg)
     startup = time.perf_counter() - start
+    # `auto` resolved by the pipeline: the raw trainer and the probe do the old-log-prob pass only
+    # when the pipeline does.
+    cfg.old_logprob_source = pipeline.old_logprobs.source
     recorded: Dict[str, List[Any]] = {"prompts": [], "train": []}
     raw_engines = None
     raw_steps: List[Dict[str, Any]] = []

@@ -22,11 +22,13 @@ from roll_gspo.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_
                                   read_state, resolve_resume)
 from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
 from roll_gspo.config.roll_compat import checkpoint_base
+from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, WorkerDiedError, init_ray, worker_env
 from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
 from roll_gspo.graceful_stop import GracefulStop, resume_command
 from roll_gspo.modeling import build_sequences
+from roll_gspo.moe import folder_is_moe
 from roll_gspo.seeding import rollout_seeds
 from roll_gspo.tracking import MetricsTracker, plot_metrics
 from roll_gspo.utils.imports import import_object
@@ -50,6 +52,9 @@ class RLVRPipeline:
         prepare_models(cfg, ["actor_train", "actor_infer", "reference"])
         self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
+        self.old_logprobs = choose_old_logprob_source(
+            cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
+        logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
         self.domain_of_worker = self._reward_routes()
         self.train_items, stats = self._load_prompts(cfg.actor_train.data_args)
         self.filtered_prompts = stats["filtered_prompts"]
@@ -162,19 +167,20 @@ class RLVRPipeline:
                 if pending_rewards is None:
                     pending_rewards = self._start_rewards(batch)
                 batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
-        with _timed(timings, "old_log_probs"):
-            calls = (self.actor_train.dispatch_async("compute_log_probs", view)
-                     if cfg.old_logprob_source == "trainer" else None)
-            if pending_rewards is None:
-                pending_rewards = self._start_rewards(batch)
-            if calls is not None:
+        if self.old_logprobs.source == "trainer":
+            with _timed(timings, "old_log_probs"):
+                calls = self.actor_train.dispatch_async("compute_log_probs", view)
+                if pending_rewards is None:
+                    pending_rewards = self._start_rewards(batch)
                 scored = self.actor_train.collect(calls)
                 batch["old_log_probs"] = scored["old_log_probs"]
                 if "routed_experts" in scored:  # MoE: the experts the old policy chose (replay, volatility)
                     batch["routed_experts"] = scored["routed_experts"]
-            else:
-                batch["old_log_probs"] = batch["rollout_log_probs"]
+        else:  # the rollout engine's log-probs are the trainer's (choose_old_logprob_source): no pass
+            batch["old_log_probs"] = batch["rollout_log_probs"]
         with _timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
+            if pending_rewards is None:
+                pending_rewards = self._start_rewards(batch)
             self._collect_rewards(batch, pending_rewards)
         reward_metrics = self._reward_metrics(batch)
         with _timed(timings, "advantages"):
@@ -187,6 +193,7 @@ class RLVRPipeline:
             per_rank = self.actor_train.dispatch("train_step", self._view(batch),
                                                  sync_to=self.actor_infer.workers if sync_due else None)
         train_metrics, sync_metrics = _split_sync_metrics(per_rank)
+        self._follow_logprob_gap(step, train_metrics.get("rollout/logprob_gap"))
         if sync_due:
             timings["sync"] = sync_metrics["sync/seconds"]
             timings["train"] -= timings["sync"]
@@ -199,7 +206,21 @@ class RLVRPipeline:
             "response/truncated_frac": 1.0 - sum(batch["finished"]) / len(batch),
             "throughput/tokens_per_s": float(lengths.sum()) / max(step_seconds, 1e-9),
             "data/epoch": float(self.sampler.epoch), "data/filtered_prompts": float(self.filtered_prompts),
+            "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
         }
+
+    def _follow_logprob_gap(self, step: int, gap) -> None:
+        """auto outside fp32: the rollout engine's old log-probs while the measured trainer-rollout
+        gap (first mini-batch, before any update) stays below the threshold, the trainer's otherwise."""
+        choice = self.old_logprobs
+        if choice.max_gap is None or gap is None:
+            return
+        wanted = "rollout" if gap < choice.max_gap else "trainer"
+        if wanted != choice.source:
+            reason = (f"auto: the mean trainer-rollout gap at step {step} is {gap:.3g}, "
+                      f"{'below' if wanted == 'rollout' else 'above'} old_logprob_auto_max_gap = {choice.max_gap:g}")
+            self.old_logprobs = dataclasses.replace(choice, source=wanted, reason=reason)
+            logger.info("old log-probs from the %s from step %d on (%s)", wanted, step + 1, reason)
 
     def _prompt_batch(self, items: List[dict], step: int, stream: str) -> Batch:
         """Prompts with their rollout seeds (`sample_seed`: a function of seed, step and position,
@@ -390,7 +411,8 @@ class RLVRPipeline:
             discard(folder)
             raise CheckpointError(message) from exc
         state = {"step": step, "sampler": self.sampler.state_dict(),
-                 "running_stats": self.running_stats.state_dict() if self.running_stats else None}
+                 "running_stats": self.running_stats.state_dict() if self.running_stats else None,
+                 "old_logprob_source": self.old_logprobs.source}
         return commit_checkpoint(folder, state, output_dir, step, self.cfg.save_total_limit)
 
     def _load_checkpoint(self, folder: str) -> None:
@@ -400,6 +422,9 @@ class RLVRPipeline:
         if self.running_stats is not None and state.get("running_stats"):
             self.running_stats.load_state_dict(state["running_stats"])
         self.start_step = int(state["step"])
+        if self.old_logprobs.max_gap is not None and state.get("old_logprob_source"):  # where the gap had led
+            self.old_logprobs = dataclasses.replace(self.old_logprobs, source=state["old_logprob_source"],
+                                                    reason=f"auto: as at step {self.start_step} (resumed)")
         self.sync_weights()  # the rollout engine starts from `pretrain`
         logger.info("resumed from %s at step %d", folder, self.start_step)
 

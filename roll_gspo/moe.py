@@ -27,6 +27,15 @@ def find_routers(model: torch.nn.Module) -> List[torch.nn.Module]:
             and type(module).__name__.endswith("Router")]
 
 
+def folder_is_moe(model_dir: str) -> bool:
+    """True when the Hugging Face config in model_dir declares routed experts (Qwen2/3-MoE's
+    `num_experts`, Mixtral's `num_local_experts`, DeepSeek's `n_routed_experts`)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    return any((getattr(config, key, None) or 0) > 0 for key in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
 def expert_set_change_fraction(old: torch.Tensor, new: torch.Tensor, mask: torch.Tensor) -> float:
     """Fraction of (token, layer) whose set of top-k experts differs between two routings.
 

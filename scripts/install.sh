@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-EXTRAS=${ROLL_GSPO_EXTRAS:-cpu,dev,trackers}
+EXTRAS=${ROLL_GSPO_EXTRAS:-cpu,dev,trackers,bench}
 # The code-sandbox reward isolates programs with bubblewrap (Debian's `bubblewrap`); without it
 # the sandbox falls back to rlimits + a network namespace. Installed here when we may (root + apt).
 if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

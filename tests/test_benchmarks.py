@@ -125,3 +125,47 @@ def test_weight_sync_benchmark_smoke(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["transport"] for r in rows] == ["shared_memory", "object_store", "collective"]
     assert all(r["sync_s_median"] > 0 and r["gb_per_s"] > 0 for r in rows)
+
+
+@pytest.mark.e2e
+def test_peers_benchmark_smoke(tmp_path):
+    """bench_peers.py --smoke: the pipeline and TRL's GRPOTrainer (HF generate and vLLM colocate)
+    each run one interleaved cycle on the micro model; every column of the table is there and
+    every figure is sane. Without TRL its rows must say it is skipped and why."""
+    import importlib.util as util
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "peers.json"
+    script = BENCH.parent / "bench_peers.py"
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parents[1])}
+    done = subprocess.run([sys.executable, str(script), "--smoke", "--json", str(out)], capture_output=True,
+                          text=True, timeout=900, env=env)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    header = next(line for line in done.stdout.splitlines() if line.startswith("variant"))
+    for column in ("cycle", "generate", "score", "old lp", "train", "x pipe", "GFLOP/s", "% peak", "floor",
+                   "/floor", "peak RSS MB per process"):
+        assert column in header, column
+    report = json.loads(out.read_text())
+    assert 1 < report["peak_gflops"] < 1e5
+    (size,) = report["sizes"]
+    with_trl = util.find_spec("trl") is not None
+    pipelines = {"pipeline", "pipeline_trainer"}
+    assert set(size["rows"]) == (pipelines | {"trl_hf", "trl_vllm"} if with_trl else pipelines)
+    if not with_trl:
+        assert all("TRL is not installed" in why for why in size["skipped"].values())
+        assert "skipped: TRL is not installed" in done.stdout
+    for variant, row in size["rows"].items():
+        phases = row["phases_s"]
+        assert row["cycle_s"] > 0 and phases["generate"] > 0 and phases["train"] > 0, (variant, row)
+        assert sum(phases[p] for p in ("generate", "score", "old_log_probs", "train")) <= row["cycle_s"] * 1.05
+        assert 0 < row["gflops_per_s"] < 2 * report["peak_gflops"] and row["cycle_over_floor"] > 0.5
+        assert row["peak_rss_mb"] and all(50 < mb < 20000 for mb in row["peak_rss_mb"].values()), row["peak_rss_mb"]
+        assert row["flops"]["total"] > row["flops"]["floor"] if row["old_log_prob_pass"] else True
+    assert size["rows"]["pipeline"]["cycle_over_pipeline"] == 1.0
+    # The micro model's default (seq ratios, fp32, temperature 1): old log-probs from vLLM, no pass;
+    # pipeline_trainer keeps the trainer's pass.
+    assert size["old_logprob_sources"] == {"pipeline": "rollout", "pipeline_trainer": "trainer"}
+    assert size["rows"]["pipeline"]["phases_s"]["old_log_probs"] == 0.0
+    assert size["rows"]["pipeline_trainer"]["phases_s"]["old_log_probs"] > 0

@@ -96,6 +96,9 @@ def test_seed_004_keys_zero2_vllm_with_kl_and_validation(tmp_path, tiny_model, r
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2]
     # Trainer and vLLM agree on the rollout policy's log-probs (fp32 both sides).
     assert records[1]["rollout/logprob_gap"] < 1e-3
+    # So old_logprob_source: auto took vLLM's and the trainer's old-log-prob pass never ran.
+    steps = [r for r in records if "actor/pg_loss" in r]
+    assert all(r["rollout/old_logprobs_from_rollout"] == 1.0 and "time/old_log_probs_s" not in r for r in steps)
     checkpoints = sorted(os.listdir(os.path.join(cfg.output_dir, "checkpoints")))
     assert checkpoints == ["step_1", "step_2"]
 
@@ -103,7 +106,11 @@ def test_seed_004_keys_zero2_vllm_with_kl_and_validation(tmp_path, tiny_model, r
 def test_token_level_zero3(tmp_path, tiny_model, ray_session):
     cfg = write_config(tmp_path, tiny_model, importance_sampling="token", pg_clip_low=0.2, pg_clip_high=0.28,
                        actor_train={"strategy_args": {"strategy_config": {"zero_optimization": {"stage": 3}}}})
-    check_training_happened(cfg, run(cfg), tiny_model)
+    records = run(cfg)
+    check_training_happened(cfg, records, tiny_model)
+    # Token ratios: old_logprob_source: auto keeps the trainer's pass.
+    steps = [r for r in records if "actor/pg_loss" in r]
+    assert all(r["rollout/old_logprobs_from_rollout"] == 0.0 and r["time/old_log_probs_s"] > 0 for r in steps)
 
 
 def test_hf_infer_rollout_and_failing_reward_is_counted(tmp_path, tiny_model, ray_session):

@@ -76,7 +76,10 @@ the way out, and lists every problem at once:
   responses). At temperature 1 (or 0) roll_gspo asks vLLM for `raw_logprobs`, which are exact, and
   without truncation for `processed_logprobs`, exact at any temperature; hf_infer always re-scores
   exactly. A `logprobs_mode` in `actor_infer.strategy_args.strategy_config` is refused with
-  `rollout` (with `trainer` it only changes the logged gap, and warns).
+  `rollout` (with `trainer` or `auto` it only changes the logged gap, and warns). The default,
+  `auto`, never takes such log-probs: it uses the trainer's there (and outside fp32, with token
+  ratios, Routing Replay, a Mixture-of-Experts policy or `model_update_frequency` > 1), and the
+  run logs which source it took and why.
 - **Sampling from the YAML only.** `generation_config` / `override_generation_config` in the vLLM
   `strategy_config` are refused; the engines never take sampling defaults (repetition_penalty,
   top_k, ...) from the model folder's `generation_config.json`.
@@ -100,7 +103,7 @@ And warns (logged, the run goes on):
   takes 4.
 - **Exactly one optimizer step per rollout**: every ratio is 1 and clipping never fires.
 - **Stale rollouts** (`model_update_frequency` > 1): up to N-1 of every N rollouts come from
-  stale weights (off-policy) and nothing corrects for it. With `old_logprob_source: trainer` the ratio measures
+  stale weights (off-policy) and nothing corrects for it. With `old_logprob_source: trainer` (what `auto` takes here) the ratio measures
   the change from the trainer's weights at the start of the step, not from the weights that
   sampled (the staleness is invisible to the clip); with `rollout` it is measured from the stale
   weights, starts far from 1 and a GSPO-sized clip zeroes most gradients.

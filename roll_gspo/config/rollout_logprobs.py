@@ -13,10 +13,13 @@ temperature, 1 when greedy). What the engine reports depends on it:
   to apply). Top-k/top-p at any other temperature has no exact mode.
 
 `old_logprob_source: rollout` is refused where the quantity differs (``rollout_logprobs_bias``);
-``rollout_logprobs_are_exact`` also looks at precision, for choosing a default where it is safe.
+``rollout_logprobs_are_exact`` also looks at precision, and ``choose_old_logprob_source`` resolves
+the default `auto` with both: the rollout engine's log-probs where they are exact (the trainer's
+whole forward pass is saved), the trainer's where anything needs them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
@@ -84,3 +87,55 @@ def rollout_logprobs_are_exact(cfg: PipelineConfig) -> Tuple[bool, str]:
         return False, (f"actor_infer runs in {infer_dtype} and actor_train in {cfg.actor_train.model_args.dtype}: "
                        f"outside fp32 the engines' log-probs differ by up to 0.5 nats per token")
     return True, ""
+
+
+@dataclass(frozen=True)
+class OldLogprobChoice:
+    """Where a run's old log-probs come from, and why (logged once at start)."""
+    source: str  # "trainer" | "rollout"
+    reason: str
+    # auto outside fp32: follow the measured gap, taking the rollout's below it (see the pipeline)
+    max_gap: Optional[float] = None
+
+
+def auto_max_gap(cfg: PipelineConfig) -> float:
+    """old_logprob_auto_max_gap, or a tenth of pg_clip_low when it is null."""
+    return cfg.pg_clip_low / 10 if cfg.old_logprob_auto_max_gap is None else cfg.old_logprob_auto_max_gap
+
+
+def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -> OldLogprobChoice:
+    """Resolve `old_logprob_source` (auto: the rollout engine's log-probs where they are the
+    trainer's old log-probs and nothing needs the trainer's pass; else the trainer's).
+
+    model_is_moe: the policy routes tokens to experts (its config has num_experts /
+    num_local_experts > 0); only the pipeline knows it, after the model folder exists.
+    """
+    if cfg.old_logprob_source != "auto":
+        return OldLogprobChoice(cfg.old_logprob_source, f"old_logprob_source: {cfg.old_logprob_source} in the config")
+    trainer = lambda why: OldLogprobChoice("trainer", f"auto: {why}")  # noqa: E731
+    if cfg.router_replay:
+        return trainer("router_replay replays the experts the trainer records while it scores the old log-probs")
+    if model_is_moe:
+        return trainer("a Mixture-of-Experts policy: the trainer's old-log-prob pass records each token's experts "
+                       "(moe/expert_volatility, moe/load_balance_max_over_mean); old_logprob_source: rollout skips "
+                       "it and those metrics")
+    if cfg.importance_sampling == "token":
+        return trainer("importance_sampling: token takes each token's engine mismatch into its own ratio "
+                       "unaveraged (GSPO's sequence ratio averages it over the response)")
+    if cfg.model_update_frequency > 1:
+        return trainer(f"model_update_frequency = {cfg.model_update_frequency}: the rollout log-probs come from "
+                       f"stale weights, and a ratio measured from them starts outside a GSPO-sized clip")
+    bias = rollout_logprobs_bias(cfg)
+    if bias:
+        return trainer(bias)
+    exact, why_not = rollout_logprobs_are_exact(cfg)
+    if not exact:  # precision only: measure the gap
+        threshold = auto_max_gap(cfg)
+        if threshold > 0:
+            return OldLogprobChoice("trainer", f"auto: {why_not}; the trainer's until a step measures a mean "
+                                               f"gap below old_logprob_auto_max_gap = {threshold:g}", threshold)
+        return trainer(why_not)
+    engine = cfg.actor_infer.strategy_args.strategy_name
+    return OldLogprobChoice("rollout", f"auto: {engine}'s sampled-token log-probs are the trainer's (fp32 on both "
+                                       f"sides, temperature applied, full distribution); the trainer's "
+                                       f"old-log-prob forward pass is skipped")

@@ -20,7 +20,7 @@ LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 ADV_ESTIMATORS = ["reinforce", "grpo", "rloo"]
 REWARD_NORMS = [None, "group", "batch", "running"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
-OLD_LOGPROB_SOURCES = ["trainer", "rollout"]
+OLD_LOGPROB_SOURCES = ["auto", "trainer", "rollout"]
 WEIGHT_SYNC_TRANSPORTS = ["auto", "object_store", "collective"]
 VLLM_WEIGHT_UPDATES = ["auto", "layerwise"]
 DTYPES = ["fp32", "bf16", "fp16"]
@@ -147,7 +147,7 @@ class GeneratingArgs:
     top_p: float = _f(1.0, "Nucleus sampling, in (0, 1]. Values < 1 bias the rollout away from the policy "
                            "the trainer scores (full distribution), which the importance ratio does not "
                            "correct. With old_logprob_source: rollout on vLLM it needs temperature 1 (or 0), "
-                           "else it is refused (see old_logprob_source).")
+                           "else it is refused, and `auto` takes the trainer's (see old_logprob_source).")
     top_k: int = _f(-1, "Top-k sampling (-1 or 0: off). Same caveats as top_p.")
     num_return_sequences: Optional[int] = _f(
         None, "Responses per prompt (>= 1). Null means `num_return_sequences_in_group` (training) or 1 "
@@ -554,16 +554,28 @@ class PipelineConfig:
                                    "or shift) it becomes 0; such prompt groups are counted in "
                                    "`reward/zero_std_groups`.")
     old_logprob_source: str = _f(
-        "trainer", "`trainer`: recompute old log-probs with the training engine (one extra forward "
-                   "pass, exact); `rollout`: use the rollout engine's sampled-token log-probs (saves the "
-                   "pass; GSPO's sequence ratio tolerates the engines' small float mismatch). They are "
-                   "the trainer's full-distribution log-probs: hf_infer re-scores the responses; vLLM "
-                   "reports `processed_logprobs` without top-p/top-k and `raw_logprobs` with them at "
-                   "temperature 1 (or 0). vLLM with top_p < 1 or top_k > 0 at any other temperature "
-                   "has no exact mode, and a `logprobs_mode` in strategy_config overrides the choice: "
-                   "both are refused with `rollout`. The mean |trainer - rollout| gap is logged either "
-                   "way when both are available.",
+        "auto", "Where the old log-probs (the ratio's denominator) come from. `trainer`: recomputed by the "
+                "training engine (one extra forward pass over the batch, exact); `rollout`: the rollout "
+                "engine's sampled-token log-probs (saves that pass; GSPO's sequence ratio tolerates the "
+                "engines' small float mismatch). They are the trainer's full-distribution log-probs: "
+                "hf_infer re-scores the responses; vLLM reports `processed_logprobs` without top-p/top-k "
+                "and `raw_logprobs` with them at temperature 1 (or 0). vLLM with top_p < 1 or top_k > 0 at "
+                "any other temperature has no exact mode, and a `logprobs_mode` in strategy_config "
+                "overrides the choice: both are refused with `rollout`. `auto` (default): `rollout` where "
+                "those log-probs are exact (no such refusal, fp32 on both roles) and nothing needs the "
+                "trainer's pass, else `trainer`; outside fp32 it follows the measured gap "
+                "(old_logprob_auto_max_gap); the trainer's for importance_sampling: token (each token's "
+                "mismatch enters its own ratio), router_replay and Mixture-of-Experts policies (the pass "
+                "records the experts), and model_update_frequency > 1. The run logs which and why at start "
+                "and `rollout/old_logprobs_from_rollout` (1 or 0) each step; the mean |trainer - rollout| "
+                "gap (`rollout/logprob_gap`) is logged either way, from the first mini-batch's forward pass.",
         OLD_LOGPROB_SOURCES)
+    old_logprob_auto_max_gap: Optional[float] = _f(
+        None, "old_logprob_source: auto outside fp32 (where the rollout log-probs are otherwise the trainer's): "
+              "old log-probs come from the trainer until a step measures the mean |trainer - rollout| per-token "
+              "gap (`rollout/logprob_gap`) below this, then from the rollout engine, and from the trainer again "
+              "if a later step's gap exceeds it (each switch is logged). A sequence ratio's log moves by at most "
+              "the mean gap, so null takes a tenth of pg_clip_low, well inside the clip; 0 never switches.")
     model_update_frequency: int = _f(
         1, "Push trained weights to the rollout engine every N steps. N > 1 warns: rollouts between "
            "syncs come from weights up to N-1 updates old and nothing corrects for it (the ratio "

@@ -15,7 +15,7 @@ from typing import AbstractSet, List, Optional
 from roll_gspo.config import roll_compat
 from roll_gspo.config.loader import ConfigError
 from roll_gspo.config.role_reads import unread_key_problems
-from roll_gspo.config.rollout_logprobs import rollout_logprobs_bias, vllm_dtype_name
+from roll_gspo.config.rollout_logprobs import choose_old_logprob_source, rollout_logprobs_bias, vllm_dtype_name
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig, RoleConfig
 
 logger = logging.getLogger("roll_gspo.config")
@@ -194,7 +194,7 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
     bias = rollout_logprobs_bias(cfg)
     if bias and cfg.old_logprob_source == "rollout":
         problems.append(f"old_logprob_source: rollout would bias every importance ratio: {bias}; or use "
-                        f"old_logprob_source: trainer (the default)")
+                        f"old_logprob_source: trainer (or auto, the default, which takes the trainer's here)")
     return problems
 
 
@@ -213,9 +213,12 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
             f"* {args.gradient_accumulation_steps} * {cfg.actor_train.world_size} = {mini}")
     if cfg.moe_aux_loss_coef < 0:
         problems.append(f"moe_aux_loss_coef must be >= 0 (0: off), got {cfg.moe_aux_loss_coef}")
-    if cfg.router_replay and cfg.old_logprob_source != "trainer":
+    if cfg.old_logprob_auto_max_gap is not None and cfg.old_logprob_auto_max_gap < 0:
+        problems.append(f"old_logprob_auto_max_gap must be >= 0 (0: never switch; null: pg_clip_low / 10), "
+                        f"got {cfg.old_logprob_auto_max_gap}")
+    if cfg.router_replay and cfg.old_logprob_source == "rollout":
         problems.append("router_replay: true replays the experts recorded while the trainer computes the old "
-                        "log-probs; it needs old_logprob_source: trainer")
+                        "log-probs; it needs old_logprob_source: trainer (or auto, the default)")
     if cfg.adv_estimator in ("grpo", "rloo") and group < 2:
         problems.append(f"adv_estimator {cfg.adv_estimator!r} needs num_return_sequences_in_group >= 2 "
                         f"(a group baseline of one response is the response itself), got {group}")
@@ -359,17 +362,18 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
             f"responses (raise gradient_accumulation_steps or per_device_train_batch_size).")
     if cfg.model_update_frequency > 1:
         k = cfg.model_update_frequency
+        source = choose_old_logprob_source(cfg).source  # auto takes the trainer's here
         measured = ("the current trainer weights at the start of each step, not the older weights that sampled: "
-                    "the staleness is neither corrected nor clipped" if cfg.old_logprob_source == "trainer" else
+                    "the staleness is neither corrected nor clipped" if source == "trainer" else
                     "the stale rollout weights, so it starts far from 1 and a GSPO-sized clip zeroes most gradients")
         warns.append(
             f"model_update_frequency = {k}: the rollout engine gets new weights every {k} steps, so up to {k - 1} "
             f"of every {k} rollouts are sampled by weights up to {k - 1} updates old (off-policy), and nothing "
-            f"corrects for it. With old_logprob_source: {cfg.old_logprob_source} the importance ratio measures the "
+            f"corrects for it. With old_logprob_source: {source} the importance ratio measures the "
             f"policy's change from {measured}. Use 1 unless you accept that.")
     engine = cfg.actor_infer.strategy_args.strategy_config
     if (cfg.actor_infer.strategy_args.strategy_name == "vllm" and "logprobs_mode" in engine
-            and cfg.old_logprob_source == "trainer"):
+            and cfg.old_logprob_source != "rollout"):
         warns.append(f"actor_infer.strategy_args.strategy_config.logprobs_mode = {engine['logprobs_mode']!r} only "
                      f"changes the logged rollout/logprob_gap (old log-probs come from the trainer); without it "
                      f"roll_gspo picks the mode that matches the trainer's log-probs")

