@@ -277,6 +277,33 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     return problems
 
 
+def _dynamic_batching_problems(cfg: PipelineConfig) -> List[str]:
+    """Token-budget micro-batches: a budget that holds one whole sequence, and the keys only on
+    roles whose passes they split (actor_train: train and infer; reference: infer)."""
+    problems = []
+    longest = cfg.prompt_length + cfg.response_length
+    readers = {"actor_train": ("train", "infer"), "reference": ("infer",), "actor_infer": ()}
+    for name, phases in readers.items():
+        role: RoleConfig = getattr(cfg, name)
+        for phase in ("train", "infer"):
+            on, budget = getattr(role, f"use_dynamic_batching_in_{phase}"), getattr(role, f"max_tokens_per_microbatch_in_{phase}")
+            rounding = getattr(role, f"sequence_length_round_in_{phase}")
+            if on and phase not in phases:
+                why = ("vLLM schedules its own batches by tokens (max_num_batched_tokens in "
+                       "actor_infer.strategy_args.strategy_config)" if name == "actor_infer"
+                       else "the reference is frozen: it only runs log-prob passes (use_dynamic_batching_in_infer)")
+                problems.append(f"{name}.use_dynamic_batching_in_{phase}: nothing reads it: {why}")
+            if not on:
+                continue
+            if not budget or budget < longest:
+                problems.append(f"{name}.max_tokens_per_microbatch_in_{phase} = {budget}: with "
+                                f"use_dynamic_batching_in_{phase} it must be set to at least one whole sequence, "
+                                f"prompt_length + response_length = {longest} tokens")
+            if rounding < 1:
+                problems.append(f"{name}.sequence_length_round_in_{phase}: must be >= 1, got {rounding}")
+    return problems
+
+
 def _reward_problems(domain: str, reward) -> List[str]:
     """Keys of the model-free and model-based reward workers that cannot act as given."""
     import re
@@ -478,6 +505,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     if cfg.pipeline == "rlvr":
         problems += _sampling_problems(cfg)
     problems += _rlvr_problems(cfg, yaml_keys) if cfg.pipeline == "rlvr" else _sft_problems(cfg)
+    problems += _dynamic_batching_problems(cfg)
     problems += roll_compat.roll_semantic_problems(cfg)
     if not placement_problems:  # colocation reads the parsed device mappings
         from roll_gspo.colocation import colocation_problems, fill_gpu_memory_utilization
