@@ -686,9 +686,20 @@ class PipelineConfig:
     global_template: Optional[str] = _f(
         None, "ROLL: one chat template for every role's data (training and validation prompts); "
               "a role's data_args.template that differs is an error.", CHAT_TEMPLATES)
-    async_generation_ratio: float = _refused_unless(
-        0.0, "ROLL's asynchronous pipeline (rollout ahead of training).",
-        "the asynchronous pipeline is not built; rollout and training alternate.")
+    async_generation_ratio: float = _f(
+        0.0, "ROLL's asynchronous pipeline: how many rollout batches generation runs ahead of "
+             "training. 0: synchronous (generate, then train). 1: one-step off-policy: the rollout "
+             "engine generates step N+1's responses while step N scores and trains, so they are "
+             "sampled by the weights of step N-1 and trained from those of step N (one step stale; "
+             "`rollout/staleness` logs it, each response carries its `weight_version`). The old "
+             "log-probs must then be those of the policy that sampled, which only the rollout engine "
+             "still has: old_logprob_source must be `rollout` (the trainer's recompute would score "
+             "the newer policy and leave the staleness uncorrected), and the importance ratio corrects "
+             "for the stale policy (GSPO's sequence ratio tolerates it). A checkpoint saves the rollout "
+             "generated ahead, so resume stays exact. Other values are refused (ROLL's k > 1 is not "
+             "built), as is dynamic sampling (query_filter_config) with 1. Pays off when rollout and "
+             "training have their own devices (GPU clusters); on a small CPU machine they compete for "
+             "the same cores (see README).")
     is_num_return_sequences_expand: bool = _refused_unless(
         False, "ROLL scheduler detail (G copies of a prompt instead of one request with n = G).",
         "vLLM samples num_return_sequences_in_group responses per prompt in one request here; "

@@ -216,6 +216,7 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     if cfg.router_replay and cfg.old_logprob_source != "trainer":
         problems.append("router_replay: true replays the experts recorded while the trainer computes the old "
                         "log-probs; it needs old_logprob_source: trainer")
+    problems += _async_problems(cfg)
     if cfg.adv_estimator in ("grpo", "rloo") and group < 2:
         problems.append(f"adv_estimator {cfg.adv_estimator!r} needs num_return_sequences_in_group >= 2 "
                         f"(a group baseline of one response is the response itself), got {group}")
@@ -274,6 +275,28 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     if stage not in (0, 1, 2, 3):
         problems.append(f"actor_train.strategy_args.strategy_config.zero_optimization.stage: must be "
                         f"0, 1, 2 or 3, got {stage!r}")
+    return problems
+
+
+def _async_problems(cfg: PipelineConfig) -> List[str]:
+    """async_generation_ratio: 0 or 1, and what one-step off-policy rollout cannot run with."""
+    ratio = cfg.async_generation_ratio
+    if ratio not in (0, 1):
+        return [f"async_generation_ratio = {ratio!r} is refused: 0 (synchronous) and 1 (generation one "
+                f"step ahead of training) are built; ROLL's larger integers are not"]
+    if not ratio:
+        return []
+    problems = []
+    if cfg.old_logprob_source == "trainer":
+        problems.append("async_generation_ratio: 1 needs old_logprob_source: rollout: the responses are "
+                        "sampled by the weights of the step before, which only the rollout engine still holds; "
+                        "the trainer's recompute would score the newer policy and the ratio would not correct "
+                        "for the staleness")
+    filtered = [name for name, reward in cfg.rewards.items() if reward.query_filter_config.type != "no_filter"]
+    if filtered:
+        problems.append(f"async_generation_ratio: 1 with dynamic sampling (rewards.{filtered[0]}."
+                        f"query_filter_config) is not built: the extra generation rounds would need the "
+                        f"scores of the rollout generated ahead")
     return problems
 
 

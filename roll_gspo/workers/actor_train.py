@@ -108,13 +108,14 @@ class ActorTrainWorker(RankWorker):
         return Batch({"old_log_probs": scatter_rows(parts, plans, len(batch), width),
                       "routed_experts": scatter_rows(routed, plans, len(batch), length)})
 
-    def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None) -> Dict[str, float]:
+    def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None,
+                   weight_version: Optional[int] = None) -> Dict[str, float]:
         """GSPO update on this rank's shard. Needs tensors input_ids, attention_mask,
         prompt_lengths, response_mask, old_log_probs, advantages (and ref_log_probs with
         use_kl_loss). Returns the call's metrics over all ranks (`SplitInvariantMetrics`: the
         loss is the mini-batch loss, averaged over mini-batches; token metrics are means over all
-        tokens); with `sync_to` (the rollout workers), the new weights are then sent to them and
-        the `sync/*` metrics added."""
+        tokens); with `sync_to` (the rollout workers), the new weights are then sent to them,
+        stamped `weight_version`, and the `sync/*` metrics added."""
         cfg, args = self.cfg, self.role.training_args
         per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
         metrics = SplitInvariantMetrics()
@@ -137,7 +138,7 @@ class ActorTrainWorker(RankWorker):
             result.update(self._moe_step_metrics(batch))
         memory = self._offload_optimizer_side() if self.offload else {}
         if sync_to is not None:
-            result.update(self.sync_weights_to(sync_to))
+            result.update(self.sync_weights_to(sync_to, weight_version))
         if self.offload:
             self.strategy.offloader.offload(params=cfg.offload_train_params)  # weights last: the sync read them
             memory["memory/actor_train_offload_gb"] = memory_gb()
@@ -267,15 +268,15 @@ class ActorTrainWorker(RankWorker):
         return metrics.reduce(self.strategy.all_reduce_sum)
 
     # -- weights and checkpoints ---------------------------------------------------------------
-    def sync_weights_to(self, receivers: List[Any]) -> Dict[str, float]:
+    def sync_weights_to(self, receivers: List[Any], version: Optional[int] = None) -> Dict[str, float]:
         bucket_bytes = int(self.cfg.weight_sync_bucket_mb * (1 << 20))
         if self.rank == 0 and self.weight_sender is None:  # the rollout ranks are fixed for the run
             self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes,
                                               self.cfg.weight_sync_timeout_s)
         if "lp_params" not in self.strategy.offloader.offloaded:
-            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
+            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender, version)
         with self.strategy.offloader.on_device():  # e.g. the sync after a resume
-            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
+            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender, version)
 
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(folder)
