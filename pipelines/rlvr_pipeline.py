@@ -215,6 +215,7 @@ class RLVRPipeline:
             "response/truncated_frac": 1.0 - sum(batch["finished"]) / len(batch),
             # Steps between the weights that sampled this rollout and those it trains (step - 1).
             "rollout/staleness": float(step - 1 - min(batch["weight_version"])),
+            "rollout/weight_version": float(min(batch["weight_version"])),
             "throughput/tokens_per_s": float(lengths.sum()) / max(step_seconds, 1e-9),
             "data/epoch": float(self.sampler.epoch), "data/filtered_prompts": float(self.filtered_prompts),
         }
