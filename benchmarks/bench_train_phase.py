@@ -70,7 +70,7 @@ def overrides_for(variant: Dict[str, Any], args) -> List[str]:
     return [
         f"pretrain={args.model_dir}", f"rollout_batch_size={args.prompts}", f"num_return_sequences_in_group={args.group}",
         f"prompt_length={args.prompt_length}", f"response_length={args.response_length}", "max_steps=1000",
-        f"actor_train.world_size={variant['world']}",
+        f"actor_train.world_size={variant['world']}", "~actor_infer.strategy_args.strategy_config.max_model_len",
         f"actor_train.training_args.per_device_train_batch_size={variant['micro']}",
         f"actor_train.training_args.gradient_accumulation_steps={variant['gas']}",
         f"actor_train.strategy_args.strategy_config.zero_optimization.stage={variant['stage']}",
@@ -158,7 +158,15 @@ def rank_main(spec_path: str) -> None:
         torch.distributed.barrier()
         middle = time.perf_counter()
         scoring = dict(timers)
-        metrics = worker.train_step(batch)
+        if spec["profile"] and rank == 0 and command.get("profile"):
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                metrics = worker.train_step(batch)
+            with open(spec["profile"], "w") as out:
+                out.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+        else:
+            metrics = worker.train_step(batch)
         torch.distributed.barrier()
         end = time.perf_counter()
         replies.write(json.dumps({"old_log_probs_s": middle - start, "train_s": end - middle,
@@ -178,12 +186,13 @@ def free_port() -> int:
 
 class VariantGroup:
     def __init__(self, variant, args, workdir):
-        self.variant, self.procs, self.replies = variant, [], []
+        self.variant, self.procs, self.replies, self.workdir = variant, [], [], workdir
         port = free_port()
         for rank in range(variant["world"]):
             read_fd, write_fd = os.pipe()
             spec = {"config": args.config, "overrides": overrides_for(variant, args) + args.override,
-                    "breakdown": args.breakdown, "reply_fd": write_fd}
+                    "breakdown": args.breakdown, "reply_fd": write_fd,
+                    "profile": args.profile and f"{args.profile}.{variant['name']}.txt"}
             spec_path = os.path.join(workdir, f"{variant['name']}_{rank}.json")
             json.dump(spec, open(spec_path, "w"))
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(variant["world"]), LOCAL_RANK="0",
@@ -202,7 +211,7 @@ class VariantGroup:
         for reply in self.replies:
             line = reply.readline()
             if not line:
-                raise RuntimeError(f"variant {self.variant['name']}: a rank exited; see its log")
+                raise RuntimeError(f"variant {self.variant['name']}: a rank exited; see its log in {self.workdir}")
             out.append(json.loads(line))
         return out[0]
 
@@ -236,6 +245,8 @@ def main(argv=None) -> int:
     parser.add_argument("--response-length", type=int, default=32)
     parser.add_argument("--lengths", choices=["full", "mixed"], default="full")
     parser.add_argument("--breakdown", action="store_true")
+    parser.add_argument("--profile", help="write rank 0's torch.profiler table of the last round's train call "
+                                          "to PROFILE.<variant>.txt")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args._rank:
@@ -251,7 +262,8 @@ def main(argv=None) -> int:
     variants = [parse_variant(v) for v in args.variant] or [parse_variant("zero2_2x1:")]
     batches = make_batches(args, args.warmup + args.rounds)
     results: Dict[str, List[Dict[str, float]]] = {v["name"]: [] for v in variants}
-    with tempfile.TemporaryDirectory(prefix="bench_train_") as workdir:
+    workdir = tempfile.mkdtemp(prefix="bench_train_")  # the ranks' logs stay there
+    if True:
         groups = [VariantGroup(v, args, workdir) for v in variants]
         try:
             for group in groups:
@@ -261,7 +273,7 @@ def main(argv=None) -> int:
                 path = os.path.join(workdir, f"batch_{index}.pt")
                 torch.save(batch, path)
                 for group in groups:  # in turn: A B C A B C ...
-                    group.send({"batch_file": path})
+                    group.send({"batch_file": path, "profile": index == len(batches) - 1})
                     reply = group.receive()
                     if index >= args.warmup:
                         results[group.variant["name"]].append(reply)
