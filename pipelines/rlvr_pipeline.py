@@ -407,6 +407,8 @@ class RLVRPipeline:
         folder = begin_checkpoint(output_dir, step)
         try:
             self.actor_train.execute_all("save_checkpoint", folder)
+            if self.next_rollout is not None:  # async: its prompts are drawn already, its weights gone
+                torch.save(self.next_rollout, os.path.join(folder, NEXT_ROLLOUT_FILE))
         except WorkerDiedError:
             discard(folder)
             raise
@@ -414,8 +416,6 @@ class RLVRPipeline:
             message = checkpoint_failure(output_dir, step, exc)
             discard(folder)
             raise CheckpointError(message) from exc
-        if self.next_rollout is not None:  # async: its prompts are drawn already, its weights gone
-            torch.save(self.next_rollout, os.path.join(folder, NEXT_ROLLOUT_FILE))
         state = {"step": step, "sampler": self.sampler.state_dict(),
                  "running_stats": self.running_stats.state_dict() if self.running_stats else None}
         return commit_checkpoint(folder, state, output_dir, step, self.cfg.save_total_limit)
