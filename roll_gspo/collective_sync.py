@@ -178,7 +178,8 @@ class CollectiveSender:
     def send(self, bucket: Sequence[Tuple[str, torch.Tensor]], first: bool, last: bool,
              version: Optional[int] = None) -> None:
         meta = bucket_layout(bucket)
-        calls = [r.load_weight_bucket.remote(meta, first=first, last=last, version=version) for r in self.receivers]
+        stamp = {"version": version} if version is not None else {}  # only the last bucket has one
+        calls = [r.load_weight_bucket.remote(meta, first=first, last=last, **stamp) for r in self.receivers]
         self.group.send(bucket, meta)
         self._wait(calls, "load a broadcast weight bucket")
 

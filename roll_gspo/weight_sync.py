@@ -85,13 +85,14 @@ class WeightSender:
             self.collective.send(bucket, first, last, version)
             return
         calls = []
+        stamp = {"version": version} if version is not None else {}  # only the last bucket has one
         if self.by_shared_memory:
             shared = self.segment.write(bucket)
-            calls += [r.load_weight_bucket.remote(shared, first=first, last=last, version=version)
+            calls += [r.load_weight_bucket.remote(shared, first=first, last=last, **stamp)
                       for r in self.by_shared_memory]
         if self.by_object_store:
             ref = ray.put([(name, *to_wire(tensor)) for name, tensor in bucket])
-            calls += [r.load_weight_bucket.remote(ref, first=first, last=last, version=version)
+            calls += [r.load_weight_bucket.remote(ref, first=first, last=last, **stamp)
                       for r in self.by_object_store]
         ray.get(calls)
         if self.segment is not None:
