@@ -72,8 +72,15 @@ class OneRankStrategy:
     """One rank without DeepSpeed: backward, and at each optimizer-step boundary keep the
     accumulated gradient and clear it (no update: every mini-batch sees the same weights)."""
 
+    class NothingOffloaded:
+        offloaded = frozenset()
+
+        def reload(self):
+            pass
+
     def __init__(self, model):
         self.model, self.step_grads, self.passes = model, [], 0
+        self.offloader = self.NothingOffloaded()
 
     def all_reduce_sum(self, values):
         return list(values)
@@ -107,7 +114,8 @@ def train_once(model_dir, batch, mode, dynamic):
     model = load_causal_lm(model_dir)
     model.global_steps = 0  # what the trainer reads from DeepSpeed's engine
     worker = ActorTrainWorker.__new__(ActorTrainWorker)  # the rank without its Ray/DeepSpeed set-up
-    worker.cfg, worker.role, worker.rank, worker.temperature, worker.moe = cfg, role, 0, 0.7, None
+    worker.cfg, worker.role, worker.rank, worker.temperature = cfg, role, 0, 0.7
+    worker.moe, worker.offload = None, False
     worker.engine, worker.strategy = model, OneRankStrategy(model)
     metrics = worker.train_step(batch)
     return worker.strategy, metrics

@@ -292,6 +292,12 @@ def _async_problems(cfg: PipelineConfig) -> List[str]:
                         "sampled by the weights of the step before, which only the rollout engine still holds; "
                         "the trainer's recompute would score the newer policy and the ratio would not correct "
                         "for the staleness")
+    from roll_gspo.colocation import offload_between_phases
+
+    if offload_between_phases(cfg):
+        problems.append("async_generation_ratio: 1 with the rollout engine put to sleep between phases "
+                        "(is_offload_states, or roles sharing GPUs) is refused: generating ahead needs the "
+                        "rollout engine awake while the trainer trains, on devices of its own")
     filtered = [name for name, reward in cfg.rewards.items() if reward.query_filter_config.type != "no_filter"]
     if filtered:
         problems.append(f"async_generation_ratio: 1 with dynamic sampling (rewards.{filtered[0]}."
