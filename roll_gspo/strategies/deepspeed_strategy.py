@@ -173,15 +173,17 @@ class DeepSpeedStrategy:
                                         active=offload and train and (not on_cpu or force_on_cpu()))
 
     # -- steps -----------------------------------------------------------------------------
-    def backward_and_step(self, loss: torch.Tensor, boundary: bool) -> None:
+    def backward_and_step(self, loss: torch.Tensor, boundary: Optional[bool] = None) -> None:
         """Backward one micro-batch loss that already carries its share of the mini-batch
-        normaliser; with `boundary` (the mini-batch's last pass) the optimizer steps. The caller
-        says where the boundary is because token-budget micro-batches make their count vary.
+        normaliser; with `boundary` (the mini-batch's last pass) the optimizer steps. The trainer
+        says where the boundary is because token-budget micro-batches make their count vary; None
+        leaves it to DeepSpeed's count of gradient_accumulation_steps.
 
         DeepSpeed averages gradients over data-parallel ranks, and its default also divides by
         the accumulation steps; both would double-normalise, so scale back and opt out.
         """
-        self.engine.set_gradient_accumulation_boundary(boundary)
+        if boundary is not None:
+            self.engine.set_gradient_accumulation_boundary(boundary)
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
         self.engine.step()
 
