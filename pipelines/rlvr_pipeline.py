@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import ray
 import torch
@@ -382,8 +382,9 @@ class RLVRPipeline:
         batch["loss_mask"] = batch["response_mask"] * (weights > 0).float()[:, None]
         return metrics
 
-    def sync_weights(self, version: int) -> Dict[str, float]:
-        """The trainer's weights (those of pipeline step `version`) into every rollout rank."""
+    def sync_weights(self, version: Optional[int] = None) -> Dict[str, float]:
+        """The trainer's weights (those of pipeline step `version`; None keeps the rollout ranks'
+        stamp) into every rollout rank."""
         results = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)
         return results[0]
 
