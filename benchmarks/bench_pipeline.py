@@ -274,7 +274,8 @@ def raw_train_worker(spec: Dict[str, Any], reply_fd: int) -> None:
                 mini = batch.select(order[first:first + per_rank_mini])
                 mask = mini["response_mask"]
                 num_seqs, num_tokens = strategy.all_reduce_sum([float((mask.sum(-1) > 0).sum()), float(mask.sum())])
-                for chunk in micro_batches(len(mini), args.per_device_train_batch_size):
+                chunks = micro_batches(len(mini), args.per_device_train_batch_size)
+                for index, chunk in enumerate(chunks):
                     micro = mini.select(range(chunk.start, chunk.stop))
                     loss, _ = policy_loss(
                         log_probs_of(micro), micro["old_log_probs"], micro["advantages"], micro["response_mask"],
@@ -282,7 +283,7 @@ def raw_train_worker(spec: Dict[str, Any], reply_fd: int) -> None:
                         clip_high=cfg.pg_clip_high, loss_agg_mode=cfg.loss_agg_mode,
                         dual_clip_c=cfg.dual_clip_c if cfg.dual_clip_loss else None,
                         num_seqs=num_seqs, num_tokens=num_tokens, norm_length=cfg.loss_norm_length)
-                    strategy.backward_and_step(loss)
+                    strategy.backward_and_step(loss, boundary=index == len(chunks) - 1)
         torch.distributed.barrier()
         end = time.perf_counter()
         return {"old_log_probs_s": middle - start, "update_s": end - middle, "train_s": end - start,

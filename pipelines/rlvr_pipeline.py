@@ -3,6 +3,10 @@
 Each step reads like the algorithm: generate G responses per prompt, reward them, score them
 with the reference (when a KL key needs it) and with the trainer (old log-probs), compute
 advantages, train ppo_epochs x mini-batches, sync the new weights into the rollout engine.
+
+With `async_generation_ratio: 1` (one-step off-policy) the rollout engine generates step N+1's
+responses while step N scores and trains: they are sampled by the weights of step N-1, and the
+importance ratio's old log-probs are the rollout engine's own (the policy that sampled them).
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import ray
 import torch
@@ -37,6 +41,7 @@ from pipelines.common import prepare_models, progress_bar
 
 logger = logging.getLogger("roll_gspo")
 REWARD_WORKER_RESTARTS = 3  # per reward worker and run
+NEXT_ROLLOUT_FILE = "next_rollout.pt"  # async: the next step's rollout, saved with the checkpoint
 TRAINER_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "old_log_probs",
                    "advantages", "ref_log_probs", "rollout_log_probs", "loss_mask",
                    "routed_experts")
@@ -68,6 +73,7 @@ class RLVRPipeline:
                               if reward.query_filter_config.type != "no_filter"}
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
         self.start_step = 0
+        self.next_rollout = None  # async_generation_ratio 1: the next step's responses, generated ahead
         self.reward_worker_restarts = 0  # since the last step's metrics
         self.stopped_by = None  # the signal that stopped run() early, if one did
         self.offload = _log_colocation(cfg)
@@ -147,13 +153,17 @@ class RLVRPipeline:
     def step(self, step: int) -> Dict[str, float]:
         cfg = self.cfg
         timings: Dict[str, float] = {}
-        prompts = self.sampler.next_batch()
+        ahead = None  # async: the next step's rollout, generated while this step trains
         if self.query_filters:  # dynamic sampling: scores first, regenerate for dropped prompts
-            batch, sampling_metrics = self._generate_informative_groups(prompts, step, timings)
+            batch, sampling_metrics = self._generate_informative_groups(self.sampler.next_batch(), step, timings)
             pending_rewards = []  # already scored
         else:
             with _timed(timings, "generate"):
-                batch = self._generate(prompts, step, "train")
+                batch, self.next_rollout = self.next_rollout, None
+                if batch is None:
+                    batch = self._generate(self.sampler.next_batch(), step, "train")
+            if cfg.async_generation_ratio and step < cfg.max_steps:
+                ahead = self._start_generate(self.sampler.next_batch(), step + 1, "train")
             sampling_metrics = {}
             pending_rewards = None  # the CPU reward workers score while the first log-prob pass runs
         if self.offload:  # shared GPUs: the rollout engine frees its memory for the scoring and training passes
@@ -187,16 +197,22 @@ class RLVRPipeline:
             batch["advantages"], adv_metrics = self._advantages(batch)
             adv_metrics.update(self._apply_sample_weights(batch))
         sync_due = step % cfg.model_update_frequency == 0
+        sync_in_train = sync_due and not cfg.async_generation_ratio
         with _timed(timings, "train"):
             # With a sync due, the ranks send the new weights to the rollout ranks at the end of the
             # same call (one driver round trip less); its own time is the `sync` phase.
-            per_rank = self.actor_train.dispatch("train_step", self._view(batch),
-                                                 sync_to=self.actor_infer.workers if sync_due else None)
+            per_rank = self.actor_train.dispatch("train_step", self._view(batch), weight_version=step,
+                                                 sync_to=self.actor_infer.workers if sync_in_train else None)
         train_metrics, sync_metrics = _split_sync_metrics(per_rank)
         self._follow_logprob_gap(step, train_metrics.get("rollout/logprob_gap"))
+        if ahead is not None:  # async: the rollout must be complete before the engine takes new weights
+            with _timed(timings, "generate"):
+                self.next_rollout = self.actor_infer.collect(ahead)
+        if sync_due and not sync_in_train:
+            sync_metrics = self.sync_weights(version=step)
         if sync_due:
             timings["sync"] = sync_metrics["sync/seconds"]
-            timings["train"] -= timings["sync"]
+            timings["train"] -= timings["sync"] if sync_in_train else 0.0
         step_seconds = sum(timings.values())
         lengths = batch["response_mask"].sum(-1)
         return {
@@ -204,6 +220,9 @@ class RLVRPipeline:
             **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": step_seconds,
             "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
             "response/truncated_frac": 1.0 - sum(batch["finished"]) / len(batch),
+            # Steps between the weights that sampled this rollout and those it trains (step - 1).
+            "rollout/staleness": float(step - 1 - min(batch["weight_version"])),
+            "rollout/weight_version": float(min(batch["weight_version"])),
             "throughput/tokens_per_s": float(lengths.sum()) / max(step_seconds, 1e-9),
             "data/epoch": float(self.sampler.epoch), "data/filtered_prompts": float(self.filtered_prompts),
             "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
@@ -235,6 +254,11 @@ class RLVRPipeline:
         """G responses per prompt, consecutive rows per prompt."""
         return self.actor_infer.dispatch("generate", self._prompt_batch(items, step, stream), skip_empty=True,
                                          gen=self.cfg.actor_infer.generating_args)
+
+    def _start_generate(self, items: List[dict], step: int, stream: str) -> list:
+        """`_generate` without waiting: the calls, for `actor_infer.collect`."""
+        return self.actor_infer.dispatch_async("generate", self._prompt_batch(items, step, stream), skip_empty=True,
+                                               gen=self.cfg.actor_infer.generating_args)
 
     def _generate_informative_groups(self, prompts: List[dict], step: int, timings: Dict[str, float]):
         """Dynamic sampling (ROLL's query_filter_config): generate and score, drop the groups their
@@ -379,8 +403,10 @@ class RLVRPipeline:
         batch["loss_mask"] = batch["response_mask"] * (weights > 0).float()[:, None]
         return metrics
 
-    def sync_weights(self) -> Dict[str, float]:
-        results = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers)
+    def sync_weights(self, version: Optional[int] = None) -> Dict[str, float]:
+        """The trainer's weights (those of pipeline step `version`; None keeps the rollout ranks'
+        stamp) into every rollout rank."""
+        results = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)
         return results[0]
 
     # -- validation, checkpoints, the loop ------------------------------------------------------------
@@ -403,6 +429,8 @@ class RLVRPipeline:
         folder = begin_checkpoint(output_dir, step)
         try:
             self.actor_train.execute_all("save_checkpoint", folder)
+            if self.next_rollout is not None:  # async: its prompts are drawn already, its weights gone
+                torch.save(self.next_rollout, os.path.join(folder, NEXT_ROLLOUT_FILE))
         except WorkerDiedError:
             discard(folder)
             raise
@@ -425,7 +453,9 @@ class RLVRPipeline:
         if self.old_logprobs.max_gap is not None and state.get("old_logprob_source"):  # where the gap had led
             self.old_logprobs = dataclasses.replace(self.old_logprobs, source=state["old_logprob_source"],
                                                     reason=f"auto: as at step {self.start_step} (resumed)")
-        self.sync_weights()  # the rollout engine starts from `pretrain`
+        self.sync_weights(version=self.start_step)  # the rollout engine starts from `pretrain`
+        if os.path.exists(os.path.join(folder, NEXT_ROLLOUT_FILE)):  # async: generated ahead, by older weights
+            self.next_rollout = torch.load(os.path.join(folder, NEXT_ROLLOUT_FILE), weights_only=False)
         logger.info("resumed from %s at step %d", folder, self.start_step)
 
     def run(self) -> Dict[str, float]:

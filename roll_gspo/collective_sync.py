@@ -175,9 +175,11 @@ class CollectiveSender:
             raise
         self._wait(joins, "join the weight-sync group")
 
-    def send(self, bucket: Sequence[Tuple[str, torch.Tensor]], first: bool, last: bool) -> None:
+    def send(self, bucket: Sequence[Tuple[str, torch.Tensor]], first: bool, last: bool,
+             version: Optional[int] = None) -> None:
         meta = bucket_layout(bucket)
-        calls = [r.load_weight_bucket.remote(meta, first=first, last=last) for r in self.receivers]
+        stamp = {"version": version} if version is not None else {}  # only the last bucket has one
+        calls = [r.load_weight_bucket.remote(meta, first=first, last=last, **stamp) for r in self.receivers]
         self.group.send(bucket, meta)
         self._wait(calls, "load a broadcast weight bucket")
 

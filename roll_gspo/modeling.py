@@ -110,31 +110,45 @@ def num_micro_batches(size: int, micro: int) -> int:
     return -(-size // micro)
 
 
-def score_micro_batches(model, batch, micro: int, temperature: float, passes: Optional[int] = None) -> torch.Tensor:
+def score_micro_batches(model, batch, plans, temperature: float, passes: Optional[int] = None) -> torch.Tensor:
     """(B, T) log-probs of `batch`'s responses (a `Batch` with input_ids, attention_mask,
-    prompt_lengths, response_mask), `micro` rows per forward pass.
+    prompt_lengths, response_mask), one forward pass per micro-batch of `plans`
+    (`roll_gspo.distributed.micro_batching`; each cut to its own longest row). Positions past a
+    row's response hold zeros.
 
-    `passes` (>= the micro-batch count) pads the work with forward passes whose output is dropped:
+    `passes` (>= len(plans)) pads the work with forward passes whose output is dropped:
     under ZeRO-3 every forward all-gathers parameters, so each rank must run as many passes as its
     peers even when the shards are uneven (or one is empty), or the ranks deadlock.
     """
+    from roll_gspo.distributed.micro_batching import scatter_rows, take
+
     width = batch["response_mask"].shape[1] if len(batch) else 0
     parts = []
-    for chunk in micro_batches(len(batch), micro):
-        micro_batch = batch.select(range(chunk.start, chunk.stop))
+    for plan in plans:
+        micro_batch = take(batch, plan)
         log_probs, _ = response_token_log_probs(model, micro_batch["input_ids"], micro_batch["attention_mask"],
-                                                micro_batch["prompt_lengths"], width, temperature)
+                                                micro_batch["prompt_lengths"], micro_batch["response_mask"].shape[1],
+                                                temperature)
         parts.append(log_probs)
     padding_passes(model, (passes or 0) - len(parts), temperature)
-    return torch.cat(parts) if parts else torch.zeros(0, width)
+    return scatter_rows(parts, plans, len(batch), width)
+
+
+def padding_pass(model, temperature: float = 1.0) -> torch.Tensor:
+    """One forward pass on one token of context, one scored: what a rank with fewer micro-batches
+    than its peers runs so that collectives inside the passes (ZeRO-3 parameter gathers, ZeRO-2
+    gradient reductions) pair up. Returns the log-prob (with its graph), for a zero-weight backward."""
+    ids = torch.zeros(1, 2, dtype=torch.long, device=next(iter(getattr(model, "module", model).parameters())).device)
+    log_probs, _ = response_token_log_probs(model, ids, torch.ones_like(ids), torch.ones(1, dtype=torch.long), 1,
+                                            temperature)
+    return log_probs
 
 
 def padding_passes(model, count: int, temperature: float) -> None:
-    """`count` (<= 0: none) forward passes whose output is dropped, one token of context and one
-    scored: they keep a rank with fewer micro-batches in step with its ZeRO-3 peers."""
+    """`count` (<= 0: none) padding passes without gradient (scoring): they keep a rank with fewer
+    micro-batches in step with its ZeRO-3 peers."""
     for _ in range(max(0, count)):
-        ids = torch.zeros(1, 2, dtype=torch.long)
-        response_token_log_probs(model, ids, torch.ones_like(ids), torch.ones(1, dtype=torch.long), 1, temperature)
+        padding_pass(model, temperature)
 
 
 def disable_dropout(model: torch.nn.Module) -> int:

@@ -30,7 +30,8 @@ logger = logging.getLogger("roll_gspo.weight_sync")
 ALIGN = 64  # bytes; every tensor starts on a cache line
 
 
-def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSender"]) -> Dict[str, float]:
+def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSender"],
+                      version: Optional[int] = None) -> Dict[str, float]:
     """Send `strategy`'s full weights to every rollout worker of `sender`.
 
     Runs on every training rank at once: under ZeRO-3 each bucket is gathered collectively
@@ -38,7 +39,8 @@ def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSende
     time; rank 0 (the one with a `sender`) delivers each bucket to every rollout rank
     (`load_weight_bucket`) before the next bucket is gathered. The first bucket opens the rollout
     engine's update session, the last closes it (and drops caches computed with the old
-    weights). Returns timing metrics.
+    weights) and stamps the receivers with `version` (the pipeline step of these weights), which
+    their rollouts then carry. Returns timing metrics.
     """
     start = time.perf_counter()
     sent_bytes, buckets = 0, 0
@@ -52,7 +54,7 @@ def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSende
         sent_bytes += sum(tensor.numel() * tensor.element_size() for _, tensor in bucket)
         buckets += 1
     if sender is not None and pending is not None:
-        sender.send(pending, first=buckets == 1, last=True)
+        sender.send(pending, first=buckets == 1, last=True, version=version)
     return {"sync/seconds": time.perf_counter() - start, "sync/megabytes": sent_bytes / (1 << 20),
             "sync/buckets": float(buckets)}
 
@@ -77,17 +79,21 @@ class WeightSender:
         self.by_object_store = [r for r, node in zip(receivers, nodes) if not (local and node == here)]
         self.segment = SharedSegmentWriter() if self.by_shared_memory else None
 
-    def send(self, bucket: List[Tuple[str, torch.Tensor]], first: bool, last: bool) -> None:
+    def send(self, bucket: List[Tuple[str, torch.Tensor]], first: bool, last: bool,
+             version: Optional[int] = None) -> None:
         if self.collective is not None:
-            self.collective.send(bucket, first, last)
+            self.collective.send(bucket, first, last, version)
             return
         calls = []
+        stamp = {"version": version} if version is not None else {}  # only the last bucket has one
         if self.by_shared_memory:
             shared = self.segment.write(bucket)
-            calls += [r.load_weight_bucket.remote(shared, first=first, last=last) for r in self.by_shared_memory]
+            calls += [r.load_weight_bucket.remote(shared, first=first, last=last, **stamp)
+                      for r in self.by_shared_memory]
         if self.by_object_store:
             ref = ray.put([(name, *to_wire(tensor)) for name, tensor in bucket])
-            calls += [r.load_weight_bucket.remote(ref, first=first, last=last) for r in self.by_object_store]
+            calls += [r.load_weight_bucket.remote(ref, first=first, last=last, **stamp)
+                      for r in self.by_object_store]
         ray.get(calls)
         if self.segment is not None:
             self.segment.delivered()

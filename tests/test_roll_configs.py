@@ -130,9 +130,10 @@ def test_megatron_strategy_config_after_a_rename_is_refused(in_roll_dir):
     ("actor_infer.generating_args.num_beams=4", "beam search is not built"),
     ("actor_train.model_args.lora_target=q_proj", "LoRA is not built"),
     ("+lora_rank=32", "LoRA is not built"),
-    ("actor_train.use_dynamic_batching_in_train=true", "dynamic batching is not built"),
+    ("actor_train.use_dynamic_batching_in_train=true", "must be set to at least one whole sequence"),
+    ("actor_infer.use_dynamic_batching_in_infer=true", "vLLM schedules its own batches"),
     ("actor_train.use_sequence_packing=true", "sequence packing is not built"),
-    ("async_generation_ratio=1", "asynchronous pipeline is not built"),
+    ("async_generation_ratio=2", "0 (synchronous) and 1 (generation one step ahead of training) are built"),
     ("is_num_return_sequences_expand=true", "samples num_return_sequences_in_group"),
     ("+rollout_mock={enable: true}", "rollout dumping/mocking is not built"),
     ("actor_train.data_args.interleave_probs='0.5,0.5'", "per-file sampling is not built"),
@@ -145,6 +146,11 @@ def test_megatron_strategy_config_after_a_rename_is_refused(in_roll_dir):
 def test_refused_key_prints_reason(in_roll_dir, override, reason):
     extra = ["actor_train.model_args.dtype=fp32"] if "bf16.enabled" in override else []
     assert reason in refusal(GSPO, [override, *extra])
+
+
+def test_async_generation_needs_the_rollout_engines_log_probs(in_roll_dir):
+    message = refusal(GSPO, ["async_generation_ratio=1", "old_logprob_source=trainer"])
+    assert "async_generation_ratio: 1 needs old_logprob_source: rollout" in message
 
 
 def test_never_read_roll_keys(in_roll_dir):

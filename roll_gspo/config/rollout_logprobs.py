@@ -113,6 +113,9 @@ def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -
     if cfg.old_logprob_source != "auto":
         return OldLogprobChoice(cfg.old_logprob_source, f"old_logprob_source: {cfg.old_logprob_source} in the config")
     trainer = lambda why: OldLogprobChoice("trainer", f"auto: {why}")  # noqa: E731
+    if cfg.async_generation_ratio:  # what validation refuses with it (bias, router_replay) never gets here
+        return OldLogprobChoice("rollout", "auto: async_generation_ratio 1 samples each step with the weights of "
+                                           "the step before, which only the rollout engine still holds")
     if cfg.router_replay:
         return trainer("router_replay replays the experts the trainer records while it scores the old log-probs")
     if model_is_moe:

@@ -280,19 +280,31 @@ class RoleConfig:
     system_envs: Dict[str, str] = _f(
         {}, "Environment variables set in this role's workers before they build anything, over "
             "the top-level `system_envs`.")
-    use_dynamic_batching_in_train: bool = _refused_unless(
-        False, "ROLL's length-bucketed micro-batches in training.", "dynamic batching is not built.")
-    use_dynamic_batching_in_infer: bool = _refused_unless(
-        False, "ROLL's length-bucketed micro-batches in log-prob passes.", "dynamic batching is not "
-        "built.")
-    max_tokens_per_microbatch_in_train: int = _refused_unless(
-        0, "Token budget of a dynamic micro-batch.", "only read by dynamic batching, which is not built.")
-    max_tokens_per_microbatch_in_infer: Optional[int] = _refused_unless(
-        None, "Token budget of a dynamic micro-batch.", "only read by dynamic batching, which is not built.")
-    sequence_length_round_in_train: int = _refused_unless(
-        4, "Length rounding of dynamic batching.", "only read by dynamic batching, which is not built.")
-    sequence_length_round_in_infer: int = _refused_unless(
-        4, "Length rounding of dynamic batching.", "only read by dynamic batching, which is not built.")
+    use_dynamic_batching_in_train: bool = _f(
+        False, "ROLL's dynamic batching in training (actor_train): each mini-batch's rows are sorted by "
+               "length and packed into micro-batches of at most max_tokens_per_microbatch_in_train tokens "
+               "(rows x padded length) instead of per_device_train_batch_size rows, so padding costs almost "
+               "no FLOPs. Mini-batches (one optimizer step each) and the loss are unchanged: the gradient is "
+               "the fixed split's (the normalisers are the mini-batch's). Ranks with fewer micro-batches run "
+               "padding passes so every rank makes as many (ZeRO collectives). Logged: `actor/padding_frac`.")
+    use_dynamic_batching_in_infer: bool = _f(
+        False, "The same for log-prob passes without gradient (actor_train's old log-probs, the "
+               "reference's log-probs): max_tokens_per_microbatch_in_infer tokens per forward pass "
+               "instead of infer_batch_size rows. Not read by actor_infer (vLLM schedules its own batches).")
+    max_tokens_per_microbatch_in_train: int = _f(
+        0, "Token budget of one training micro-batch with use_dynamic_batching_in_train (rows x padded "
+           "length, padding included); must then be >= prompt_length + response_length (one sequence). "
+           "Larger: fewer, bigger passes (faster, more activation memory).")
+    max_tokens_per_microbatch_in_infer: Optional[int] = _f(
+        None, "Token budget of one log-prob pass with use_dynamic_batching_in_infer; must then be set, "
+              ">= prompt_length + response_length. Usually larger than the train budget (no activations "
+              "kept for a backward pass).")
+    sequence_length_round_in_train: int = _f(
+        4, "Padded length of a dynamic training micro-batch: its longest row rounded up to a multiple of "
+           "this (>= 1; at most the batch's width). Larger values give fewer distinct shapes (GPU kernels), "
+           "1 the least padding.")
+    sequence_length_round_in_infer: int = _f(
+        4, "The same rounding for dynamic log-prob passes (>= 1).")
     use_sequence_packing: bool = _refused_unless(
         False, "ROLL's sequence packing (Megatron only in ROLL).", "sequence packing is not built.")
     sequence_packing_args: Dict[str, Any] = _refused_unless(
@@ -686,9 +698,20 @@ class PipelineConfig:
     global_template: Optional[str] = _f(
         None, "ROLL: one chat template for every role's data (training and validation prompts); "
               "a role's data_args.template that differs is an error.", CHAT_TEMPLATES)
-    async_generation_ratio: float = _refused_unless(
-        0.0, "ROLL's asynchronous pipeline (rollout ahead of training).",
-        "the asynchronous pipeline is not built; rollout and training alternate.")
+    async_generation_ratio: float = _f(
+        0.0, "ROLL's asynchronous pipeline: how many rollout batches generation runs ahead of "
+             "training. 0: synchronous (generate, then train). 1: one-step off-policy: the rollout "
+             "engine generates step N+1's responses while step N scores and trains, so they are "
+             "sampled by the weights of step N-1 and trained from those of step N (one step stale; "
+             "`rollout/staleness` logs it, each response carries its `weight_version`). The old "
+             "log-probs must then be those of the policy that sampled, which only the rollout engine "
+             "still has: old_logprob_source must be `rollout` (the trainer's recompute would score "
+             "the newer policy and leave the staleness uncorrected), and the importance ratio corrects "
+             "for the stale policy (GSPO's sequence ratio tolerates it). A checkpoint saves the rollout "
+             "generated ahead, so resume stays exact. Other values are refused (ROLL's k > 1 is not "
+             "built), as is dynamic sampling (query_filter_config) with 1. Pays off when rollout and "
+             "training have their own devices (GPU clusters); on a small CPU machine they compete for "
+             "the same cores (see README).")
     is_num_return_sequences_expand: bool = _refused_unless(
         False, "ROLL scheduler detail (G copies of a prompt instead of one request with n = G).",
         "vLLM samples num_return_sequences_in_group responses per prompt in one request here; "

@@ -219,6 +219,7 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     if cfg.router_replay and cfg.old_logprob_source == "rollout":
         problems.append("router_replay: true replays the experts recorded while the trainer computes the old "
                         "log-probs; it needs old_logprob_source: trainer (or auto, the default)")
+    problems += _async_problems(cfg)
     if cfg.adv_estimator in ("grpo", "rloo") and group < 2:
         problems.append(f"adv_estimator {cfg.adv_estimator!r} needs num_return_sequences_in_group >= 2 "
                         f"(a group baseline of one response is the response itself), got {group}")
@@ -277,6 +278,68 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     if stage not in (0, 1, 2, 3):
         problems.append(f"actor_train.strategy_args.strategy_config.zero_optimization.stage: must be "
                         f"0, 1, 2 or 3, got {stage!r}")
+    return problems
+
+
+def _async_problems(cfg: PipelineConfig) -> List[str]:
+    """async_generation_ratio: 0 or 1, and what one-step off-policy rollout cannot run with."""
+    ratio = cfg.async_generation_ratio
+    if ratio not in (0, 1):
+        return [f"async_generation_ratio = {ratio!r} is refused: 0 (synchronous) and 1 (generation one "
+                f"step ahead of training) are built; ROLL's larger integers are not"]
+    if not ratio:
+        return []
+    problems = []
+    if cfg.old_logprob_source == "trainer" or cfg.router_replay:
+        problems.append(f"async_generation_ratio: 1 needs the rollout engine's old log-probs (old_logprob_source: "
+                        f"rollout or auto, got {cfg.old_logprob_source}"
+                        f"{' with router_replay, which needs the trainer' if cfg.router_replay else ''}): the "
+                        "responses are sampled by the weights of the step before, which only the rollout engine "
+                        "still holds; the trainer's recompute would score the newer policy and the ratio would not "
+                        "correct for the staleness")
+    elif cfg.old_logprob_source == "auto":  # an explicit rollout with a bias is refused on its own
+        bias = rollout_logprobs_bias(cfg)
+        if bias:
+            problems.append(f"async_generation_ratio: 1 needs the rollout engine's old log-probs, and they would "
+                            f"bias every ratio here: {bias}")
+    from roll_gspo.colocation import offload_between_phases
+
+    if offload_between_phases(cfg):
+        problems.append("async_generation_ratio: 1 with the rollout engine put to sleep between phases "
+                        "(is_offload_states, or roles sharing GPUs) is refused: generating ahead needs the "
+                        "rollout engine awake while the trainer trains, on devices of its own")
+    filtered = [name for name, reward in cfg.rewards.items() if reward.query_filter_config.type != "no_filter"]
+    if filtered:
+        problems.append(f"async_generation_ratio: 1 with dynamic sampling (rewards.{filtered[0]}."
+                        f"query_filter_config) is not built: the extra generation rounds would need the "
+                        f"scores of the rollout generated ahead")
+    return problems
+
+
+def _dynamic_batching_problems(cfg: PipelineConfig) -> List[str]:
+    """Token-budget micro-batches: a budget that holds one whole sequence, and the keys only on
+    roles whose passes they split (actor_train: train and infer; reference: infer)."""
+    problems = []
+    longest = cfg.prompt_length + cfg.response_length
+    readers = {"actor_train": ("train", "infer"), "reference": ("infer",), "actor_infer": ()}
+    for name, phases in readers.items():
+        role: RoleConfig = getattr(cfg, name)
+        for phase in ("train", "infer"):
+            on, budget = getattr(role, f"use_dynamic_batching_in_{phase}"), getattr(role, f"max_tokens_per_microbatch_in_{phase}")
+            rounding = getattr(role, f"sequence_length_round_in_{phase}")
+            if on and phase not in phases:
+                why = ("vLLM schedules its own batches by tokens (max_num_batched_tokens in "
+                       "actor_infer.strategy_args.strategy_config)" if name == "actor_infer"
+                       else "the reference is frozen: it only runs log-prob passes (use_dynamic_batching_in_infer)")
+                problems.append(f"{name}.use_dynamic_batching_in_{phase}: nothing reads it: {why}")
+            if not on:
+                continue
+            if not budget or budget < longest:
+                problems.append(f"{name}.max_tokens_per_microbatch_in_{phase} = {budget}: with "
+                                f"use_dynamic_batching_in_{phase} it must be set to at least one whole sequence, "
+                                f"prompt_length + response_length = {longest} tokens")
+            if rounding < 1:
+                problems.append(f"{name}.sequence_length_round_in_{phase}: must be >= 1, got {rounding}")
     return problems
 
 
@@ -482,6 +545,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     if cfg.pipeline == "rlvr":
         problems += _sampling_problems(cfg)
     problems += _rlvr_problems(cfg, yaml_keys) if cfg.pipeline == "rlvr" else _sft_problems(cfg)
+    problems += _dynamic_batching_problems(cfg)
     problems += roll_compat.roll_semantic_problems(cfg)
     if not placement_problems:  # colocation reads the parsed device mappings
         from roll_gspo.colocation import colocation_problems, fill_gpu_memory_utilization

@@ -173,13 +173,17 @@ class DeepSpeedStrategy:
                                         active=offload and train and (not on_cpu or force_on_cpu()))
 
     # -- steps -----------------------------------------------------------------------------
-    def backward_and_step(self, loss: torch.Tensor) -> None:
+    def backward_and_step(self, loss: torch.Tensor, boundary: Optional[bool] = None) -> None:
         """Backward one micro-batch loss that already carries its share of the mini-batch
-        normaliser; DeepSpeed steps the optimizer at the accumulation boundary.
+        normaliser; with `boundary` (the mini-batch's last pass) the optimizer steps. The trainer
+        says where the boundary is because token-budget micro-batches make their count vary; None
+        leaves it to DeepSpeed's count of gradient_accumulation_steps.
 
         DeepSpeed averages gradients over data-parallel ranks, and its default also divides by
         the accumulation steps; both would double-normalise, so scale back and opt out.
         """
+        if boundary is not None:
+            self.engine.set_gradient_accumulation_boundary(boundary)
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
         self.engine.step()
 
@@ -193,6 +197,14 @@ class DeepSpeedStrategy:
     def all_reduce_sum(self, values: List[float]) -> List[float]:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(tensor)
+        return tensor.tolist()
+
+    def max_over_ranks(self, values: List[int]) -> List[int]:
+        """Element-wise maximum of an int list over all ranks (one all-reduce)."""
+        if self.world_size == 1 or not values:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
         return tensor.tolist()
 
     def scoring_passes(self, local_passes: int) -> Optional[int]:

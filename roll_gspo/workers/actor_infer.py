@@ -2,7 +2,7 @@
 take the trainer's weights after each step."""
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -20,6 +20,7 @@ class ActorInferWorker(RankWorker):
         self.cfg = cfg
         self.shared_weights = SharedSegmentReader()
         self.collective = CollectiveReceiver()  # hf_infer's end of weight_sync_transport: collective
+        self.weight_version = 0  # pipeline step of the loaded weights (0: the initial model)
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
@@ -43,8 +44,9 @@ class ActorInferWorker(RankWorker):
     def generate(self, prompts: Batch, gen: GeneratingArgs) -> Batch:
         """prompts: one row per prompt (meta prompt_ids, ground_truth, ...). Returns one row per
         response (n = gen.num_return_sequences consecutive rows per prompt) with meta
-        response_ids / response_text / finished and tensor rollout_log_probs (B, T). With meta
-        `sample_seed` (one per prompt, `roll_gspo.seeding`), sampling depends on it alone."""
+        response_ids / response_text / finished / weight_version (the pipeline step of the weights
+        that sampled it) and tensor rollout_log_probs (B, T). With meta `sample_seed` (one per
+        prompt, `roll_gspo.seeding`), sampling depends on it alone."""
         n = gen.num_return_sequences
         seeds = prompts.meta.get("sample_seed")
         samples = self.strategy.generate(prompts["prompt_ids"], gen, n, **({"seeds": seeds} if seeds else {}))
@@ -64,6 +66,7 @@ class ActorInferWorker(RankWorker):
             tensor[i, : len(row)] = torch.tensor(row)
         # Special tokens go, but not `<think>` / `</think>`: rewards must see unfinished reasoning.
         rows["response_text"] = decode_for_reward(self.tokenizer, rows["response_ids"])
+        rows["weight_version"] = [self.weight_version] * len(rows["response_ids"])
         return Batch({"rollout_log_probs": tensor}, rows)
 
     def offload_states(self) -> Dict[str, float]:
@@ -81,9 +84,10 @@ class ActorInferWorker(RankWorker):
         """The engine's log-probs of given responses (used to verify weight sync)."""
         return self.strategy.score(batch["prompt_ids"], batch["response_ids"])
 
-    def load_weight_bucket(self, bucket, first: bool, last: bool) -> None:
+    def load_weight_bucket(self, bucket, first: bool, last: bool, version: Optional[int] = None) -> None:
         """One bucket of a weight sync (checkpoint naming), by either transport of `weight_sync`;
-        `first` and `last` open and close the engine's update session."""
+        `first` and `last` open and close the engine's update session; the last one's `version`
+        (pipeline step of the weights) is stamped on the rollouts generated from then on."""
         if first:
             self.strategy.begin_weight_update()
         if hasattr(self.strategy, "load_bucket"):  # vLLM: its workers may take the bucket themselves
@@ -94,6 +98,8 @@ class ActorInferWorker(RankWorker):
             self.strategy.load_weights(receive_bucket(bucket, self.shared_weights))
         if last:
             self.strategy.finish_weight_update()
+            if version is not None:
+                self.weight_version = version
 
     # -- weight_sync_transport: collective ----------------------------------------------------------
     def weight_receivers(self) -> int:

@@ -14,7 +14,8 @@ from roll_gspo.colocation import memory_gb
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.modeling import (micro_batches, num_micro_batches, padding_passes, response_token_log_probs,
+from roll_gspo.distributed.micro_batching import MicroBatch, role_micro_batches, scatter_rows, take
+from roll_gspo.modeling import (num_micro_batches, padding_pass, padding_passes, response_token_log_probs,
                                 score_micro_batches)
 from roll_gspo.seeding import trainer_seed
 from roll_gspo.weight_sync import WeightSender, broadcast_weights
@@ -72,16 +73,17 @@ class ActorTrainWorker(RankWorker):
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch) -> Batch:
-        """Old log-probs of this rank's shard, in micro-batches of `infer_batch_size` (as many
-        forward passes as the busiest rank under ZeRO-3, where a forward pass is collective)."""
+        """Old log-probs of this rank's shard, in micro-batches of `infer_batch_size` rows (or by
+        token budget: `use_dynamic_batching_in_infer`), as many forward passes as the busiest rank
+        under ZeRO-3, where a forward pass is collective."""
         if "lp_params" in self.strategy.offloader.offloaded:  # the weights back; the rest waits for training
             self.strategy.offloader.reload()
-        micro = self.role.infer_batch_size
-        passes = self.strategy.scoring_passes(num_micro_batches(len(batch), micro))
+        plans = role_micro_batches(batch, self.role, "infer")
+        passes = self.strategy.scoring_passes(len(plans))
         self.engine.eval()
         if self.moe is None:
             try:
-                log_probs = score_micro_batches(self.engine, batch, micro, self.temperature, passes)
+                log_probs = score_micro_batches(self.engine, batch, plans, self.temperature, passes)
             finally:
                 self.engine.train()
             return Batch({"old_log_probs": log_probs})
@@ -89,8 +91,8 @@ class ActorTrainWorker(RankWorker):
         # and compared after the update), then the same padding passes as the dense path.
         parts, routed = [], []
         try:
-            for chunk in micro_batches(len(batch), micro):
-                part = batch.select(range(chunk.start, chunk.stop))
+            for plan in plans:
+                part = take(batch, plan)
                 with self._routing():
                     log_probs, _ = forward_log_probs(self.engine, part, self.temperature)
                 parts.append(log_probs)
@@ -102,15 +104,18 @@ class ActorTrainWorker(RankWorker):
             return Batch({"old_log_probs": torch.zeros(0, batch["response_mask"].shape[1]),
                           "routed_experts": torch.zeros(0, batch["input_ids"].shape[1], len(self.moe.hooks.routers),
                                                         self.moe.hooks.top_k, dtype=torch.int16)})
-        return Batch({"old_log_probs": torch.cat(parts), "routed_experts": torch.cat(routed)})
+        width, length = batch["response_mask"].shape[1], batch["input_ids"].shape[1]
+        return Batch({"old_log_probs": scatter_rows(parts, plans, len(batch), width),
+                      "routed_experts": scatter_rows(routed, plans, len(batch), length)})
 
-    def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None) -> Dict[str, float]:
+    def train_step(self, batch: Batch, sync_to: Optional[List[Any]] = None,
+                   weight_version: Optional[int] = None) -> Dict[str, float]:
         """GSPO update on this rank's shard. Needs tensors input_ids, attention_mask,
         prompt_lengths, response_mask, old_log_probs, advantages (and ref_log_probs with
         use_kl_loss). Returns the call's metrics over all ranks (`SplitInvariantMetrics`: the
         loss is the mini-batch loss, averaged over mini-batches; token metrics are means over all
-        tokens); with `sync_to` (the rollout workers), the new weights are then sent to them and
-        the `sync/*` metrics added."""
+        tokens); with `sync_to` (the rollout workers), the new weights are then sent to them,
+        stamped `weight_version`, and the `sync/*` metrics added."""
         cfg, args = self.cfg, self.role.training_args
         per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
         metrics = SplitInvariantMetrics()
@@ -119,19 +124,21 @@ class ActorTrainWorker(RankWorker):
         # checkpoints restore, so a resumed run draws what an uninterrupted one does.
         generator = torch.Generator().manual_seed(cfg.seed + int(self.engine.global_steps))
         torch.manual_seed(trainer_seed(cfg.seed, int(self.engine.global_steps), self.rank))
-        first = True
+        mini_batches = []
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(batch), generator=generator).tolist()
             for start in range(0, len(batch), per_rank_mini):
                 mini = batch.select(order[start:start + per_rank_mini])
-                self._train_mini_batch(mini, metrics, before_any_update=first)
-                first = False
+                mini_batches.append((mini, role_micro_batches(mini, self.role, "train")))
+        passes = self._passes_per_mini_batch([len(plans) for _, plans in mini_batches])
+        for index, ((mini, plans), count) in enumerate(zip(mini_batches, passes)):
+            self._train_mini_batch(mini, plans, count, metrics, before_any_update=index == 0)
         result = metrics.reduce(self.strategy.all_reduce_sum)
         if self.moe is not None and "routed_experts" in batch:
             result.update(self._moe_step_metrics(batch))
         memory = self._offload_optimizer_side() if self.offload else {}
         if sync_to is not None:
-            result.update(self.sync_weights_to(sync_to))
+            result.update(self.sync_weights_to(sync_to, weight_version))
         if self.offload:
             self.strategy.offloader.offload(params=cfg.offload_train_params)  # weights last: the sync read them
             memory["memory/actor_train_offload_gb"] = memory_gb()
@@ -157,15 +164,26 @@ class ActorTrainWorker(RankWorker):
         finally:
             self.engine.train()
 
-    def _train_mini_batch(self, mini: Batch, metrics: SplitInvariantMetrics, before_any_update: bool) -> None:
-        cfg, args = self.cfg, self.role.training_args
+    def _passes_per_mini_batch(self, local: List[int]) -> List[int]:
+        """Micro-batches per mini-batch, the most over ranks: ranks with fewer (token-budget
+        micro-batches, a short last mini-batch) run padding passes, because every pass is
+        collective under ZeRO-2/3 (gradient reduction, parameter gathers). One all-reduce."""
+        return self.strategy.max_over_ranks(local)
+
+    def _train_mini_batch(self, mini: Batch, plans: List[MicroBatch], passes: int, metrics: SplitInvariantMetrics,
+                          before_any_update: bool) -> None:
+        """One optimizer step on the mini-batch, one forward/backward per micro-batch of `plans`,
+        then padding passes up to `passes`."""
+        cfg = self.cfg
         mask = loss_mask(mini)
         # Normalisers of the whole mini-batch over all ranks, so the gradient does not depend on
         # the number of ranks or micro-batches.
         num_seqs, num_tokens = self.strategy.all_reduce_sum(
             [float((mask.sum(-1) > 0).sum()), float(mask.sum())])
-        for chunk in micro_batches(len(mini), args.per_device_train_batch_size):
-            micro = mini.select(range(chunk.start, chunk.stop))
+        real, computed = float(mini["attention_mask"].sum()), 0.0
+        for index, plan in enumerate(plans):
+            micro = take(mini, plan)
+            computed += plan.padded_tokens()
             micro_mask = loss_mask(micro)
             replay = micro["routed_experts"] if cfg.router_replay else None
             with self._routing(replay):
@@ -201,8 +219,13 @@ class ActorTrainWorker(RankWorker):
                 gap = (log_probs.detach() - micro["rollout_log_probs"]).abs()
                 micro_metrics["rollout/logprob_gap"] = float((gap * micro_mask).sum() / max(token_count, 1.0))
             self._check_finite(loss, pg_metrics)
-            self.strategy.backward_and_step(loss)
+            self.strategy.backward_and_step(loss, boundary=index == passes - 1)
             metrics.add_micro(micro_metrics, token_count)
+        for index in range(len(plans), passes):
+            self.strategy.backward_and_step(padding_pass(self.engine, self.temperature).sum() * 0.0,
+                                            boundary=index == passes - 1)
+            computed += 2
+        metrics.add_micro({"actor/padding_frac": 1.0 - real / max(computed, 1.0)}, computed)
         metrics.end_mini_batch()
         metrics.add_step({"actor/grad_norm": self.strategy.grad_norm(), "actor/lr": self.strategy.learning_rate()})
 
@@ -222,34 +245,38 @@ class ActorTrainWorker(RankWorker):
         args = self.role.training_args
         per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
         metrics = SplitInvariantMetrics()
-        for start in range(0, len(batch), per_rank_mini):
-            mini = batch.select(range(start, min(start + per_rank_mini, len(batch))))
+        minis = [batch.select(range(start, min(start + per_rank_mini, len(batch))))
+                 for start in range(0, len(batch), per_rank_mini)]
+        plans = [role_micro_batches(mini, self.role, "train") for mini in minis]
+        for mini, mini_plans, passes in zip(minis, plans, self._passes_per_mini_batch([len(p) for p in plans])):
             (num_tokens,) = self.strategy.all_reduce_sum([float(mini["response_mask"].sum())])
-            for chunk in micro_batches(len(mini), args.per_device_train_batch_size):
-                micro = mini.select(range(chunk.start, chunk.stop))
+            for index, plan in enumerate(mini_plans):
+                micro = take(mini, plan)
                 log_probs, _ = forward_log_probs(self.engine, micro, 1.0)
                 mask = micro["response_mask"]
                 loss = -(log_probs * mask).sum() / max(num_tokens, 1.0)
                 self._check_finite(loss, {})
-                self.strategy.backward_and_step(loss)
+                self.strategy.backward_and_step(loss, boundary=index == passes - 1)
                 tokens = float(mask.sum())
                 correct = (log_probs.detach().exp() > 0.5).float()
                 metrics.add_micro({"sft/loss": float(-(log_probs.detach() * mask).sum()) / max(tokens, 1.0),
                                    "sft/token_acc": float((correct * mask).sum()) / max(tokens, 1.0)}, tokens)
+            for index in range(len(mini_plans), passes):
+                self.strategy.backward_and_step(padding_pass(self.engine).sum() * 0.0, boundary=index == passes - 1)
             metrics.end_mini_batch()
             metrics.add_step({"actor/grad_norm": self.strategy.grad_norm(), "actor/lr": self.strategy.learning_rate()})
         return metrics.reduce(self.strategy.all_reduce_sum)
 
     # -- weights and checkpoints ---------------------------------------------------------------
-    def sync_weights_to(self, receivers: List[Any]) -> Dict[str, float]:
+    def sync_weights_to(self, receivers: List[Any], version: Optional[int] = None) -> Dict[str, float]:
         bucket_bytes = int(self.cfg.weight_sync_bucket_mb * (1 << 20))
         if self.rank == 0 and self.weight_sender is None:  # the rollout ranks are fixed for the run
             self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes,
                                               self.cfg.weight_sync_timeout_s)
         if "lp_params" not in self.strategy.offloader.offloaded:
-            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
+            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender, version)
         with self.strategy.offloader.on_device():  # e.g. the sync after a resume
-            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender)
+            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender, version)
 
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(folder)

@@ -9,7 +9,8 @@ import torch
 from roll_gspo.config.schema import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.modeling import num_micro_batches, score_micro_batches
+from roll_gspo.distributed.micro_batching import role_micro_batches
+from roll_gspo.modeling import score_micro_batches
 
 
 class ReferenceWorker(RankWorker):
@@ -20,7 +21,7 @@ class ReferenceWorker(RankWorker):
     def setup(self) -> None:
         cfg = self.cfg
         role = cfg.reference
-        self.infer_batch_size = role.infer_batch_size
+        self.role = role
         self.temperature = cfg.actor_infer.generating_args.temperature or 1.0
         if role.strategy_args.strategy_name in ("deepspeed_infer", "deepspeed_train"):
             from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
@@ -35,10 +36,11 @@ class ReferenceWorker(RankWorker):
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch) -> Batch:
-        """Reference log-probs of this rank's shard, in micro-batches of `infer_batch_size`. Under
-        ZeRO-3 a forward pass is collective: every rank runs as many as the busiest one, so a
-        batch that does not split evenly over the ranks cannot deadlock them."""
-        passes = (self.strategy.scoring_passes(num_micro_batches(len(batch), self.infer_batch_size))
-                  if self.strategy is not None else None)
-        log_probs = score_micro_batches(self.model, batch, self.infer_batch_size, self.temperature, passes)
+        """Reference log-probs of this rank's shard, in micro-batches of `infer_batch_size` rows
+        (or by token budget: `use_dynamic_batching_in_infer`). Under ZeRO-3 a forward pass is
+        collective: every rank runs as many as the busiest one, so a batch that does not split
+        evenly over the ranks cannot deadlock them."""
+        plans = role_micro_batches(batch, self.role, "infer")
+        passes = self.strategy.scoring_passes(len(plans)) if self.strategy is not None else None
+        log_probs = score_micro_batches(self.model, batch, plans, self.temperature, passes)
         return Batch({"ref_log_probs": log_probs})
