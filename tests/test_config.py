@@ -895,3 +895,16 @@ def test_seed_004_with_default_batch_keys_warns_with_the_arithmetic(tmp_path, co
     message = next(m for m in warning_messages(config_log) if "optimizer steps per rollout" in m)
     assert message.startswith("512 optimizer steps per rollout") and "1 * 64 * 8 / (1 * 1 * 1) = 512" in message
     assert "0.0003" in message and "mini-batch of 128" in message
+
+
+def test_async_generation_with_auto_takes_rollout_log_probs_or_is_refused(tmp_path):
+    from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+
+    cfg = load(tmp_path, overrides=["async_generation_ratio=1", "actor_infer.model_args.dtype=bf16"])
+    choice = choose_old_logprob_source(cfg, model_is_moe=True)  # neither bf16 nor an MoE brings the trainer's
+    assert (choice.source, choice.max_gap) == ("rollout", None) and "async_generation_ratio" in choice.reason
+    assert "needs the rollout engine's old log-probs" in problems(
+        tmp_path, overrides=["async_generation_ratio=1", "router_replay=true"])
+    assert "would bias every ratio" in problems(
+        tmp_path, overrides=["async_generation_ratio=1", "actor_infer.generating_args.top_p=0.9",
+                             "actor_infer.generating_args.temperature=0.7"])

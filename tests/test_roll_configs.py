@@ -150,7 +150,7 @@ def test_refused_key_prints_reason(in_roll_dir, override, reason):
 
 def test_async_generation_needs_the_rollout_engines_log_probs(in_roll_dir):
     message = refusal(GSPO, ["async_generation_ratio=1", "old_logprob_source=trainer"])
-    assert "async_generation_ratio: 1 needs old_logprob_source: rollout" in message
+    assert "async_generation_ratio: 1 needs the rollout engine's old log-probs" in message
 
 
 def test_never_read_roll_keys(in_roll_dir):
