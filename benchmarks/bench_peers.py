@@ -410,21 +410,28 @@ class ChildProcess:
 # ------------------------------------------------------------------------------------------------
 # The pipeline, in the driver process
 # ------------------------------------------------------------------------------------------------
-def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], output_dir: str, steps: int) -> List[str]:
+def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], output_dir: str, steps: int,
+                       extra: Sequence[str] = ()) -> List[str]:
+    """The example's YAML on this size's model, prompts and lengths; `extra` (Hydra overrides of a
+    `--pipeline-variant`) last. Micro-batching keeps the example's shape (one micro-batch per
+    optimizer step and rank) at whatever world size the variant trains on."""
+    from roll_gspo.config import load_config
+
     responses = size["prompts"] * size["group"]
     mini = responses // OPTIMIZER_STEPS_PER_CYCLE
-    accumulation, world = 2, 2  # the example's ZeRO-2 x 2 ranks, 2 micro-batches per mini-batch
-    if mini % (accumulation * world):
-        raise ValueError(f"{responses} responses per cycle do not split into 4 mini-batches of 2 x 2 micro-batches")
-    return [f"pretrain={model_dir}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}",
+    base = [f"pretrain={model_dir}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}",
             f"max_steps={steps}", "track_with=none", f"rollout_batch_size={size['prompts']}",
             f"num_return_sequences_in_group={size['group']}", f"prompt_length={PROMPT_LENGTH}",
             f"response_length={size['response_length']}", f"actor_train.data_args.file_name=[{data_file}]",
             f"validation.data_args.file_name=[{data_file}]",
-            f"actor_train.training_args.per_device_train_batch_size={mini // (accumulation * world)}",
-            f"actor_train.training_args.gradient_accumulation_steps={accumulation}",
-            f"actor_train.infer_batch_size={max(1, responses // world)}",
             f"actor_infer.strategy_args.strategy_config.max_model_len={PROMPT_LENGTH + size['response_length']}"]
+    train = load_config("example_gspo.yaml", base + list(extra)).actor_train
+    world, accumulation = train.world_size, train.training_args.gradient_accumulation_steps
+    if mini % (accumulation * world):
+        raise ValueError(f"{responses} responses per cycle do not split into {OPTIMIZER_STEPS_PER_CYCLE} mini-batches "
+                         f"of {accumulation} micro-batches x {world} ranks")
+    return base + [f"actor_train.training_args.per_device_train_batch_size={mini // (accumulation * world)}",
+                   f"actor_train.infer_batch_size={max(1, responses // world)}"] + list(extra)
 
 
 class PipelineRunner:
@@ -524,18 +531,19 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
     skipped: Dict[str, str] = {}
     trl_missing = trl_available()
     children: Dict[str, ChildProcess] = {}
-    results: Dict[str, List[Dict[str, Any]]] = {v: [] for v in args.variants}
+    layouts = dict(args.pipeline_variants)
+    variants = list(args.variants) + list(layouts)
+    results: Dict[str, List[Dict[str, Any]]] = {v: [] for v in variants}
     old_sources: Dict[str, str] = {}
     try:
-        for variant in args.variants:  # every variant loads at once; each then waits for "go"
+        for variant in variants:  # every variant loads at once; each then waits for "go"
             spec = {"variant": variant, "size": name, "model": model_dir, "prompts": prompts,
                     "prompts_per_cycle": size["prompts"], "group": size["group"],
                     "response_length": size["response_length"], "seed": 42, "cycles": cycles,
                     "output_dir": os.path.join(workdir, f"{name}_{variant}"), "trl_niceness": args.trl_niceness}
             if variant.startswith("pipeline"):
-                spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles)
-                if variant == "pipeline_trainer":
-                    spec["overrides"].append("old_logprob_source=trainer")
+                extra = ["old_logprob_source=trainer"] if variant == "pipeline_trainer" else layouts.get(variant, [])
+                spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles, extra)
             elif trl_missing:
                 skipped[variant] = trl_missing
                 continue
@@ -627,12 +635,25 @@ def format_report(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def parse_pipeline_variant(text: str):
+    name, _, spec = text.partition(":")
+    if not name.startswith("pipeline_"):
+        name = f"pipeline_{name}"  # the name says which kind of child runs it
+    if name in VARIANTS:
+        raise argparse.ArgumentTypeError(f"{name!r} is a built-in variant; pick another name")
+    return name, [item for item in spec.split(",") if item]
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["builtin", "20m"], choices=sorted(SIZES))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--reps", type=int, default=5, help="measured cycles per variant")
     parser.add_argument("--warmup", type=int, default=1, help="cycles per variant not counted")
+    parser.add_argument("--pipeline-variant", dest="pipeline_variants", action="append", default=[],
+                        type=parse_pipeline_variant, metavar="NAME:KEY=VALUE,...",
+                        help="another pipeline row: the example with these Hydra overrides (repeatable), e.g. "
+                             "one_rank:actor_train.world_size=1,actor_train.num_cpus_per_worker=2")
     parser.add_argument("--trl-niceness", type=int, default=RAY_WORKER_NICENESS,
                         help="niceness of the TRL processes (default: Ray's worker niceness, as the pipeline's actors)")
     parser.add_argument("--smoke", action="store_true", help="micro model, 4 prompts x 4, 1 cycle (tests)")

@@ -478,6 +478,15 @@ class PipelineConfig:
     system_envs: Dict[str, str] = _f(
         {}, "Environment variables set in every worker (all roles, rewards included) before it "
             "builds anything; a role's own `system_envs` wins. The driver keeps its environment.")
+    memory_allocator: str = _f(
+        "auto", "malloc of the model roles' workers (actor_train, actor_infer, reference). `jemalloc`: "
+                "Ray's bundled libjemalloc preloaded, freed pages kept for the next pass instead of "
+                "returned to the kernel (on CPU the training phase is ~18% faster: no page faults per "
+                "step; resident memory stays at its peak). `system`: the C library's malloc. `auto`: "
+                "jemalloc for CPU roles, system for GPU roles (not measured there). A driver that "
+                "already sets LD_PRELOAD keeps it; `system_envs` LD_PRELOAD / MALLOC_CONF win. On a "
+                "multi-node cluster the library path is the driver's (same image on every node).",
+        choices=["auto", "jemalloc", "system"])
     num_gpus_per_node: int = _f(
         8, "GPUs per node, for `device_mapping`: device id d is GPU d % num_gpus_per_node of node "
            "d // num_gpus_per_node (each node index on a Ray node of its own). Not read by the "

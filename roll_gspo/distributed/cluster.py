@@ -31,8 +31,15 @@ DEFAULT_WORKER_ENV = {
 
 
 def worker_env(cfg, role=None) -> Dict[str, str]:
-    """The environment a role's workers get: top-level `system_envs`, then the role's own."""
-    return {**cfg.system_envs, **(getattr(role, "system_envs", None) or {})}
+    """The environment a role's workers get: a model role's allocator (`memory_allocator`), then
+    the top-level `system_envs`, then the role's own."""
+    from roll_gspo.distributed.allocator import allocator_env
+
+    allocator = {}
+    if role is not None:
+        on_gpu = role.num_gpus_per_worker > 0 or role.device_mapping is not None
+        allocator = allocator_env(cfg.memory_allocator, on_gpu)
+    return {**allocator, **cfg.system_envs, **(getattr(role, "system_envs", None) or {})}
 
 
 def free_port() -> int:
@@ -156,9 +163,9 @@ class Cluster:
         if rank_options is not None and len(rank_options) != world_size:
             raise ValueError(f"role {name}: {len(rank_options)} placements for world_size {world_size}")
         self.placement_group = None if rank_options is not None else _reserve(name, world_size, num_cpus, num_gpus)
-        # `system_envs`: set before the actor's process imports anything (Ray merges these
+        # `system_envs` and the allocator: set before the actor's process starts (Ray merges these
         # env_vars with a job's own runtime_env).
-        extra = {"runtime_env": {"env_vars": {k: str(v) for k, v in env.items()}}} if env else {}
+        env = {k: str(v) for k, v in (env or {}).items()}
         self.workers: List[Any] = []
         master_addr, master_port = None, None
         for rank in range(world_size):
@@ -168,7 +175,9 @@ class Cluster:
             options = rank_options[rank] if rank_options is not None else dict(
                 num_cpus=num_cpus, num_gpus=num_gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank))
-            worker = remote_cls.options(name=f"{name}-{rank}-{os.getpid()}", **options, **extra,
+            env_vars = {**env, **options.get("runtime_env", {}).get("env_vars", {})}  # a multi-GPU slot's devices win
+            options = {**options, **({"runtime_env": {"env_vars": env_vars}} if env_vars else {})}
+            worker = remote_cls.options(name=f"{name}-{rank}-{os.getpid()}", **options,
                                         max_restarts=max_restarts, max_task_retries=max_restarts).remote(
                 *init_args, dist_env=dist_env, **init_kwargs)
             if rank == 0:
