@@ -7,9 +7,13 @@ every cycle, same prompt / response lengths, temperature 1, no top-p / top-k.
 
 Variants:
 
-* ``pipeline``: ``RLVRPipeline`` from ``examples/example_gspo.yaml`` (ZeRO-2 x 2 training ranks,
-  vLLM rollout, old log-probs by ``old_logprob_source: auto``), in its own process with its own
-  local Ray, driven one ``step()`` at a time.
+* ``pipeline``: ``RLVRPipeline`` from ``examples/example_gspo.yaml`` as it is (ZeRO-2 x 2 training
+  ranks, one micro-batch per optimizer step and rank, vLLM rollout on both cores, jemalloc in the
+  model roles, old log-probs by ``old_logprob_source: auto``), in its own process, driven one
+  ``step()`` at a time. Every pipeline variant joins one local Ray that the benchmark starts (a
+  private Ray per variant would add its GCS, raylet and agents to every other variant's timing).
+* ``--pipeline-variant NAME:KEY=VALUE,...``: more pipeline rows, the example with those Hydra
+  overrides (values without commas), e.g. ``system_malloc:memory_allocator=system``.
 * ``pipeline_trainer``: the same with ``old_logprob_source: trainer`` (the default before
   ``auto``): what the trainer's old-log-prob pass costs, measured side by side.
   Phases from the step's own ``time/*_s`` metrics: generate = ``generate``, score = ``reward`` +
@@ -425,7 +429,8 @@ def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], out
             f"response_length={size['response_length']}", f"actor_train.data_args.file_name=[{data_file}]",
             f"validation.data_args.file_name=[{data_file}]",
             f"actor_infer.strategy_args.strategy_config.max_model_len={PROMPT_LENGTH + size['response_length']}"]
-    train = load_config("example_gspo.yaml", base + list(extra)).actor_train
+    probe = ["actor_train.training_args.per_device_train_batch_size=1"]  # any size that validates
+    train = load_config("example_gspo.yaml", base + probe + list(extra)).actor_train
     world, accumulation = train.world_size, train.training_args.gradient_accumulation_steps
     if mini % (accumulation * world):
         raise ValueError(f"{responses} responses per cycle do not split into {OPTIMIZER_STEPS_PER_CYCLE} mini-batches "
@@ -434,18 +439,39 @@ def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], out
                    f"actor_train.infer_batch_size={max(1, responses // world)}"] + list(extra)
 
 
+def required_cpus(cfg) -> float:
+    required = sum(r.world_size * r.num_cpus_per_worker for r in (cfg.actor_train, cfg.actor_infer))
+    return required + sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
+
+
+def start_shared_ray(overrides_per_variant: List[List[str]]) -> str:
+    """One local Ray, in this (the benchmark's) process, for every pipeline variant: each pipeline
+    process joins it. A private Ray per variant would run its own GCS, raylet and agents (at nice 0,
+    above the actors' 15) beside the variant being timed: measured 0.9 s of a 19M cycle with four
+    of them, a cost a real run, with one Ray, does not pay."""
+    import ray
+
+    from roll_gspo.config import load_config
+
+    needed = sum(math.ceil(required_cpus(load_config("example_gspo.yaml", o))) for o in overrides_per_variant)
+    context = ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
+                       log_to_driver=False)
+    return context.address_info["gcs_address"]
+
+
 class PipelineRunner:
-    def __init__(self, overrides: List[str]):
+    def __init__(self, overrides: List[str], ray_address: Optional[str] = None):
         import ray
 
         from pipelines.rlvr_pipeline import RLVRPipeline
         from roll_gspo.config import load_config
 
         cfg = load_config("example_gspo.yaml", overrides)
-        required = sum(r.world_size * r.num_cpus_per_worker for r in (cfg.actor_train, cfg.actor_infer))
-        required += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(required)), include_dashboard=False,
-                 log_to_driver=False)
+        if ray_address:
+            ray.init(address=ray_address, log_to_driver=False)
+        else:
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(required_cpus(cfg))),
+                     include_dashboard=False, log_to_driver=False)
         self.pipeline = RLVRPipeline(cfg)
         self.step_index = 0
 
@@ -488,7 +514,7 @@ class PipelineRunner:
 def pipeline_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     """A pipeline in its own process (and its own local Ray), one step per "go"."""
     reply = os.fdopen(reply_fd, "w", buffering=1)
-    runner = PipelineRunner(spec["overrides"])
+    runner = PipelineRunner(spec["overrides"], spec.get("ray_address"))
     try:
         choice = runner.pipeline.old_logprobs
         reply.write(json.dumps({"ready": True, "old_logprob_source": choice.source, "reason": choice.reason}) + "\n")
@@ -536,6 +562,7 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
     results: Dict[str, List[Dict[str, Any]]] = {v: [] for v in variants}
     old_sources: Dict[str, str] = {}
     try:
+        pipeline_specs, specs = [], []
         for variant in variants:  # every variant loads at once; each then waits for "go"
             spec = {"variant": variant, "size": name, "model": model_dir, "prompts": prompts,
                     "prompts_per_cycle": size["prompts"], "group": size["group"],
@@ -544,10 +571,17 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
             if variant.startswith("pipeline"):
                 extra = ["old_logprob_source=trainer"] if variant == "pipeline_trainer" else layouts.get(variant, [])
                 spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles, extra)
+                pipeline_specs.append(spec)
             elif trl_missing:
                 skipped[variant] = trl_missing
                 continue
-            children[variant] = ChildProcess(spec, workdir)
+            specs.append(spec)
+        if pipeline_specs:
+            ray_address = start_shared_ray([spec["overrides"] for spec in pipeline_specs])
+            for spec in pipeline_specs:
+                spec["ray_address"] = ray_address
+        for spec in specs:
+            children[spec["variant"]] = ChildProcess(spec, workdir)
         for variant, child in children.items():
             ready = child.receive()
             if "old_logprob_source" in ready:
@@ -573,6 +607,9 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
     finally:
         for child in children.values():
             child.close()
+        import ray
+
+        ray.shutdown()  # the shared Ray, if one was started (a no-op otherwise)
     return summarise(name, size, n_params, results, args.warmup, rss, skipped, old_sources)
 
 

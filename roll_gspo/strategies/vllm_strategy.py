@@ -42,9 +42,11 @@ def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int) -> Dict
 
 
 def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
-    """`vllm.SamplingParams` arguments: `n` samples per prompt with their sampled log-probs."""
+    """`vllm.SamplingParams` arguments: `n` samples per prompt with their sampled log-probs.
+    No detokenization: the rollout worker decodes the token ids itself (decode_for_reward), and
+    vLLM's incremental detokenizer costs ~15 % of a small model's generate."""
     return {"n": n, "max_tokens": gen.max_new_tokens, "temperature": gen.temperature, "top_p": gen.top_p,
-            "top_k": gen.top_k if gen.top_k > 0 else -1, "logprobs": 0}
+            "top_k": gen.top_k if gen.top_k > 0 else -1, "logprobs": 0, "detokenize": False}
 
 
 class VllmStrategy:
