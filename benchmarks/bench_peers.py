@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import resource
@@ -430,7 +431,12 @@ def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], out
             f"validation.data_args.file_name=[{data_file}]",
             f"actor_infer.strategy_args.strategy_config.max_model_len={PROMPT_LENGTH + size['response_length']}"]
     probe = ["actor_train.training_args.per_device_train_batch_size=1"]  # any size that validates
-    train = load_config("example_gspo.yaml", base + probe + list(extra)).actor_train
+    quiet = logging.getLogger("roll_gspo.config")
+    level, quiet.level = quiet.level, logging.ERROR  # the probe's own batch-size warnings are not the run's
+    try:
+        train = load_config("example_gspo.yaml", base + probe + list(extra)).actor_train
+    finally:
+        quiet.setLevel(level)
     world, accumulation = train.world_size, train.training_args.gradient_accumulation_steps
     if mini % (accumulation * world):
         raise ValueError(f"{responses} responses per cycle do not split into {OPTIMIZER_STEPS_PER_CYCLE} mini-batches "
