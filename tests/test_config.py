@@ -897,6 +897,15 @@ def test_seed_004_with_default_batch_keys_warns_with_the_arithmetic(tmp_path, co
     assert "0.0003" in message and "mini-batch of 128" in message
 
 
+def test_async_with_extra_rollout_threads_warns_and_the_example_does_not(tmp_path, config_log):
+    load_config("example_gspo.yaml", ["async_generation_ratio=1"])
+    message = next(m for m in warning_messages(config_log) if "OMP_NUM_THREADS" in m)
+    assert "OMP_NUM_THREADS = 2 in actor_infer's system_envs" in message and "0.5 CPU" in message
+    config_log.clear()
+    load_config("example_gspo.yaml")  # synchronous: the trainer waits while vLLM generates
+    assert not [m for m in warning_messages(config_log) if "OMP_NUM_THREADS" in m]
+
+
 def test_async_generation_with_auto_takes_rollout_log_probs_or_is_refused(tmp_path):
     from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
 

@@ -423,6 +423,15 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
             f"(pg_clip_low / pg_clip_high = {cfg.pg_clip_low} / {cfg.pg_clip_high}) and give no gradient: most "
             f"of the rollout is wasted. The GSPO paper takes 4 steps per rollout, i.e. a mini-batch of {wanted} "
             f"responses (raise gradient_accumulation_steps or per_device_train_batch_size).")
+    rollout_threads = {**cfg.system_envs, **cfg.actor_infer.system_envs}.get("OMP_NUM_THREADS", "")
+    reserved = max(1, int(cfg.actor_infer.num_cpus_per_worker))
+    if (cfg.async_generation_ratio and rollout_threads.isdigit() and int(rollout_threads) > reserved
+            and not cfg.actor_infer.num_gpus_per_worker):
+        warns.append(
+            f"async_generation_ratio: 1 with OMP_NUM_THREADS = {rollout_threads} in actor_infer's system_envs, "
+            f"more threads than the {cfg.actor_infer.num_cpus_per_worker:g} CPU it reserves: generation now runs "
+            f"while the trainer trains, so those threads take the trainer's cores. Drop the setting (the "
+            f"synchronous examples set it because the trainer waits while vLLM generates).")
     if cfg.model_update_frequency > 1:
         k = cfg.model_update_frequency
         source = choose_old_logprob_source(cfg).source  # auto takes the trainer's here
