@@ -432,7 +432,8 @@ def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], out
             f"actor_infer.strategy_args.strategy_config.max_model_len={PROMPT_LENGTH + size['response_length']}"]
     probe = ["actor_train.training_args.per_device_train_batch_size=1"]  # any size that validates
     quiet = logging.getLogger("roll_gspo.config")
-    level, quiet.level = quiet.level, logging.ERROR  # the probe's own batch-size warnings are not the run's
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the probe's own batch-size warnings are not the run's
     try:
         train = load_config("example_gspo.yaml", base + probe + list(extra)).actor_train
     finally:
@@ -518,7 +519,7 @@ class PipelineRunner:
 
 
 def pipeline_worker(spec: Dict[str, Any], reply_fd: int) -> None:
-    """A pipeline in its own process (and its own local Ray), one step per "go"."""
+    """A pipeline in its own process (joined to the benchmark's Ray), one step per "go"."""
     reply = os.fdopen(reply_fd, "w", buffering=1)
     runner = PipelineRunner(spec["overrides"], spec.get("ray_address"))
     try:
@@ -564,6 +565,8 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
     trl_missing = trl_available()
     children: Dict[str, ChildProcess] = {}
     layouts = dict(args.pipeline_variants)
+    if len(layouts) < len(args.pipeline_variants):
+        raise SystemExit("--pipeline-variant: each name once (two rows of one name would overwrite each other)")
     variants = list(args.variants) + list(layouts)
     results: Dict[str, List[Dict[str, Any]]] = {v: [] for v in variants}
     old_sources: Dict[str, str] = {}
