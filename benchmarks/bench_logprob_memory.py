@@ -9,7 +9,7 @@ downloaded) scores one batch of prompt + response tokens two ways:
 * ``before``: the log-prob code as it was (kept below, verbatim in substance): full ``(B, L, V)``
   logits, upcast and divided by the temperature, gathered to the response span, ``log_softmax``,
   and its ``exp`` for the entropy;
-* ``after``: ``roll_gspo.modeling.response_token_log_probs`` (logits from the first response
+* ``after``: ``roll_gspo.models.causal_lm.response_token_log_probs`` (logits from the first response
   position only, chunked log-softmax, chunked gradient).
 
 Two passes each: ``scoring`` (no grad, no entropy: old log-probs and the reference) and ``train``
@@ -34,7 +34,7 @@ PASSES = ("scoring", "train")
 
 def logprob_before(model, input_ids, attention_mask, prompt_lengths, response_len, temperature=1.0,
                    with_entropy=False):
-    """The log-prob computation before item 16 (roll_gspo/modeling.py at commit 132d747)."""
+    """The log-prob computation before item 16 (roll_gspo/models/causal_lm.py at commit 132d747)."""
     import torch
 
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
@@ -74,7 +74,7 @@ def measure_in_this_process(impl: str, pass_name: str, args) -> Dict[str, float]
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     sys.path.insert(0, REPO)
-    from roll_gspo.modeling import build_sequences, response_token_log_probs
+    from roll_gspo.models.causal_lm import build_sequences, response_token_log_probs
 
     torch.manual_seed(0)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

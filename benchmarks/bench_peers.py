@@ -156,7 +156,9 @@ def measure_matmul_peak(seconds: float = 1.0, size: int = 2048) -> float:
 
 def prepare_model(name: str) -> str:
     """A model folder: a built-in name, a local shape built once into the cache, or a path."""
-    from roll_gspo.builtin import build_atomically, build_tokenizer, cache_root, resolve_model
+    from roll_gspo.builtin.cache import build_atomically, cache_root
+    from roll_gspo.builtin.models import resolve_model
+    from roll_gspo.builtin.tokenizer import build_tokenizer
 
     if name not in LOCAL_MODELS:
         return resolve_model(name)
@@ -167,7 +169,7 @@ def prepare_model(name: str) -> str:
     def build(tmp: str) -> None:
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        from roll_gspo.builtin import _save_random_model
+        from roll_gspo.builtin.models import _save_random_model
 
         tokenizer = build_tokenizer()
         config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=256, tie_word_embeddings=True,
@@ -195,7 +197,7 @@ def choose_prompts(model_dir: str, count: int) -> List[Dict[str, str]]:
     """The first `count` rows of builtin:arith_easy/train whose prompt fits PROMPT_LENGTH tokens."""
     from transformers import AutoTokenizer
 
-    from roll_gspo.builtin import resolve_data_file
+    from roll_gspo.builtin.tasks import resolve_data_file
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = []

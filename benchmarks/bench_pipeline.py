@@ -239,7 +239,7 @@ def raw_train_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     from roll_gspo.algorithms import policy_loss
     from roll_gspo.config import load_config
     from roll_gspo.distributed.batch import Batch
-    from roll_gspo.modeling import micro_batches, response_token_log_probs
+    from roll_gspo.models.causal_lm import micro_batches, response_token_log_probs
     from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
 
     cfg = load_config(spec["config"], spec["overrides"])
@@ -362,7 +362,6 @@ class RawEngines:
 
     def __init__(self, args, cfg, overrides: List[str], vllm_threads: Optional[str], train_threads: Optional[str],
                  workdir: str):
-        from roll_gspo.config import mini_batch_size
         from roll_gspo.strategies.vllm_strategy import sampling_kwargs, vllm_engine_args
 
         self.workdir = workdir
@@ -372,7 +371,7 @@ class RawEngines:
         self.sampling = sampling_kwargs(gen, gen.num_return_sequences)
         responses = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
         train_spec = {"config": args.config, "overrides": overrides, "old_logprob_source": cfg.old_logprob_source,
-                      "total_optimizer_steps": cfg.max_steps * cfg.ppo_epochs * (responses // mini_batch_size(cfg))}
+                      "total_optimizer_steps": cfg.max_steps * cfg.ppo_epochs * (responses // cfg.mini_batch_size())}
         self.processes: List[RawProcess] = []
         try:
             self.vllm = self._start("vllm", {"engine_args": self.engine_args, "sampling": self.sampling},
@@ -445,11 +444,10 @@ def run_interleaved(args, cfg, overrides: List[str], workdir: str) -> Dict[str, 
     import ray
 
     from pipelines.rlvr_pipeline import RLVRPipeline
-    from roll_gspo.config import needs_reference
 
     # Our own local Ray (the pipeline's init_ray then reuses it): never join another process's
     # (address="local" also ignores RAY_ADDRESS and a `ray start` head on this machine).
-    roles = [cfg.actor_train, cfg.actor_infer] + ([cfg.reference] if needs_reference(cfg) else [])
+    roles = [cfg.actor_train, cfg.actor_infer] + ([cfg.reference] if cfg.needs_reference() else [])
     required = sum(r.world_size * r.num_cpus_per_worker for r in roles)
     required += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(required)), include_dashboard=False,

@@ -86,9 +86,9 @@ def make_batches(args, count: int):
     """`count` rollout-like batches: arithmetic prompts, random response tokens, advantages."""
     import torch
 
-    from roll_gspo.builtin import make_arith_samples
+    from roll_gspo.builtin.arith import make_arith_samples
     from roll_gspo.distributed.batch import Batch
-    from roll_gspo.modeling import build_sequences
+    from roll_gspo.models.causal_lm import build_sequences
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     if args.model == "19m":
         args.model_dir = build_19m(os.path.join(tempfile.gettempdir(), "roll_gspo_bench_19m"))
     elif args.model == "tiny":
-        from roll_gspo.builtin import resolve_model
+        from roll_gspo.builtin.models import resolve_model
         args.model_dir = resolve_model("builtin:tiny-arith")
     else:
         args.model_dir = args.model

@@ -77,8 +77,8 @@ class TransportSink:
     """A rollout rank's receiving end without an engine."""
 
     def __init__(self):
-        from roll_gspo.collective_sync import CollectiveReceiver
-        from roll_gspo.weight_sync import SharedSegmentReader
+        from roll_gspo.sync.broadcast import SharedSegmentReader
+        from roll_gspo.sync.collective import CollectiveReceiver
 
         self.shared, self.collective, self.received_bytes = SharedSegmentReader(), CollectiveReceiver(), 0
         self.weights = {}  # name -> this receiver's copy
@@ -95,8 +95,8 @@ class TransportSink:
         self.collective.join(*args)
 
     def load_weight_bucket(self, bucket, first: bool, last: bool) -> None:
-        from roll_gspo.collective_sync import CollectiveBucket
-        from roll_gspo.weight_sync import receive_bucket
+        from roll_gspo.sync.broadcast import receive_bucket
+        from roll_gspo.sync.collective import CollectiveBucket
 
         tensors = (self.collective.receive(bucket) if isinstance(bucket, CollectiveBucket)
                    else receive_bucket(bucket, self.shared))
@@ -110,7 +110,7 @@ class TransportSink:
 def measure(weights, transport: str, receivers: int, bucket_mb: float, repeats: int) -> Dict[str, float]:
     import ray
 
-    from roll_gspo.weight_sync import WeightSender, broadcast_weights
+    from roll_gspo.sync.broadcast import WeightSender, broadcast_weights
 
     sinks = [ray.remote(num_cpus=0.01)(TransportSink).remote() for _ in range(receivers)]
     ray.get([s.node_id.remote() for s in sinks])

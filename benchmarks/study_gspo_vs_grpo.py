@@ -217,7 +217,7 @@ def plot(runs: Dict[str, Dict[str, List[Dict]]], path: Path) -> None:
 
 
 def smoke_models(cache: str) -> Dict[str, str]:
-    from roll_gspo.builtin import build_base_model, build_base_moe_model
+    from roll_gspo.builtin.models import build_base_model, build_base_moe_model
 
     return {"dense": build_base_model(os.path.join(cache, "study-smoke-dense"), size="micro"),
             "moe": build_base_moe_model(os.path.join(cache, "study-smoke-moe"), size="micro")}
@@ -241,7 +241,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     import ray
 
-    from roll_gspo.builtin import cache_root, resolve_model
+    from roll_gspo.builtin.cache import cache_root
+    from roll_gspo.builtin.models import resolve_model
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from roll_gspo.config import PipelineConfig
 def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> None:
     """Resolve built-in model names (building and caching them on first use) to folders, in place,
     so every worker loads a plain Hugging Face folder."""
-    from roll_gspo.builtin import resolve_model
+    from roll_gspo.builtin.models import resolve_model
 
     for role in roles:
         args = getattr(cfg, role).model_args

@@ -22,19 +22,19 @@ import ray
 import torch
 
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
-from roll_gspo.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_failure, commit_checkpoint, discard,
-                                  read_state, resolve_resume)
-from roll_gspo.config import PipelineConfig, mini_batch_size, needs_reference
+from roll_gspo.lifecycle.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_failure,
+    commit_checkpoint, discard, read_state, resolve_resume)
+from roll_gspo.config import PipelineConfig
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, WorkerDiedError, init_ray, worker_env
-from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
-from roll_gspo.graceful_stop import GracefulStop, resume_command
-from roll_gspo.modeling import build_sequences
-from roll_gspo.moe import folder_is_moe
-from roll_gspo.seeding import rollout_seeds
-from roll_gspo.tracking import MetricsTracker, plot_metrics
+from roll_gspo.placement.device_mapping import GpuPlacement, plan_for_roles, resource_totals
+from roll_gspo.lifecycle.graceful_stop import GracefulStop, resume_command
+from roll_gspo.models.causal_lm import build_sequences
+from roll_gspo.models.moe_routing import folder_is_moe
+from roll_gspo.lifecycle.seeding import rollout_seeds
+from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 from roll_gspo.utils.imports import import_object
 
 from pipelines.common import prepare_models, progress_bar
@@ -51,7 +51,7 @@ class RLVRPipeline:
     def __init__(self, cfg: PipelineConfig):
         from transformers import AutoTokenizer
 
-        from roll_gspo.data import PromptSampler
+        from roll_gspo.data.prompts import PromptSampler
 
         self.cfg = cfg
         prepare_models(cfg, ["actor_train", "actor_infer", "reference"])
@@ -81,7 +81,7 @@ class RLVRPipeline:
 
     # -- set-up ------------------------------------------------------------------------------------
     def _load_prompts(self, data):
-        from roll_gspo.data import load_prompts
+        from roll_gspo.data.prompts import load_prompts
 
         return load_prompts(
             data.file_name, prompt_key=data.prompt_key, messages_key=data.messages_key, answer_key=data.answer_key,
@@ -111,14 +111,14 @@ class RLVRPipeline:
 
         cfg = self.cfg
         roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
-                 **({"reference": cfg.reference} if needs_reference(cfg) else {})}
+                 **({"reference": cfg.reference} if cfg.needs_reference() else {})}
         cpus, gpus = resource_totals(roles)
         cpus += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
         init_ray(cpus, gpus)
         plan = plan_for_roles(roles, cfg.num_gpus_per_node)  # the roles with a device_mapping, if any
         self.placement = GpuPlacement(plan).reserve() if plan else None  # fails naming the shortfall
         batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
-        total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // mini_batch_size(cfg))
+        total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // cfg.mini_batch_size())
 
         def cluster(name, worker_cls, role, **kwargs):
             options = self.placement.rank_options(name) if role.device_mapping is not None else None
@@ -129,7 +129,7 @@ class RLVRPipeline:
         self.actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
                                    total_optimizer_steps=total_optimizer_steps)
         self.actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer)
-        self.reference = cluster("reference", ReferenceWorker, cfg.reference) if needs_reference(cfg) else None
+        self.reference = cluster("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference() else None
         # A reward worker that dies is restarted and its unfinished calls scored again.
         self.rewards = {
             name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
@@ -140,7 +140,7 @@ class RLVRPipeline:
         clusters = [self.actor_train, self.actor_infer, *([self.reference] if self.reference else []),
                     *self.rewards.values()]
         start = time.perf_counter()
-        from roll_gspo.colocation import start_rollout_first
+        from roll_gspo.placement.colocation import start_rollout_first
 
         first = [self.actor_infer] if start_rollout_first(cfg) else []  # shared GPUs: vLLM sizes its cache first
         for group in (first, [c for c in clusters if c not in first]):
@@ -424,7 +424,7 @@ class RLVRPipeline:
         return {**metrics, "val/samples": float(len(batch)), "time/validation_s": time.perf_counter() - start}
 
     def save_checkpoint(self, step: int) -> str:
-        """Written to a temporary folder, fsynced, renamed into place (`roll_gspo.checkpoint`)."""
+        """Written to a temporary folder, fsynced, renamed into place (`roll_gspo.lifecycle.checkpoint`)."""
         output_dir = checkpoint_base(self.cfg)
         folder = begin_checkpoint(output_dir, step)
         try:
@@ -510,7 +510,7 @@ class RLVRPipeline:
 def _log_colocation(cfg) -> bool:
     """Log in one line what sharing GPUs does in this run (or that on CPU it is skipped); returns
     whether the rollout engine is put to sleep between phases."""
-    from roll_gspo.colocation import cpu_skip_message, describe, offload_between_phases
+    from roll_gspo.placement.colocation import cpu_skip_message, describe, offload_between_phases
 
     line = cpu_skip_message(cfg) or describe(cfg)
     if line:
@@ -527,7 +527,7 @@ def _timed(timings: Dict[str, float], name: str):
 
 def _scale_counts(counts: Dict[str, int], total: int) -> Dict[str, int]:
     """`counts` (domain -> dropped groups) rescaled to sum to `total`, in proportion."""
-    from roll_gspo.data import allot
+    from roll_gspo.data.prompts import allot
 
     return allot(total, counts) if sum(counts.values()) != total else counts
 

@@ -11,12 +11,12 @@ from typing import Dict, List
 
 import ray
 
-from roll_gspo.config import PipelineConfig, mini_batch_size
+from roll_gspo.config import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
-from roll_gspo.distributed.placement import GpuPlacement, plan_for_roles, resource_totals
-from roll_gspo.modeling import build_sequences
-from roll_gspo.tracking import MetricsTracker
+from roll_gspo.placement.device_mapping import GpuPlacement, plan_for_roles, resource_totals
+from roll_gspo.models.causal_lm import build_sequences
+from roll_gspo.metrics.recorder import MetricsTracker
 
 from pipelines.common import prepare_models, progress_bar
 
@@ -40,7 +40,7 @@ def greedy_accuracy(model_dir: str, files: List[str], max_new_tokens: int, limit
     from transformers import AutoTokenizer
 
     from roll_gspo.config.schema import GeneratingArgs, RoleConfig
-    from roll_gspo.data import load_prompts
+    from roll_gspo.data.prompts import load_prompts
     from roll_gspo.rewards import math_verify_reward
     from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
 
@@ -59,7 +59,7 @@ def greedy_accuracy(model_dir: str, files: List[str], max_new_tokens: int, limit
 def run_sft(cfg: PipelineConfig) -> Dict[str, float]:
     from transformers import AutoTokenizer
 
-    from roll_gspo.data import load_sft_samples
+    from roll_gspo.data.prompts import load_sft_samples
     from roll_gspo.workers.actor_train import ActorTrainWorker
 
     prepare_models(cfg, ["actor_train"])
@@ -68,7 +68,7 @@ def run_sft(cfg: PipelineConfig) -> Dict[str, float]:
     samples = load_sft_samples(data.file_name, tokenizer=tokenizer, prompt_key=data.prompt_key,
                                response_key=data.response_key, messages_key=data.messages_key,
                                max_length=cfg.prompt_length + cfg.response_length, max_samples=data.max_samples)
-    mini = mini_batch_size(cfg)
+    mini = cfg.mini_batch_size()
     per_epoch = len(samples) // mini  # the last partial mini-batch is dropped (ranks must agree)
     if per_epoch == 0:
         raise ValueError(f"SFT data has {len(samples)} rows, fewer than one mini-batch of {mini}")

@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 
-from roll_gspo.builtin import register_builtin_model
+from roll_gspo.builtin.models import register_builtin_model
 
 logger = logging.getLogger("roll_gspo")
 SFT_CONFIG = "sft_tiny_arith.yaml"

@@ -76,9 +76,9 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
         return 0
     from pipelines import run_pipeline_from_config
-    from roll_gspo.checkpoint import CheckpointError
     from roll_gspo.distributed.cluster import WorkerDiedError
-    from roll_gspo.distributed.placement import PlacementError
+    from roll_gspo.lifecycle.checkpoint import CheckpointError
+    from roll_gspo.placement.device_mapping import PlacementError
 
     try:
         run_pipeline_from_config(cfg)
@@ -99,7 +99,7 @@ def _placement_plan_fits(cfg, args) -> bool:
     """Print the placement plan against the described (or running) cluster and its problems."""
     import os
 
-    from roll_gspo.placement_plan import ClusterSpec, plan_cluster
+    from roll_gspo.placement.cluster_plan import ClusterSpec, plan_cluster
 
     gpus_per_node = args.gpus_per_node or cfg.num_gpus_per_node
     address = args.ray_address or (os.environ.get("RAY_ADDRESS") if args.nodes is None else None)

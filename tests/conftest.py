@@ -28,7 +28,7 @@ def session_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(session_cache):
     """A random-init tiny Qwen2 (head_dim 32) with the char tokenizer, built in this test session."""
-    from roll_gspo.builtin import build_base_model
+    from roll_gspo.builtin.models import build_base_model
 
     return build_base_model(os.path.join(session_cache, "test-model"), seed=0, size="micro")
 
@@ -46,6 +46,6 @@ def ray_session(session_cache):
 @pytest.fixture(scope="session")
 def tiny_moe_model(session_cache):
     """A random-init micro Qwen3-MoE (2 layers, 4 experts, top-2, head_dim 32), char tokenizer."""
-    from roll_gspo.builtin import build_base_moe_model
+    from roll_gspo.builtin.models import build_base_moe_model
 
     return build_base_moe_model(os.path.join(session_cache, "test-moe-model"), seed=0, size="micro")

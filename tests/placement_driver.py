@@ -7,7 +7,7 @@ import sys
 import ray
 
 from roll_gspo.distributed.cluster import Cluster, RankWorker
-from roll_gspo.distributed.placement import GpuPlacement, PlacementError, plan_placement
+from roll_gspo.placement.device_mapping import GpuPlacement, PlacementError, plan_placement
 
 
 class WhereWorker(RankWorker):

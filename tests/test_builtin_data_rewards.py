@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from roll_gspo import builtin, data, rewards
+from roll_gspo import builtin, rewards
+from roll_gspo.data import prompts as data
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from roll_gspo import checkpoint as ckpt
-from roll_gspo.tracking import MetricsTracker, move_rows_after, read_metrics
+from roll_gspo.lifecycle import checkpoint as ckpt
+from roll_gspo.metrics.recorder import MetricsTracker, move_rows_after, read_metrics
 
 pytestmark = pytest.mark.chaos
 

@@ -43,7 +43,7 @@ def test_a_failing_rank_stops_the_role_instead_of_hanging(ray_session):
 def test_shared_memory_weight_buckets_round_trip_and_leave_nothing_behind():
     """Writer -> reader through one reused segment: every dtype and shape comes back bit-exact,
     a bigger bucket gets a new segment, and once delivered no name is left in /dev/shm."""
-    from roll_gspo.weight_sync import SharedBucket, SharedSegmentReader, SharedSegmentWriter, receive_bucket
+    from roll_gspo.sync.broadcast import SharedBucket, SharedSegmentReader, SharedSegmentWriter, receive_bucket
 
     writer, reader = SharedSegmentWriter(), SharedSegmentReader()
     bucket = [("embed.weight", torch.randn(7, 5)), ("norm.weight", torch.randn(5).to(torch.bfloat16)),
@@ -67,7 +67,7 @@ def test_shared_memory_weight_buckets_round_trip_and_leave_nothing_behind():
     writer.close()
     assert not os.path.exists(f"/dev/shm/{shared.segment}")
     # The object-store form of the same bucket loads to the same tensors.
-    from roll_gspo.weight_sync import to_wire
+    from roll_gspo.sync.broadcast import to_wire
 
     wire = [(name, *to_wire(tensor)) for name, tensor in bucket]
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(bucket, receive_bucket(wire, reader)))

@@ -1,4 +1,4 @@
-"""Colocation (roll_gspo.colocation): which roles share the rollout's GPUs, vLLM's memory share,
+"""Colocation (roll_gspo.placement.colocation): which roles share the rollout's GPUs, vLLM's memory share,
 sleep/offload keys and their refusals, the CPU skip line, the GPU recipe's dry run, and
 (subprocess) DeepSpeed's state offload round trip on CPU. Fast except the e2e run at the end."""
 import logging
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from roll_gspo.colocation import (colocation, cpu_skip_message, offload_between_phases, sleep_level,
-                                  start_rollout_first)
+from roll_gspo.placement.colocation import (colocation, cpu_skip_message, offload_between_phases, sleep_level,
+    start_rollout_first)
 from roll_gspo.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]

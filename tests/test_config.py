@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from roll_gspo.config import (
-    ConfigError, PipelineConfig, config_to_yaml, load_config, mini_batch_size, needs_reference,
+    ConfigError, PipelineConfig, config_to_yaml, load_config,
     preflight, resolve_config_path, validate_config,
 )
 from roll_gspo.config.reference import main as reference_main
@@ -127,8 +127,8 @@ def test_every_seed_004_key_is_accepted_and_typed(tmp_path):
     assert (cfg.rollout_batch_size, cfg.num_return_sequences_in_group) == (64, 8)
     assert (cfg.prompt_length, cfg.response_length, cfg.ppo_epochs) == (2048, 4096, 1)
     # Derived values and helpers.
-    assert mini_batch_size(cfg) == 64
-    assert needs_reference(cfg)  # use_kl_loss: true
+    assert cfg.mini_batch_size() == 64
+    assert cfg.needs_reference()  # use_kl_loss: true
     assert cfg.actor_infer.generating_args.num_return_sequences == 8
     assert cfg.actor_infer.generating_args.max_new_tokens == 4096
     assert cfg.actor_train.model_args.model_name_or_path == cfg.pretrain
@@ -338,7 +338,7 @@ def test_paper_settings_do_not_warn(tmp_path, config_log):
     # GSPO paper: 4 mini-batches per rollout (512 / (8 * 16 * 1)), clip 3e-4 / 4e-4, no KL.
     cfg = load(tmp_path, overrides=["actor_train.training_args.gradient_accumulation_steps=16",
                                     "pg_clip_low=3e-4", "pg_clip_high=4e-4", "use_kl_loss=false"])
-    assert cfg.rollout_batch_size * cfg.num_return_sequences_in_group // mini_batch_size(cfg) == 4
+    assert cfg.rollout_batch_size * cfg.num_return_sequences_in_group // cfg.mini_batch_size() == 4
     assert validate_config(cfg) == []
     assert warning_messages(config_log) == []
 
@@ -758,7 +758,7 @@ def test_old_logprob_source_defaults_to_auto_and_router_replay_is_refused_only_w
 def test_folder_is_moe_reads_the_models_config(tmp_path):
     from transformers import Qwen2Config, Qwen3MoeConfig
 
-    from roll_gspo.moe import folder_is_moe
+    from roll_gspo.models.moe_routing import folder_is_moe
 
     Qwen2Config(hidden_size=32, num_hidden_layers=1).save_pretrained(tmp_path / "dense")
     Qwen3MoeConfig(hidden_size=32, num_hidden_layers=1, num_experts=4).save_pretrained(tmp_path / "moe")

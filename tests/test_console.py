@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from roll_gspo.tracking import MetricsTracker
+from roll_gspo.metrics.recorder import MetricsTracker
 from tests.conftest import REPO_ROOT
 
 SCRIPT = """

@@ -10,7 +10,7 @@ from roll_gspo.config.schema import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.micro_batching import (fixed_micro_batches, padding_stats, take,
                                                   token_budget_micro_batches)
-from roll_gspo.modeling import build_sequences, load_causal_lm, score_micro_batches
+from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, score_micro_batches
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

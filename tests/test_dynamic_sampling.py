@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from roll_gspo.algorithms.query_filter import keep_groups
-from roll_gspo.data import PromptSampler, allot
+from roll_gspo.data.prompts import PromptSampler, allot
 
 
 def test_filters_keep_what_roll_keeps():

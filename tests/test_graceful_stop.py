@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from roll_gspo.graceful_stop import GracefulStop, resume_command
+from roll_gspo.lifecycle.graceful_stop import GracefulStop, resume_command
 
 pytestmark = pytest.mark.chaos
 

@@ -1,10 +1,10 @@
-"""Per-device memory estimate (roll_gspo.memory_plan): pure arithmetic against published sizes."""
+"""Per-device memory estimate (roll_gspo.placement.memory): pure arithmetic against published sizes."""
 import json
 from pathlib import Path
 
 import pytest
 
-from roll_gspo.memory_plan import ModelShape, frozen_memory, rollout_memory, training_memory
+from roll_gspo.placement.memory import ModelShape, frozen_memory, rollout_memory, training_memory
 
 MODEL_CONFIGS = Path(__file__).resolve().parent / "data" / "model_configs"  # the published config.json shapes
 QWEN25_7B = json.loads((MODEL_CONFIGS / "Qwen2.5-7B.json").read_text())

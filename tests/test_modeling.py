@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from roll_gspo.modeling import build_sequences, pad_2d
+from roll_gspo.models.causal_lm import build_sequences, pad_2d
 
 
 def test_build_sequences_lays_out_right_padded_rows():
@@ -47,7 +47,7 @@ def test_chunked_log_probs_equal_the_straightforward_ones_in_value_and_gradient(
     from transformers import AutoModelForCausalLM
 
     from roll_gspo.algorithms import logprobs
-    from roll_gspo.modeling import response_token_log_probs
+    from roll_gspo.models.causal_lm import response_token_log_probs
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     vocab = model.config.vocab_size

@@ -3,14 +3,14 @@ router, Routing Replay, the load-balancing loss."""
 import pytest
 import torch
 
-from roll_gspo.moe import (RouterHooks, TrainerRouting, expert_set_change_fraction, load_balance_max_over_mean,
-                           load_balancing_loss)
+from roll_gspo.models.moe_routing import (RouterHooks, TrainerRouting, expert_set_change_fraction,
+    load_balance_max_over_mean, load_balancing_loss)
 
 
 def test_builtin_moe_model_builds_and_loads_in_transformers(tiny_moe_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from roll_gspo.builtin import BUILTIN_MODELS
+    from roll_gspo.builtin.models import BUILTIN_MODELS
 
     assert {"builtin:tiny-moe", "builtin:tiny-moe-base"} <= set(BUILTIN_MODELS)
     model = AutoModelForCausalLM.from_pretrained(tiny_moe_model)

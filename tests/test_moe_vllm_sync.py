@@ -16,7 +16,7 @@ def _expert_tensors(worker):
     """Per MoE layer: vLLM's packed w13/w2 and the same weights packed by its own kernel code."""
     from vllm._custom_ops import cpu_prepack_moe_weight
 
-    from roll_gspo.strategies.vllm_moe import cpu_moe_layers
+    from roll_gspo.sync.vllm_moe import cpu_moe_layers
 
     return {name: (layer.w13_weight.detach().clone(), layer.w2_weight.detach().clone(),
                    layer.quant_method.moe_kernel.fused_experts.isa)
@@ -28,7 +28,7 @@ def qwen2_moe_model(tmp_path_factory):
     """A micro Qwen2-MoE: routed experts plus a shared expert with its sigmoid gate."""
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
-    from roll_gspo.builtin import build_tokenizer
+    from roll_gspo.builtin.tokenizer import build_tokenizer
 
     folder = str(tmp_path_factory.mktemp("qwen2_moe"))
     tokenizer = build_tokenizer()

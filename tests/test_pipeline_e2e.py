@@ -170,7 +170,7 @@ def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session,
 
 
 def test_resume_continues_and_fresh_start_is_refused(tmp_path, tiny_model, ray_session):
-    from roll_gspo.checkpoint import complete_checkpoints
+    from roll_gspo.lifecycle.checkpoint import complete_checkpoints
 
     cfg = write_config(tmp_path, tiny_model, save_steps=1, max_steps=1)
     run(cfg)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from roll_gspo.distributed.cluster import free_port
-from roll_gspo.distributed.placement import (PlacementError, check_plan_against_nodes, parse_device_mapping,
-                                             plan_placement)
+from roll_gspo.placement.device_mapping import (PlacementError, check_plan_against_nodes,
+    parse_device_mapping, plan_placement)
 from tests.conftest import REPO_ROOT
 
 

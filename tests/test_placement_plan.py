@@ -1,4 +1,4 @@
-"""The `--dry-run` placement plan (roll_gspo.placement_plan): where each rank goes on a described
+"""The `--dry-run` placement plan (roll_gspo.placement.cluster_plan): where each rank goes on a described
 cluster and what each GPU holds. Pure functions over loaded configs: no Ray, no model."""
 import json
 import re
@@ -9,9 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.distributed.placement import assign_node_indices
-from roll_gspo.memory_plan import GIB, ModelShape
-from roll_gspo.placement_plan import ClusterSpec, plan_cluster
+from roll_gspo.placement.cluster_plan import ClusterSpec, plan_cluster
+from roll_gspo.placement.device_mapping import assign_node_indices
+from roll_gspo.placement.memory import GIB, ModelShape
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_CONFIGS = Path(__file__).resolve().parent / "data" / "model_configs"
@@ -127,7 +127,7 @@ def test_mapping_past_the_nodes_gpus_and_tp_groups_across_nodes_are_refused(tmp_
 
 
 def test_a_rank_larger_than_the_free_nodes_is_named_not_searched_for_forever(tmp_path):
-    from roll_gspo.placement_plan import NodeSpec
+    from roll_gspo.placement.cluster_plan import NodeSpec
 
     cfg = load(tmp_path, actor_train={"device_mapping": None, "world_size": 1, "num_gpus_per_worker": 1},
                actor_infer={"device_mapping": None, "world_size": 2, "num_gpus_per_worker": 2})

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from roll_gspo.checkpoint import ABANDONED_DIR, complete_checkpoints, read_state
+from roll_gspo.lifecycle.checkpoint import ABANDONED_DIR, complete_checkpoints, read_state
 from tests.test_pipeline_e2e import REPO_ROOT_FOR_SUBPROCESS, load_weights, read_metrics, run, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
@@ -200,7 +200,7 @@ def small_disk(tmp_path):
 
 def test_disk_full_during_a_checkpoint_is_a_clear_error_and_keeps_the_previous(tmp_path, tiny_model, ray_session,
                                                                                small_disk):
-    from roll_gspo.checkpoint import CheckpointError
+    from roll_gspo.lifecycle.checkpoint import CheckpointError
 
     cfg = write_config(tmp_path, tiny_model, output_dir=str(small_disk / "out"), max_steps=3, save_steps=1,
                        save_total_limit=1)

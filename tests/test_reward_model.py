@@ -22,7 +22,8 @@ def reward_model(tmp_path_factory):
     """Bradley-Terry training on (right sum > wrong sum) pairs; 150 steps of a 2-layer model."""
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from roll_gspo.builtin import MODEL_SIZES, build_tokenizer
+    from roll_gspo.builtin.models import MODEL_SIZES
+    from roll_gspo.builtin.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     config = Qwen2Config(vocab_size=len(tok), max_position_embeddings=64, num_labels=1, pad_token_id=tok.pad_token_id,

@@ -141,7 +141,7 @@ def test_unfinished_reasoning_is_a_format_status():
 
 
 def test_decode_for_reward_keeps_special_think_tokens():
-    from roll_gspo.builtin import build_tokenizer
+    from roll_gspo.builtin.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})

@@ -254,7 +254,7 @@ def test_deepspeed_auto_entries_filled(in_roll_dir):
 def test_chat_templates_apply_to_messages_and_prompt_rows(tiny_model, tmp_path):
     from transformers import AutoTokenizer
 
-    from roll_gspo.data import load_prompts
+    from roll_gspo.data.prompts import load_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = [{"messages": json.dumps([{"role": "user", "content": "1+1="}]), "tag": "t", "ground_truth": "2"},
@@ -279,7 +279,7 @@ def test_dataset_dir_and_preprocessing_workers_act(tiny_model, tmp_path, monkeyp
     import datasets
     from transformers import AutoTokenizer
 
-    from roll_gspo.data import load_prompts
+    from roll_gspo.data.prompts import load_prompts
 
     (tmp_path / "d").mkdir()
     rows = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(8)]
@@ -301,7 +301,7 @@ def test_dataset_dir_and_preprocessing_workers_act(tiny_model, tmp_path, monkeyp
 def test_difficulty_loss_weight_needs_the_column(tiny_model, tmp_path):
     from transformers import AutoTokenizer
 
-    from roll_gspo.data import load_prompts
+    from roll_gspo.data.prompts import load_prompts
 
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"prompt": "1+1=", "ground_truth": "2"}) + "\n")
@@ -352,7 +352,7 @@ def test_system_envs_reach_every_worker(ray_session):
 def test_entropy_bonus_enters_the_loss(tiny_model):
     """The entropy term changes the gradient: with a bonus, a step moves the weights differently."""
     from roll_gspo.algorithms import aggregate_loss
-    from roll_gspo.modeling import load_causal_lm, response_token_log_probs
+    from roll_gspo.models.causal_lm import load_causal_lm, response_token_log_probs
 
     model = load_causal_lm(tiny_model)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
@@ -400,7 +400,7 @@ def test_gspo_example_trains_two_steps_with_zero3_cpu_offload(tmp_path, session_
 
 
 def test_max_ckpt_to_keep_zero_keeps_every_checkpoint(tmp_path):
-    from roll_gspo.checkpoint import begin_checkpoint, commit_checkpoint, complete_checkpoints
+    from roll_gspo.lifecycle.checkpoint import begin_checkpoint, commit_checkpoint, complete_checkpoints
 
     out = str(tmp_path)
     for step in (1, 2, 3):

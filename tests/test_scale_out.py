@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from roll_gspo.collective_sync import bucket_layout, pack_bucket, unpack_bucket
 from roll_gspo.strategies.vllm_tp import cpu_thread_binding
+from roll_gspo.sync.collective import bucket_layout, pack_bucket, unpack_bucket
 
 
 def test_cpu_thread_binding_splits_cores_per_worker():
@@ -53,7 +53,7 @@ class BucketSink:
     keeps what arrives; `stall` makes it never take the next broadcast."""
 
     def __init__(self):
-        from roll_gspo.collective_sync import CollectiveReceiver
+        from roll_gspo.sync.collective import CollectiveReceiver
 
         self.receiver, self.got, self.stall = CollectiveReceiver(), [], False
 
@@ -91,7 +91,7 @@ def start_sinks(ray, count):
 
 @pytest.mark.e2e
 def test_collective_transport_delivers_every_bucket(ray_session):
-    from roll_gspo.weight_sync import WeightSender
+    from roll_gspo.sync.broadcast import WeightSender
 
     sinks = start_sinks(ray_session, 2)
     sender = WeightSender(sinks, "collective", 1 << 20, timeout_s=60)
@@ -111,8 +111,8 @@ def test_collective_transport_delivers_every_bucket(ray_session):
 def test_collective_transport_fails_clearly_when_a_receiver_is_lost(ray_session, failure, expected):
     """A rollout worker that dies or stops answering mid-sync fails the sync with a WeightSyncError
     within the deadline instead of hanging the trainer."""
-    from roll_gspo.collective_sync import WeightSyncError
-    from roll_gspo.weight_sync import WeightSender
+    from roll_gspo.sync.broadcast import WeightSender
+    from roll_gspo.sync.collective import WeightSyncError
 
     sinks = start_sinks(ray_session, 2)
     sender = WeightSender(sinks, "collective", 1 << 20, timeout_s=10)

@@ -1,7 +1,7 @@
 """Rollout seeds: a function of (seed, step, prompt, sample), never of an engine's history."""
 import torch
 
-from roll_gspo.seeding import rollout_seeds, trainer_seed
+from roll_gspo.lifecycle.seeding import rollout_seeds, trainer_seed
 
 
 def test_rollout_seeds_are_a_function_of_seed_step_and_position():

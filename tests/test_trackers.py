@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from roll_gspo.tracking import MetricsTracker
+from roll_gspo.metrics.recorder import MetricsTracker
 
 STEPS = {1: {"reward/mean": 0.25, "actor/clipfrac": 0.5, "time/step_s": 1.5, "actor/kl": float("nan")},
          2: {"reward/mean": 0.75, "actor/clipfrac": 0.25, "time/step_s": 1.25, "actor/kl": 0.1}}

@@ -14,7 +14,7 @@ from roll_gspo.algorithms import kl_loss, policy_loss
 from roll_gspo.config import load_config
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster
-from roll_gspo.modeling import build_sequences, response_token_log_probs
+from roll_gspo.models.causal_lm import build_sequences, response_token_log_probs
 
 pytestmark = pytest.mark.e2e
 # A regression (ranks waiting for each other forever) fails here instead of hanging the suite.

@@ -1,13 +1,14 @@
 """Typed, strict pipeline configuration (schema, loader, validation)."""
-from roll_gspo.config.loader import ConfigError, config_to_yaml, load_config, resolve_config_path
+from roll_gspo.config.errors import ConfigError
+from roll_gspo.config.loader import config_to_yaml, load_config, resolve_config_path
 from roll_gspo.config.schema import (
     DataArgs, GeneratingArgs, ModelArgs, PipelineConfig, RewardConfig, RoleConfig, StrategyArgs,
     TrainingArgs, ValidationConfig,
 )
-from roll_gspo.config.validate import mini_batch_size, needs_reference, preflight, validate_config
+from roll_gspo.config.validate import preflight, validate_config
 
 __all__ = [
     "ConfigError", "DataArgs", "GeneratingArgs", "ModelArgs", "PipelineConfig", "RewardConfig",
     "RoleConfig", "StrategyArgs", "TrainingArgs", "ValidationConfig", "config_to_yaml", "load_config",
-    "mini_batch_size", "needs_reference", "preflight", "resolve_config_path", "validate_config",
+    "preflight", "resolve_config_path", "validate_config",
 ]

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from roll_gspo.config import roll_compat
+from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.schema import PipelineConfig, RewardConfig
 
 # Where `--config NAME` is looked up when NAME is not a path (repository root relative).
@@ -27,14 +28,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_SEARCH_DIRS = (REPO_ROOT / "examples", REPO_ROOT / "configs")
 # Top-level keys that are not pipeline keys: Hydra's own, and `_name` anchors for interpolation.
 PASSTHROUGH_TOP_LEVEL = ("hydra", "defaults")
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message lists every problem found, one per line."""
-
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
 
 
 # --------------------------------------------------------------------------------------------

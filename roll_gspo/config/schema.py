@@ -29,7 +29,7 @@ INFER_STRATEGIES = ["vllm", "hf_infer"]
 # ROLL's name of a frozen DeepSpeed engine (the reference role); the same engine as
 # deepspeed_train without an optimizer.
 FROZEN_STRATEGIES = ["deepspeed_infer"]
-# Chat templates by name (roll_gspo.chat_templates); null keeps the data's own form.
+# Chat templates by name (roll_gspo.data.chat_templates); null keeps the data's own form.
 CHAT_TEMPLATES = [None, "native", "qwen2_5", "qwen3", "chatml", "empty", "longcot_V3"]
 NORM_TYPES = [None, "group", "batch", "running"]
 MODEL_TYPES = [None, "trl", "auto_sequence_classification", "auto_token_classification",
@@ -625,7 +625,7 @@ class PipelineConfig:
                 "elsewhere layerwise. layerwise: always vLLM's layerwise reload (any model and "
                 "quantization, no extra memory).",
         VLLM_WEIGHT_UPDATES)
-    # --- colocation: roles sharing GPUs (roll_gspo.colocation) ---
+    # --- colocation: roles sharing GPUs (roll_gspo.placement.colocation) ---
     is_offload_states: Optional[bool] = _f(
         None, "ROLL's switch for freeing memory between phases when roles share GPUs: after each "
               "generation vLLM sleeps (`actor_infer.strategy_args.strategy_config.sleep_level`) and "
@@ -752,3 +752,13 @@ class PipelineConfig:
         default_factory=lambda: {"math_rule": RewardConfig()},
         metadata={"help": "Reward workers per data domain (`rewards.<domain>.*`)."})
     validation: ValidationConfig = _sub(ValidationConfig, "Held-out evaluation every eval_steps.")
+
+    # --- facts derived from the keys (no key of their own) ---
+    def needs_reference(self) -> bool:
+        """A reference model is started: a KL term needs its log-probs."""
+        return self.use_kl_loss or self.add_token_level_kl
+
+    def mini_batch_size(self) -> int:
+        """Sequences per optimizer step, across all data-parallel ranks."""
+        args = self.actor_train.training_args
+        return args.per_device_train_batch_size * args.gradient_accumulation_steps * self.actor_train.world_size

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import AbstractSet, List, Optional
 
 from roll_gspo.config import roll_compat
-from roll_gspo.config.loader import ConfigError
+from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.role_reads import unread_key_problems
 from roll_gspo.config.rollout_logprobs import choose_old_logprob_source, rollout_logprobs_bias, vllm_dtype_name
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig, RoleConfig
+from roll_gspo.placement.device_mapping import device_mapping_problems, tensor_parallel_problems
 
 logger = logging.getLogger("roll_gspo.config")
 
@@ -29,16 +30,6 @@ BUILTIN_REWARD_WORKERS = ("MathRuleRewardWorker", "RegexMatchRewardWorker", "Fun
 # More optimizer steps than this per rollout: the later mini-batches train on responses of a
 # policy many steps old, where a GSPO-sized clip zeroes most of their gradient.
 MANY_OPTIMIZER_STEPS_PER_ROLLOUT = 16
-
-
-def needs_reference(cfg: PipelineConfig) -> bool:
-    return cfg.use_kl_loss or cfg.add_token_level_kl
-
-
-def mini_batch_size(cfg: PipelineConfig) -> int:
-    """Sequences per optimizer step, across all data-parallel ranks."""
-    args = cfg.actor_train.training_args
-    return args.per_device_train_batch_size * args.gradient_accumulation_steps * cfg.actor_train.world_size
 
 
 def _fill_derived(cfg: PipelineConfig) -> None:
@@ -156,7 +147,7 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
     for role_name in ("actor_train", "reference"):
         role = getattr(cfg, role_name)
         if role.strategy_args.strategy_name not in ("deepspeed_train", "deepspeed_infer") or (
-                role_name == "reference" and not needs_reference(cfg)):
+                role_name == "reference" and not cfg.needs_reference()):
             continue
         for ds_key, dtype in (("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16")):
             section = role.strategy_args.strategy_config.get(ds_key)
@@ -172,8 +163,6 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
         return problems
     engine = infer.strategy_args.strategy_config
     key = "actor_infer.strategy_args.strategy_config"
-    from roll_gspo.strategies.vllm_tp import tensor_parallel_problems
-
     problems += tensor_parallel_problems(infer)
     if "dtype" in engine and vllm_dtype_name(engine["dtype"]) != infer.model_args.dtype:
         problems.append(f"{key}.dtype = {engine['dtype']!r} contradicts actor_infer.model_args.dtype = "
@@ -202,7 +191,7 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     problems = []
     group = cfg.num_return_sequences_in_group
     batch = cfg.rollout_batch_size * group
-    mini = mini_batch_size(cfg)
+    mini = cfg.mini_batch_size()
     args = cfg.actor_train.training_args
     if batch % mini:
         problems.append(
@@ -256,7 +245,7 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     if cfg.actor_infer.strategy_args.strategy_name not in ("vllm", "hf_infer"):
         problems.append(f"actor_infer.strategy_args.strategy_name: must be 'vllm' or 'hf_infer', got "
                         f"{cfg.actor_infer.strategy_args.strategy_name!r}")
-    if needs_reference(cfg) and cfg.reference.strategy_args.strategy_name not in (
+    if cfg.needs_reference() and cfg.reference.strategy_args.strategy_name not in (
             "deepspeed_train", "deepspeed_infer", "hf_infer"):
         problems.append(f"reference.strategy_args.strategy_name: must be 'deepspeed_infer' (or "
                         f"'deepspeed_train', the same frozen engine) or 'hf_infer', got "
@@ -302,7 +291,7 @@ def _async_problems(cfg: PipelineConfig) -> List[str]:
         if bias:
             problems.append(f"async_generation_ratio: 1 needs the rollout engine's old log-probs, and they would "
                             f"bias every ratio here: {bias}")
-    from roll_gspo.colocation import offload_between_phases
+    from roll_gspo.placement.colocation import offload_between_phases
 
     if offload_between_phases(cfg):
         problems.append("async_generation_ratio: 1 with the rollout engine put to sleep between phases "
@@ -386,7 +375,7 @@ def _sft_problems(cfg: PipelineConfig) -> List[str]:
 def _warn_traps(cfg: PipelineConfig) -> List[str]:
     warns = []
     batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
-    mini = mini_batch_size(cfg)
+    mini = cfg.mini_batch_size()
     clip = max(cfg.pg_clip_low, cfg.pg_clip_high)
     if cfg.ppo_epochs * (batch // max(mini, 1)) == 1:
         warns.append(
@@ -455,60 +444,10 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
     return warns
 
 
-GPU_ROLES = ("actor_train", "actor_infer", "reference")
 # ROLL's keys of a vllm strategy_config that roll_gspo reads itself (never passed to vLLM).
 ROLL_ENGINE_KEYS = ("sleep_level",)
 QUERY_FILTER_ARGS = {"no_filter": set(), "mean_filter": {"threshold_up", "threshold_down"},
                      "std_filter": {"std_threshold"}}
-
-
-def _device_mapping_problems(cfg: PipelineConfig) -> List[str]:
-    """Parse each role's device_mapping (in place, to a list) and derive its world_size and whole
-    num_gpus_per_worker; a mapping that cannot split into ranks is a problem named by key."""
-    from roll_gspo.distributed.placement import PlacementError, parse_device_mapping, ranks_of
-
-    problems = []
-    for name in GPU_ROLES:
-        role: RoleConfig = getattr(cfg, name)
-        try:
-            role.device_mapping = parse_device_mapping(role.device_mapping, f"{name}.device_mapping")
-        except PlacementError as exc:
-            problems.append(str(exc))
-            continue
-        if role.device_mapping is None:
-            continue
-        per_worker = role.num_gpus_per_worker or 1
-        if role.strategy_args.strategy_name == "vllm":  # as in ROLL: a vLLM rank spans TP x PP GPUs
-            engine = role.strategy_args.strategy_config
-            parallel = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
-            if role.num_gpus_per_worker and role.num_gpus_per_worker != parallel:
-                problems.append(f"{name}.num_gpus_per_worker = {role.num_gpus_per_worker:g} contradicts the vLLM "
-                                f"engine's tensor_parallel_size x pipeline_parallel_size = {parallel} (GPUs per "
-                                f"rank); leave num_gpus_per_worker out")
-                continue
-            per_worker = parallel
-        if per_worker != int(per_worker) or per_worker < 1:
-            problems.append(f"{name}.num_gpus_per_worker: must be a whole number >= 1 with a device_mapping, "
-                            f"got {role.num_gpus_per_worker}")
-            continue
-        if per_worker > 1 and role.strategy_args.strategy_name in ("deepspeed_train", "hf_infer"):
-            problems.append(f"{name}.num_gpus_per_worker = {per_worker:g}: {role.strategy_args.strategy_name} "
-                            f"ranks use one GPU each (one rank per GPU: set it to 1)")
-            continue
-        try:
-            ranks = ranks_of(role.device_mapping, int(per_worker), max(cfg.num_gpus_per_node, 1),
-                             f"{name}.device_mapping")
-        except PlacementError as exc:
-            problems.append(str(exc))
-            continue
-        if role.world_size not in (1, len(ranks)):
-            problems.append(f"{name}.world_size = {role.world_size} contradicts device_mapping: "
-                            f"{len(role.device_mapping)} GPUs / num_gpus_per_worker {per_worker:g} = "
-                            f"{len(ranks)} ranks (leave world_size out)")
-        role.world_size, role.num_gpus_per_worker = len(ranks), float(per_worker)
-    if cfg.num_gpus_per_node < 1:
-        problems.append(f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node}")
-    return problems
 
 
 def _sampling_problems(cfg: PipelineConfig) -> List[str]:
@@ -548,7 +487,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     `yaml_keys`: dotted paths the YAML writes (the loader passes them); a key never read by its
     role is refused only when written there. None: every key that differs from its default counts.
     """
-    placement_problems = _device_mapping_problems(cfg)  # derives world_size before the batch arithmetic
+    placement_problems = device_mapping_problems(cfg)  # derives world_size before the batch arithmetic
     _fill_derived(cfg)
     problems = placement_problems + _positive(cfg) + _range_problems(cfg)
     if cfg.pipeline == "rlvr":
@@ -557,7 +496,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     problems += _dynamic_batching_problems(cfg)
     problems += roll_compat.roll_semantic_problems(cfg)
     if not placement_problems:  # colocation reads the parsed device mappings
-        from roll_gspo.colocation import colocation_problems, fill_gpu_memory_utilization
+        from roll_gspo.placement.colocation import colocation_problems, fill_gpu_memory_utilization
 
         problems += colocation_problems(cfg)
     if problems:
@@ -646,7 +585,7 @@ def preflight(cfg: PipelineConfig) -> None:
             problems.append(_check_data_file(roll_compat.under_dataset_dir(name, data.dataset_dir),
                                              f"{block}.data_args.file_name"))
     roles = ["actor_train"] + (["actor_infer"] if cfg.pipeline == "rlvr" else [])
-    roles += ["reference"] if cfg.pipeline == "rlvr" and needs_reference(cfg) else []
+    roles += ["reference"] if cfg.pipeline == "rlvr" and cfg.needs_reference() else []
     for role in roles:
         path = getattr(cfg, role).model_args.model_name_or_path
         problems.append(_check_model(path, f"{role}.model_args.model_name_or_path", cfg))

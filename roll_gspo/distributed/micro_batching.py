@@ -1,6 +1,6 @@
 """How one rank's rows are split into micro-batches (one forward pass each).
 
-Rows are right-padded prompt+response sequences (`roll_gspo.modeling.build_sequences`): the
+Rows are right-padded prompt+response sequences (`roll_gspo.models.causal_lm.build_sequences`): the
 input-layout tensors (``INPUT_KEYS``, ``(B, L, ...)``) hold a row's real tokens first and padding
 after, the response-layout ones (``(B, T)``: response_mask, advantages, log-probs, ...) its
 response tokens first. A micro-batch therefore only needs the first ``width`` input columns (its

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from roll_gspo.config.schema import RoleConfig
-from roll_gspo.modeling import disable_dropout, load_causal_lm
+from roll_gspo.models.causal_lm import disable_dropout, load_causal_lm
 
 logger = logging.getLogger("roll_gspo.deepspeed")
 
@@ -111,7 +111,7 @@ def _skip_shm_comm_build() -> None:
 
 class DeepSpeedStrategy:
     """One rank's DeepSpeed engine for `role`. `train=False` builds a frozen (reference) engine.
-    `offload`: its states may move to CPU between phases (`offloader`; roll_gspo.colocation)."""
+    `offload`: its states may move to CPU between phases (`offloader`; roll_gspo.placement.colocation)."""
 
     def __init__(self, role: RoleConfig, *, train: bool, total_optimizer_steps: int = 1, seed: int = 0,
                  offload: bool = False):
@@ -165,7 +165,7 @@ class DeepSpeedStrategy:
             model.requires_grad_(False)
             self.engine, *_ = deepspeed.initialize(model=model, config=self.ds_config)
             self.engine.eval()
-        from roll_gspo.colocation import force_on_cpu
+        from roll_gspo.placement.colocation import force_on_cpu
         from roll_gspo.strategies.deepspeed_offload import StateOffloader
 
         # On CPU the states already live in host memory: moving them would free nothing.

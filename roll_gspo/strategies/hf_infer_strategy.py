@@ -8,7 +8,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
-from roll_gspo.modeling import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
+from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
 
 
 def generate_kwargs(gen: GeneratingArgs, n: int, pad_id: int, eos_id: int) -> Dict[str, Any]:

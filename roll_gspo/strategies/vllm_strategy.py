@@ -10,8 +10,9 @@ import torch
 
 from roll_gspo.config.rollout_logprobs import vllm_logprobs_mode
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
-from roll_gspo.strategies.vllm_tp import (WorkerBucketLoading, WorkerBucketRelay, prepare_tensor_parallel,
-                                          tensor_parallel_size)
+from roll_gspo.sync.vllm_workers import WorkerBucketLoading, WorkerBucketRelay
+from roll_gspo.placement.device_mapping import tensor_parallel_size
+from roll_gspo.strategies.vllm_tp import prepare_tensor_parallel
 
 logger = logging.getLogger("roll_gspo.vllm")
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -52,11 +53,11 @@ def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
 class VllmStrategy:
     def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int, weight_update: str = "auto",
                  sleep_level: Optional[int] = None):
-        """`sleep_level`: sleep between phases at that level (roll_gspo.colocation); None: never."""
+        """`sleep_level`: sleep between phases at that level (roll_gspo.placement.colocation); None: never."""
         from vllm import LLM
         from vllm.platforms import current_platform
 
-        from roll_gspo.colocation import force_on_cpu
+        from roll_gspo.placement.colocation import force_on_cpu
         from roll_gspo.strategies.engine_sleep import EngineSleep
 
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").lower() not in ("0", "false"):
@@ -131,12 +132,12 @@ class VllmStrategy:
     def load_bucket(self, payload, reader) -> None:
         """One bucket as it arrived (shared memory, object store or collective; see vllm_tp):
         with TP > 1 or a collective bucket the vLLM workers take it themselves."""
-        from roll_gspo.collective_sync import CollectiveBucket
+        from roll_gspo.sync.collective import CollectiveBucket
 
         if self.tensor_parallel_size > 1 or isinstance(payload, CollectiveBucket):
             self.relay.load(payload, reader)
         else:  # one in-process worker: tensors are handed over by reference
-            from roll_gspo.weight_sync import receive_bucket
+            from roll_gspo.sync.broadcast import receive_bucket
 
             self.load_weights(receive_bucket(payload, reader))
 
@@ -165,7 +166,7 @@ class WeightUpdateExtension(WorkerBucketLoading):
 
     def roll_gspo_prepare_weight_updates(self, method: str) -> str:
         """Choose and set up the update mode once, at start-up; returns it."""
-        from roll_gspo.strategies.vllm_moe import DirectMoeUpdate, check_layerwise_supported, cpu_moe_layers
+        from roll_gspo.sync.vllm_moe import DirectMoeUpdate, check_layerwise_supported, cpu_moe_layers
 
         self._roll_gspo_packed = None
         # vLLM's CPU MoE layers re-pack their experts only on the first load: both modes finish them here.
@@ -211,7 +212,7 @@ class WeightUpdateExtension(WorkerBucketLoading):
                 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
                 finalize_layerwise_reload(self.get_model(), self.model_config)
-                from roll_gspo.strategies.vllm_moe import repack_after_layerwise
+                from roll_gspo.sync.vllm_moe import repack_after_layerwise
 
                 repack_after_layerwise(self._roll_gspo_moe)
                 return
@@ -241,7 +242,7 @@ def _keep_plain_linear_weights(model, vllm_config) -> Optional[List[Tuple[str, A
         from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
         from vllm.platforms import current_platform
 
-        from roll_gspo.strategies.vllm_moe import is_unquantized_moe_method
+        from roll_gspo.sync.vllm_moe import is_unquantized_moe_method
     except ImportError as exc:  # another vLLM version: its layerwise reload still works
         logger.warning("vLLM direct weight updates unavailable (%s); using layerwise reload", exc)
         return None
@@ -251,7 +252,7 @@ def _keep_plain_linear_weights(model, vllm_config) -> Optional[List[Tuple[str, A
     for name, layer in model.named_modules():
         method = getattr(layer, "quant_method", None)
         if is_unquantized_moe_method(method):
-            continue  # fused experts: roll_gspo.strategies.vllm_moe updates them
+            continue  # fused experts: roll_gspo.sync.vllm_moe updates them
         if method is not None and type(method) not in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
             return None
         if not hasattr(layer, "cpu_linear") or getattr(layer, "_cpu_skip_gemm_dispatch", False):

@@ -9,9 +9,9 @@ import torch
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.collective_sync import CollectiveBucket, CollectiveReceiver
+from roll_gspo.sync.collective import CollectiveBucket, CollectiveReceiver
 from roll_gspo.rewards.shaping import decode_for_reward
-from roll_gspo.weight_sync import SharedSegmentReader, receive_bucket
+from roll_gspo.sync.broadcast import SharedSegmentReader, receive_bucket
 
 
 class ActorInferWorker(RankWorker):
@@ -29,7 +29,7 @@ class ActorInferWorker(RankWorker):
         role = cfg.actor_infer
         seed = cfg.seed + 1000 * self.rank
         if role.strategy_args.strategy_name == "vllm":
-            from roll_gspo.colocation import offload_between_phases, sleep_level
+            from roll_gspo.placement.colocation import offload_between_phases, sleep_level
             from roll_gspo.strategies.vllm_strategy import VllmStrategy
 
             self.strategy = VllmStrategy(role, max_model_len=cfg.prompt_length + cfg.response_length, seed=seed,
@@ -46,7 +46,7 @@ class ActorInferWorker(RankWorker):
         response (n = gen.num_return_sequences consecutive rows per prompt) with meta
         response_ids / response_text / finished / weight_version (the pipeline step of the weights
         that sampled it) and tensor rollout_log_probs (B, T). With meta `sample_seed` (one per
-        prompt, `roll_gspo.seeding`), sampling depends on it alone."""
+        prompt, `roll_gspo.lifecycle.seeding`), sampling depends on it alone."""
         n = gen.num_return_sequences
         seeds = prompts.meta.get("sample_seed")
         samples = self.strategy.generate(prompts["prompt_ids"], gen, n, **({"seeds": seeds} if seeds else {}))
@@ -72,7 +72,7 @@ class ActorInferWorker(RankWorker):
     def offload_states(self) -> Dict[str, float]:
         """After the generation phase, when roles share GPUs: the engine sleeps (vLLM; skipped
         where that frees nothing). Returns this rank's memory before and after, in GiB."""
-        from roll_gspo.colocation import memory_gb
+        from roll_gspo.placement.colocation import memory_gb
 
         before = memory_gb()
         sleep = getattr(self.strategy, "offload_states", None)  # hf_infer has no sleep mode

@@ -10,15 +10,15 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from roll_gspo.algorithms import aggregate_loss, kl_loss, policy_loss
-from roll_gspo.colocation import memory_gb
+from roll_gspo.placement.colocation import memory_gb
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.distributed.micro_batching import MicroBatch, role_micro_batches, scatter_rows, take
-from roll_gspo.modeling import (num_micro_batches, padding_pass, padding_passes, response_token_log_probs,
-                                score_micro_batches)
-from roll_gspo.seeding import trainer_seed
-from roll_gspo.weight_sync import WeightSender, broadcast_weights
+from roll_gspo.models.causal_lm import (num_micro_batches, padding_pass, padding_passes,
+    response_token_log_probs, score_micro_batches)
+from roll_gspo.lifecycle.seeding import trainer_seed
+from roll_gspo.sync.broadcast import WeightSender, broadcast_weights
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
 
 
@@ -50,7 +50,7 @@ class ActorTrainWorker(RankWorker):
         self.weight_sender = None
 
     def setup(self) -> None:
-        from roll_gspo.colocation import offload_between_phases
+        from roll_gspo.placement.colocation import offload_between_phases
         from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
 
         self.offload = offload_between_phases(self.cfg)
@@ -63,7 +63,7 @@ class ActorTrainWorker(RankWorker):
 
     def _attach_moe_routing(self):
         """Routing hooks for an MoE policy (record, replay, aux loss, metrics); None if dense."""
-        from roll_gspo.moe import TrainerRouting
+        from roll_gspo.models.moe_routing import TrainerRouting
 
         return TrainerRouting.attach(self.engine.module, self.cfg.router_replay, self.cfg.moe_aux_loss_coef,
                                      self.role.infer_batch_size)

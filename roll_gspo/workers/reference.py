@@ -10,7 +10,7 @@ from roll_gspo.config.schema import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.distributed.micro_batching import role_micro_batches
-from roll_gspo.modeling import score_micro_batches
+from roll_gspo.models.causal_lm import score_micro_batches
 
 
 class ReferenceWorker(RankWorker):
@@ -29,7 +29,7 @@ class ReferenceWorker(RankWorker):
             self.strategy = DeepSpeedStrategy(role, train=False, seed=cfg.seed)  # ZeRO-3 can shard it
             self.model = self.strategy.engine
         else:
-            from roll_gspo.modeling import load_causal_lm
+            from roll_gspo.models.causal_lm import load_causal_lm
 
             self.strategy = None
             self.model = load_causal_lm(role.model_args.model_name_or_path, role.model_args.dtype).eval()

@@ -49,7 +49,7 @@ class LLMJudgeRewardWorker(RewardWorker):
         if not path:
             raise ValueError(f"rewards.{self.domain}.model_args.model_name_or_path: the judge model to load "
                              f"(or set reward_pretrain)")
-        from roll_gspo.builtin import resolve_model
+        from roll_gspo.builtin.models import resolve_model
 
         cfg.model_args.model_name_or_path = path = resolve_model(path)
         role = RoleConfig(model_args=cfg.model_args, generating_args=cfg.generating_args,

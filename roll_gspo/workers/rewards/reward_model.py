@@ -20,7 +20,7 @@ class RewardModelWorker(RewardWorker):
     correct_threshold = None
 
     def build_reward_fn(self):
-        from roll_gspo.builtin import resolve_model
+        from roll_gspo.builtin.models import resolve_model
 
         cfg = self.cfg
         if not cfg.model_args.model_name_or_path:

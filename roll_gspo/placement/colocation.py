@@ -51,10 +51,8 @@ class Colocation:
 
 
 def _gpu_roles(cfg) -> Dict[str, object]:
-    from roll_gspo.config.validate import needs_reference
-
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
-    if needs_reference(cfg):
+    if cfg.needs_reference():
         roles["reference"] = cfg.reference
     return roles
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from roll_gspo import builtin
-from roll_gspo.chat_templates import render_chat
+from roll_gspo.data.chat_templates import render_chat
 
 # Data are local files only; never let `datasets` reach for a hub. Must be set before import.
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -105,7 +105,7 @@ def load_prompts(files: Sequence[str], *, prompt_key: str = "prompt",
     A row's chat ``messages`` (when present) are rendered with the tokenizer's chat template;
     otherwise ``prompt`` is used as is (tokenized with the tokenizer's special tokens, e.g. a bos).
     Prompts over ``max_prompt_length`` tokens are dropped and counted. ``max_samples`` keeps the
-    first N kept prompts over all files. A named ``template`` (roll_gspo.chat_templates) renders
+    first N kept prompts over all files. A named ``template`` (roll_gspo.data.chat_templates) renders
     messages and plain prompts alike. A row's reward route is its ``domain``, else its ``tag``
     column (``tag_key``), else ``default_domain``. ``num_proc`` > 1 tokenizes in that many
     processes. Columns in ``require_columns`` (e.g. ``difficulty``) must exist and are copied

@@ -163,8 +163,9 @@ class MlflowTracker(Tracker):
         self.client.log_dict(self.run_id, context.config, "config.json")
 
     def log(self, step: int, metrics: Dict[str, float]) -> None:
-        from mlflow.entities import Metric
         import time
+
+        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_key(k), v, now, step) for k, v in metrics.items()])

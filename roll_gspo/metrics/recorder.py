@@ -1,5 +1,5 @@
 """Metrics out: one JSON object per step in <output_dir>/metrics.jsonl, the `track_with` tracker
-(TensorBoard, wandb, swanlab, mlflow, stdout: roll_gspo.trackers), a compact console line, and a
+(TensorBoard, wandb, swanlab, mlflow, stdout: roll_gspo.metrics.trackers), a compact console line, and a
 PNG plot of reward and validation accuracy at the end."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ CONSOLE_NAMES = {"reward/mean": "reward", "val/accuracy": "val_acc"}
 
 
 class MetricsTracker:
-    """metrics.jsonl (every step) plus the `track_with` tracker (roll_gspo.trackers).
+    """metrics.jsonl (every step) plus the `track_with` tracker (roll_gspo.metrics.trackers).
 
     `resume_step`: the step a resumed run continues after (None: a fresh run). Rows of later
     steps, written by the run that crashed or was stopped, move to a side file, and every tracker
@@ -31,7 +31,7 @@ class MetricsTracker:
     def __init__(self, output_dir: str, logging_dir: str, track_with: str, tracker_kwargs: Dict[str, Any],
                  resume_step: Optional[int] = None, exp_name: Optional[str] = None,
                  config: Optional[Dict[str, Any]] = None):
-        from roll_gspo.trackers import TrackerContext, make_tracker
+        from roll_gspo.metrics.trackers import TrackerContext, make_tracker
 
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")

@@ -3,14 +3,14 @@ what each device holds, checked against a described cluster. Pure: no Ray, no to
 
 Where ranks go:
 - a role with a `device_mapping` goes where it says: GPU g is GPU g % num_gpus_per_node of node
-  index g // num_gpus_per_node (roll_gspo.distributed.placement), each node index on a node of its
+  index g // num_gpus_per_node (roll_gspo.placement.device_mapping), each node index on a node of its
   own (node k when it fits, as at run time);
 - a role without one but with `num_gpus_per_worker` > 0 is placed by Ray at run time; the plan
   shows what first fit on the GPUs left gives (a rank's whole GPUs on one node, fractions sharing
   a GPU), which is how Ray's PACK groups fill an empty cluster;
 - ranks without a GPU (reward workers, CPU runs) are listed with their CPUs: Ray picks the node.
 
-What each device holds (roll_gspo.memory_plan's estimates): a training rank its ZeRO shard of
+What each device holds (roll_gspo.placement.memory's estimates): a training rank its ZeRO shard of
 weights, gradients and optimizer states plus the activations of one micro-batch; a reference rank
 its weights and one scoring pass; a vLLM rank's TP worker the share of the device it claims,
 `gpu_memory_utilization`, which must hold its weight shard and the KV cache of its batch. Ranks
@@ -28,8 +28,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from roll_gspo.memory_plan import (GIB, MARGIN, ModelShape, frozen_memory, rollout_memory,
-                                   shape_of_model_folder, training_memory)
+from roll_gspo.placement.memory import (
+    GIB,
+    MARGIN,
+    ModelShape,
+    frozen_memory,
+    rollout_memory,
+    shape_of_model_folder,
+    training_memory,
+)
 
 PHASES = ("rollout", "train")
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's own default for gpu_memory_utilization
@@ -196,12 +203,10 @@ def _ranges(values: List[int]) -> str:
 # --------------------------------------------------------------------------------------------
 def gpu_roles(cfg) -> Dict[str, Any]:
     """The roles the pipeline starts, by the key that configures them."""
-    from roll_gspo.config.validate import needs_reference
-
     if getattr(cfg, "pipeline", "rlvr") != "rlvr":
         return {"actor_train": cfg.actor_train}
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
-    if needs_reference(cfg):
+    if cfg.needs_reference():
         roles["reference"] = cfg.reference
     return roles
 
@@ -214,7 +219,7 @@ def gpus_per_rank(role) -> float:
 def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) -> ClusterPlan:
     """Place every rank of the config's roles on `cluster` and estimate each device's memory.
     `shape` defaults to the actor model folder's config.json (none: placement only)."""
-    from roll_gspo.distributed.placement import PlacementError, assign_node_indices, plan_for_roles
+    from roll_gspo.placement.device_mapping import PlacementError, assign_node_indices, plan_for_roles
 
     npn = cfg.num_gpus_per_node
     roles = gpu_roles(cfg)

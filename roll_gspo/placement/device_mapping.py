@@ -120,6 +120,83 @@ def ranks_of(gpus: Sequence[int], num_gpus_per_worker: int, num_gpus_per_node: i
 
 
 # --------------------------------------------------------------------------------------------
+# Config checks: each role's mapping split into ranks, and a rank's reservation for its vLLM workers
+# --------------------------------------------------------------------------------------------
+GPU_ROLES = ("actor_train", "actor_infer", "reference")
+
+
+def device_mapping_problems(cfg) -> List[str]:
+    """Parse each role's device_mapping (in place, to a list) and derive its world_size and whole
+    num_gpus_per_worker; a mapping that cannot split into ranks is a problem named by key."""
+    problems = []
+    for name in GPU_ROLES:
+        role = getattr(cfg, name)
+        try:
+            role.device_mapping = parse_device_mapping(role.device_mapping, f"{name}.device_mapping")
+        except PlacementError as exc:
+            problems.append(str(exc))
+            continue
+        if role.device_mapping is None:
+            continue
+        per_worker = role.num_gpus_per_worker or 1
+        if role.strategy_args.strategy_name == "vllm":  # as in ROLL: a vLLM rank spans TP x PP GPUs
+            engine = role.strategy_args.strategy_config
+            parallel = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
+            if role.num_gpus_per_worker and role.num_gpus_per_worker != parallel:
+                problems.append(f"{name}.num_gpus_per_worker = {role.num_gpus_per_worker:g} contradicts the vLLM "
+                                f"engine's tensor_parallel_size x pipeline_parallel_size = {parallel} (GPUs per "
+                                f"rank); leave num_gpus_per_worker out")
+                continue
+            per_worker = parallel
+        if per_worker != int(per_worker) or per_worker < 1:
+            problems.append(f"{name}.num_gpus_per_worker: must be a whole number >= 1 with a device_mapping, "
+                            f"got {role.num_gpus_per_worker}")
+            continue
+        if per_worker > 1 and role.strategy_args.strategy_name in ("deepspeed_train", "hf_infer"):
+            problems.append(f"{name}.num_gpus_per_worker = {per_worker:g}: {role.strategy_args.strategy_name} "
+                            f"ranks use one GPU each (one rank per GPU: set it to 1)")
+            continue
+        try:
+            ranks = ranks_of(role.device_mapping, int(per_worker), max(cfg.num_gpus_per_node, 1),
+                             f"{name}.device_mapping")
+        except PlacementError as exc:
+            problems.append(str(exc))
+            continue
+        if role.world_size not in (1, len(ranks)):
+            problems.append(f"{name}.world_size = {role.world_size} contradicts device_mapping: "
+                            f"{len(role.device_mapping)} GPUs / num_gpus_per_worker {per_worker:g} = "
+                            f"{len(ranks)} ranks (leave world_size out)")
+        role.world_size, role.num_gpus_per_worker = len(ranks), float(per_worker)
+    if cfg.num_gpus_per_node < 1:
+        problems.append(f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node}")
+    return problems
+
+
+def tensor_parallel_size(engine_args: Dict[str, Any]) -> int:
+    return int(engine_args.get("tensor_parallel_size", 1) or 1)
+
+
+def tensor_parallel_problems(role, role_name: str = "actor_infer") -> List[str]:
+    """Config problems of a vLLM role's TP setting: reservations too small for its workers."""
+    tp_size = tensor_parallel_size(role.strategy_args.strategy_config)
+    if tp_size <= 1:
+        return []
+    key = f"{role_name}.strategy_args.strategy_config.tensor_parallel_size = {tp_size}"
+    backend = role.strategy_args.strategy_config.get("distributed_executor_backend", "mp")
+    if backend != "mp":
+        return [f"{role_name}.strategy_args.strategy_config.distributed_executor_backend = {backend!r}: tensor "
+                f"parallel rollout runs with vLLM's multiprocess executor ('mp') inside the Ray actor; drop the key"]
+    if role.num_gpus_per_worker and role.num_gpus_per_worker < tp_size:
+        return [f"{key} needs a GPU per vLLM worker: raise {role_name}.num_gpus_per_worker "
+                f"({role.num_gpus_per_worker:g}) to {tp_size}"]
+    if not role.num_gpus_per_worker and role.num_cpus_per_worker < tp_size:
+        return [f"{key} starts {tp_size} vLLM worker processes, each bound to its own core: raise "
+                f"{role_name}.num_cpus_per_worker ({role.num_cpus_per_worker:g}) to at least {tp_size} so Ray "
+                f"reserves them"]
+    return []
+
+
+# --------------------------------------------------------------------------------------------
 # The plan (pure) and its Ray placement groups
 # --------------------------------------------------------------------------------------------
 @dataclass

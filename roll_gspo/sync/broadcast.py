@@ -9,7 +9,7 @@ by one of two transports:
 * Ray's object store, to rollout ranks on other nodes (and to all of them with
   `weight_sync_transport: object_store`), as numpy arrays;
 * with `weight_sync_transport: collective` (what `auto` picks when the sender has a GPU), a
-  torch.distributed broadcast to every rollout worker (`roll_gspo.collective_sync`).
+  torch.distributed broadcast to every rollout worker (`roll_gspo.sync.collective`).
 How a bucket then reaches each worker of a tensor-parallel vLLM engine: `strategies/vllm_tp.py`.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from roll_gspo.distributed.batch import from_wire, to_wire
 
-logger = logging.getLogger("roll_gspo.weight_sync")
+logger = logging.getLogger("roll_gspo.sync.broadcast")
 ALIGN = 64  # bytes; every tensor starts on a cache line
 
 
@@ -65,7 +65,7 @@ class WeightSender:
     def __init__(self, receivers: Sequence[Any], transport: str, bucket_bytes: int, timeout_s: float = 600.0):
         self.collective = None
         if transport == "collective" or (transport == "auto" and torch.cuda.is_available()):
-            from roll_gspo.collective_sync import CollectiveSender
+            from roll_gspo.sync.collective import CollectiveSender
 
             self.collective = CollectiveSender(receivers, timeout_s)
             return

@@ -15,7 +15,7 @@ over N data-parallel ranks, with b bytes per weight (2 in bf16/fp16, 4 in fp32):
 Rollout ranks (vLLM): weights b*P/TP per device, KV cache 2 * layers * kv_dim * b per token and
 TP rank, for `max_num_seqs` sequences of `max_model_len` tokens (what must fit for the
 configured concurrency). On a GPU vLLM then claims `gpu_memory_utilization` of the device
-whatever it needs; the placement plan (roll_gspo.placement_plan) checks the estimate against that
+whatever it needs; the placement plan (roll_gspo.placement.cluster_plan) checks the estimate against that
 share and adds up the ranks that share a device.
 
 These are estimates (allocator slack, CUDA context ~0.5-1 GB, temporary buffers are not counted):

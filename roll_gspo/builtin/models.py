@@ -1,0 +1,214 @@
+"""Built-in models: random-init Qwen2 / Qwen3-MoE folders with the char tokenizer, and the
+registry that resolves a ``builtin:`` model name (or a local folder) to a model folder."""
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+from roll_gspo.builtin.cache import BUILTIN_PREFIX, build_atomically, cache_root
+from roll_gspo.builtin.tokenizer import build_tokenizer
+
+# Bump when the generated content changes, so stale caches are not reused.
+MODEL_FORMAT_VERSION = "v1"
+
+# head_dim = hidden_size / num_attention_heads must be one vLLM's CPU attention supports (32).
+MODEL_SIZES: Dict[str, Dict[str, int]] = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=512),
+    "micro": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=384),
+}
+
+
+def write_base_model(folder: str, *, seed: int = 0, size: str = "tiny") -> None:
+    """Save a random-init Qwen2ForCausalLM plus the char tokenizer into ``folder`` (not atomic).
+
+    fp32 weights: trainer/vLLM log-probs agree to ~1e-5 in fp32 but drift in bf16.
+    """
+    if size not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {size!r}; valid: {sorted(MODEL_SIZES)}")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        use_cache=True,
+        **MODEL_SIZES[size],
+    )
+    _save_random_model(folder, Qwen2ForCausalLM, config, tokenizer, seed)
+
+
+def _save_random_model(folder: str, model_cls, config, tokenizer, seed: int) -> None:
+    """Random-init `model_cls(config)` in fp32 (seeded without disturbing the caller's RNG), saved
+    with the tokenizer and a generation config that holds no sampling keys."""
+    import torch
+    from transformers import GenerationConfig
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+# Qwen3-MoE: every layer sparse, `num_experts` experts of width `moe_intermediate_size`, top-k
+# routing. Widths are multiples of 32 (vLLM's CPU MoE kernel alignment; no padding at load).
+MOE_MODEL_SIZES: Dict[str, Dict[str, int]] = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=32, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2),
+    "micro": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+}
+
+
+def write_base_moe_model(folder: str, *, seed: int = 0, size: str = "tiny") -> None:
+    """Save a random-init Qwen3MoeForCausalLM plus the char tokenizer into ``folder`` (not atomic).
+
+    Checkpoint naming is transformers' (per-expert tensors), which vLLM and transformers load.
+    Router logits are not returned by default: the auxiliary load-balancing loss is opt-in
+    (`moe_aux_loss_coef`)."""
+    if size not in MOE_MODEL_SIZES:
+        raise ValueError(f"unknown MoE model size {size!r}; valid: {sorted(MOE_MODEL_SIZES)}")
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=256, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        use_cache=True, intermediate_size=4 * MOE_MODEL_SIZES[size]["hidden_size"], decoder_sparse_step=1,
+        norm_topk_prob=True, output_router_logits=False, router_aux_loss_coef=0.0,
+        **MOE_MODEL_SIZES[size])
+    _save_random_model(folder, Qwen3MoeForCausalLM, config, tokenizer, seed)
+
+
+def build_base_moe_model(folder: str, *, seed: int = 0, size: str = "tiny") -> str:
+    """Build the base MoE model into ``folder`` atomically; an existing ``folder`` is reused."""
+    if size not in MOE_MODEL_SIZES:
+        raise ValueError(f"unknown MoE model size {size!r}; valid: {sorted(MOE_MODEL_SIZES)}")
+    return build_atomically(folder, lambda tmp: write_base_moe_model(tmp, seed=seed, size=size),
+                            what=f"base MoE model ({size}, seed {seed})")
+
+
+def build_base_model(folder: str, *, seed: int = 0, size: str = "tiny") -> str:
+    """Build the base model into ``folder`` atomically; an existing ``folder`` is reused as is."""
+    if size not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {size!r}; valid: {sorted(MODEL_SIZES)}")
+    return build_atomically(folder, lambda tmp: write_base_model(tmp, seed=seed, size=size),
+                            what=f"base model ({size}, seed {seed})")
+
+
+# --------------------------------------------------------------------------------------------
+# Built-in model registry
+# --------------------------------------------------------------------------------------------
+@dataclass
+class BuiltinModel:
+    """A model built on first use. ``builder(folder)`` builds into an empty (temporary) folder;
+    if it also accepts ``cache_dir=`` it gets the cache root, to resolve other built-ins.
+    ``provider`` is a module imported before resolution when ``builder`` is None (lets a module
+    register its builder lazily)."""
+    name: str
+    description: str = ""
+    builder: Optional[Callable[..., None]] = None
+    provider: Optional[str] = None
+
+
+BUILTIN_MODELS: Dict[str, BuiltinModel] = {}
+
+
+def _norm_builtin(name: str) -> str:
+    name = name.strip()
+    return name if name.startswith(BUILTIN_PREFIX) else BUILTIN_PREFIX + name
+
+
+def register_builtin_model(name: str, builder: Optional[Callable[..., None]], *,
+                           description: Optional[str] = None,
+                           provider: Optional[str] = None) -> BuiltinModel:
+    """Add or update a built-in model (``name`` with or without the ``builtin:`` prefix)."""
+    key = _norm_builtin(name)
+    entry = BUILTIN_MODELS.get(key) or BuiltinModel(name=key)
+    entry.builder = builder
+    if description is not None:
+        entry.description = description
+    if provider is not None:
+        entry.provider = provider
+    BUILTIN_MODELS[key] = entry
+    return entry
+
+
+register_builtin_model(
+    "builtin:tiny-arith-base", lambda folder: write_base_model(folder, seed=0, size="tiny"),
+    description="Random-init 4-layer Qwen2 (hidden 128) with a char-level tokenizer.")
+# SFT-warm-started model; its builder (an SFT run on builtin:arith/sft) is registered elsewhere.
+register_builtin_model(
+    "builtin:tiny-arith", None, provider="pipelines.warm_start",
+    description="builtin:tiny-arith-base after SFT on builtin:arith/sft (configs/sft_tiny_arith.yaml).")
+
+
+register_builtin_model(
+    "builtin:tiny-moe-base", lambda folder: write_base_moe_model(folder, seed=0, size="tiny"),
+    description="Random-init 4-layer Qwen3-MoE (hidden 128, 8 experts of width 64, top-2) with the "
+                "char-level tokenizer.")
+register_builtin_model(
+    "builtin:tiny-moe", None, provider="pipelines.warm_start",
+    description="builtin:tiny-moe-base after SFT on builtin:arith_easy/sft_biased (configs/sft_tiny_moe.yaml).")
+
+
+def builtin_model_folder(name: str, cache_dir: Optional[str] = None) -> str:
+    """Where a built-in model is (or will be) cached."""
+    key = _norm_builtin(name)
+    slug = key[len(BUILTIN_PREFIX):].replace("/", "--")
+    return os.path.join(cache_root(cache_dir), "models", f"{slug}-{MODEL_FORMAT_VERSION}")
+
+
+def _call_builder(builder: Callable[..., None], folder: str, cache_dir: Optional[str]) -> None:
+    try:
+        params = inspect.signature(builder).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        params = {}
+    if "cache_dir" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        builder(folder, cache_dir=cache_dir)
+    else:
+        builder(folder)
+
+
+def resolve_model(name_or_path: str, *, cache_dir: Optional[str] = None) -> str:
+    """A model folder for a path or a ``builtin:`` name (built on first use)."""
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ValueError(
+            f"model name or path must be a non-empty string, got {name_or_path!r} (set `pretrain` "
+            f"or `model_args.model_name_or_path`; built-ins: {sorted(BUILTIN_MODELS)})")
+    name = name_or_path.strip()
+    if not name.startswith(BUILTIN_PREFIX):
+        path = os.path.abspath(os.path.expanduser(name))
+        if not os.path.isdir(path):
+            raise FileNotFoundError(
+                f"model folder {name!r} does not exist. Set `pretrain` (or "
+                f"`<role>.model_args.model_name_or_path`) to a local Hugging Face model folder or "
+                f"a built-in name: {', '.join(sorted(BUILTIN_MODELS))}. Model hubs are not used.")
+        return path
+    entry = BUILTIN_MODELS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown built-in model {name!r}; valid: {', '.join(sorted(BUILTIN_MODELS))}")
+    folder = builtin_model_folder(name, cache_dir)
+    if os.path.isdir(folder):
+        return folder
+    if entry.builder is None and entry.provider:
+        import importlib
+        importlib.import_module(entry.provider)  # expected to call register_builtin_model
+    if entry.builder is None:
+        raise RuntimeError(
+            f"built-in model {name!r} has no builder registered and is not cached at {folder}. "
+            f"The module that provides it must call register_builtin_model({name!r}, builder) "
+            f"first.")
+    builder = entry.builder
+    return build_atomically(folder, lambda tmp: _call_builder(builder, tmp, cache_dir),
+                            what=f"model {name}")

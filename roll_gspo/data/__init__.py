@@ -1,0 +1,1 @@
+"""Data: prompt and SFT loading, prompt sampling, named chat templates."""

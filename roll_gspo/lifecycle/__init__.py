@@ -1,0 +1,1 @@
+"""A run's lifecycle: crash-safe checkpoints, graceful stop, resumable random streams."""

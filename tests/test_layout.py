@@ -1,0 +1,115 @@
+"""The package's layout: one folder per concept, layered, with no import circle.
+
+Imports are read from the source (`ast`, imports inside functions included), so a lazy import
+cannot hide an upward dependency. A new folder must be placed in `LAYERS` to pass: say where the
+concept sits before it grows.
+"""
+import ast
+import os
+from typing import Dict, List, Set
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Lowest first. A module may import its own concept and concepts of lower layers, never a concept of
+# its own layer or above (the README's picture draws the same layers).
+LAYERS: List[Set[str]] = [
+    {"roll_gspo.utils"},
+    {"roll_gspo.algorithms", "roll_gspo.builtin", "roll_gspo.distributed", "roll_gspo.lifecycle",
+     "roll_gspo.metrics", "roll_gspo.placement", "roll_gspo.rewards"},
+    {"roll_gspo.config", "roll_gspo.data", "roll_gspo.models", "roll_gspo.sync"},
+    {"roll_gspo.strategies"},
+    {"roll_gspo.workers"},
+    {"pipelines"},
+    {"roll_gspo.cli"},
+]
+LAYER_OF = {concept: i for i, layer in enumerate(LAYERS) for concept in layer}
+
+
+def _modules() -> Dict[str, str]:
+    """Dotted module name -> file, for roll_gspo and pipelines."""
+    found = {}
+    for top in ("roll_gspo", "pipelines"):
+        for folder, _, files in os.walk(os.path.join(REPO, top)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    dotted = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                    found[dotted[:-len(".__init__")] if dotted.endswith(".__init__") else dotted] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(module: str, path: str) -> Set[str]:
+    """The project modules `module` imports (a name imported from a package counts as its submodule
+    when there is one)."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    out.add(f"{base}.{alias.name}")
+                elif base in MODULES:
+                    out.add(base)
+    out.discard(module)
+    return out
+
+
+GRAPH = {module: _imports(module, path) for module, path in MODULES.items()}
+
+
+def _concept(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "roll_gspo" and len(parts) > 1 else parts[0]
+
+
+def test_the_package_root_holds_only_the_cli_the_face_and_folders():
+    root = os.path.join(REPO, "roll_gspo")
+    loose = sorted(name for name in os.listdir(root)
+                   if os.path.isfile(os.path.join(root, name)) and name not in ("__init__.py", "cli.py"))
+    assert loose == [], f"modules loose at the package root (put each in its concept's folder): {loose}"
+
+
+def test_every_concept_has_a_layer():
+    concepts = {_concept(m) for m in MODULES} - {"roll_gspo"}
+    assert concepts - set(LAYER_OF) == set(), "place the new folder in LAYERS"
+
+
+def test_no_module_imports_a_concept_of_its_own_layer_or_above():
+    wrong = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps
+                   if _concept(m) != _concept(d) and _concept(m) in LAYER_OF
+                   and LAYER_OF[_concept(d)] >= LAYER_OF[_concept(m)])
+    assert wrong == []
+
+
+def test_no_import_circle():
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+    circles = []
+
+    def visit(module: str, path: List[str]) -> None:
+        state[module] = 1
+        for dep in sorted(GRAPH[module]):
+            if state.get(dep) == 1:
+                circles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    assert circles == []
+
+
+def test_the_walk_sees_lazy_imports():
+    # The walk is only as good as its reading: a lazy import inside a function must count.
+    assert "roll_gspo.lifecycle.checkpoint" in GRAPH["roll_gspo.cli"]
