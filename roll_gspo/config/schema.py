@@ -720,7 +720,7 @@ class PipelineConfig:
              "generated ahead, so resume stays exact. Other values are refused (ROLL's k > 1 is not "
              "built), as is dynamic sampling (query_filter_config) with 1. Pays off when rollout and "
              "training have their own devices (GPU clusters); on a small CPU machine they compete for "
-             "the same cores (see README).")
+             "the same cores (docs/training_speed.md).")
     is_num_return_sequences_expand: bool = _refused_unless(
         False, "ROLL scheduler detail (G copies of a prompt instead of one request with n = G).",
         "vLLM samples num_return_sequences_in_group responses per prompt in one request here; "

@@ -6,7 +6,7 @@ again on the next pass, so each step pays hundreds of thousands of page faults (
 faults/s in a training rank, 19M model). Ray's wheel bundles jemalloc (it runs Ray's own
 processes); preloaded into the workers with freed pages kept (`dirty_decay_ms:-1`), the pages
 are reused instead: the training phase takes ~18 % less time there (benchmarks/bench_train_phase.py,
-README "Training speed"). The cost: a worker's resident memory stays at its peak between phases,
+docs/training_speed.md). The cost: a worker's resident memory stays at its peak between phases,
 which is what its peak already reserved.
 
 The choice must be in the environment when the worker's process starts (LD_PRELOAD), so it goes
