@@ -7,13 +7,15 @@ advantages, train ppo_epochs x mini-batches, sync the new weights into the rollo
 With `async_generation_ratio: 1` (one-step off-policy) the rollout engine generates step N+1's
 responses while step N scores and trains: they are sampled by the weights of step N-1, and the
 importance ratio's old log-probs are the rollout engine's own (the policy that sampled them).
+
+Setting up (data, Ray clusters) lives in `pipelines.rlvr_setup`; saving, resuming and ending a run
+in `pipelines.rlvr_checkpoint`.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
-import sys
 import time
 from contextlib import contextmanager
 from typing import Dict, List, Optional
@@ -22,29 +24,29 @@ import ray
 import torch
 
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
-from roll_gspo.lifecycle.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_failure,
-    commit_checkpoint, discard, read_state, resolve_resume)
+from roll_gspo.lifecycle.checkpoint import resolve_resume
 from roll_gspo.config import PipelineConfig
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.cluster import Cluster, WorkerDiedError, init_ray, worker_env
-from roll_gspo.placement.device_mapping import GpuPlacement, plan_for_roles, resource_totals
-from roll_gspo.lifecycle.graceful_stop import GracefulStop, resume_command
+from roll_gspo.distributed.cluster import WorkerDiedError
+from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.models.causal_lm import build_sequences
 from roll_gspo.models.moe_routing import folder_is_moe
 from roll_gspo.lifecycle.seeding import rollout_seeds
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
-from roll_gspo.utils.imports import import_object
 
 from pipelines.common import prepare_models, progress_bar
+from pipelines.rlvr_checkpoint import (announce_stop, checkpoint_due, load_next_rollout, restore_trainer_and_data,
+    resumed_old_logprobs, save_final_model, write_checkpoint)
+from pipelines.rlvr_setup import (REWARD_WORKER_RESTARTS, check_domains, load_prompts, log_colocation, reward_routes,
+    start_clusters)
 
 logger = logging.getLogger("roll_gspo")
-REWARD_WORKER_RESTARTS = 3  # per reward worker and run
-NEXT_ROLLOUT_FILE = "next_rollout.pt"  # async: the next step's rollout, saved with the checkpoint
 TRAINER_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "old_log_probs",
                    "advantages", "ref_log_probs", "rollout_log_probs", "loss_mask",
                    "routed_experts")
+_log_colocation = log_colocation  # its name here before it moved to rlvr_setup (tests import it)
 
 
 class RLVRPipeline:
@@ -60,138 +62,59 @@ class RLVRPipeline:
         self.old_logprobs = choose_old_logprob_source(
             cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
         logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
-        self.domain_of_worker = self._reward_routes()
-        self.train_items, stats = self._load_prompts(cfg.actor_train.data_args)
+        # Data: every row's domain must route to a reward block before any worker starts.
+        self.domain_of_worker = reward_routes(cfg)
+        self.train_items, stats = load_prompts(cfg, self.tokenizer, cfg.actor_train.data_args)
         self.filtered_prompts = stats["filtered_prompts"]
-        self.val_items = self._load_prompts(cfg.validation.data_args)[0] if cfg.validation.data_args.file_name else []
-        self._check_domains(self.train_items + self.val_items)
+        self.val_items = (load_prompts(cfg, self.tokenizer, cfg.validation.data_args)[0]
+                          if cfg.validation.data_args.file_name else [])
+        check_domains(self.train_items + self.val_items, self.domain_of_worker)
         self.sampler = PromptSampler(self.train_items, cfg.rollout_batch_size, seed=cfg.seed,
                                      shuffle=cfg.actor_train.data_args.shuffle,
                                      domain_probs=cfg.actor_train.data_args.domain_interleave_probs,
                                      domain_of=lambda item: self.domain_of_worker[item["domain"]])
         self.query_filters = {name: reward.query_filter_config for name, reward in cfg.rewards.items()
                               if reward.query_filter_config.type != "no_filter"}
+        # Driver state that a checkpoint saves or that lives across steps.
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
         self.start_step = 0
         self.next_rollout = None  # async_generation_ratio 1: the next step's responses, generated ahead
         self.reward_worker_restarts = 0  # since the last step's metrics
         self.stopped_by = None  # the signal that stopped run() early, if one did
-        self.offload = _log_colocation(cfg)
-        self._start_workers()
-
-    # -- set-up ------------------------------------------------------------------------------------
-    def _load_prompts(self, data):
-        from roll_gspo.data.prompts import load_prompts
-
-        return load_prompts(
-            data.file_name, prompt_key=data.prompt_key, messages_key=data.messages_key, answer_key=data.answer_key,
-            domain_key=data.domain_key, default_domain=next(iter(self.cfg.rewards)), tokenizer=self.tokenizer,
-            max_prompt_length=self.cfg.prompt_length, max_samples=data.max_samples, template=data.template,
-            tag_key=data.tag_key, dataset_dir=data.dataset_dir, num_proc=data.preprocessing_num_workers,
-            require_columns=("difficulty",) if self.cfg.difficulty_loss_weight and data is self.cfg.actor_train.data_args else ())
-
-    def _reward_routes(self) -> Dict[str, str]:
-        """data domain or tag -> reward block that scores it (the block's key and its `tag_included`)."""
-        routes = {}
-        for name, reward in self.cfg.rewards.items():
-            for domain in [name, *reward.tag_included]:  # a block's own name routes to it, too (ROLL's `domain`)
-                routes[domain] = name
-        return routes
-
-    def _check_domains(self, items: List[dict]) -> None:
-        unknown = sorted({item["domain"] for item in items} - set(self.domain_of_worker))
-        if unknown:
-            raise ValueError(f"data rows have domains {unknown} that no `rewards` block scores; reward "
-                             f"domains: {sorted(self.domain_of_worker)} (add a block or `tag_included`)")
-
-    def _start_workers(self) -> None:
-        from roll_gspo.workers.actor_infer import ActorInferWorker
-        from roll_gspo.workers.actor_train import ActorTrainWorker
-        from roll_gspo.workers.reference import ReferenceWorker
-
-        cfg = self.cfg
-        roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
-                 **({"reference": cfg.reference} if cfg.needs_reference() else {})}
-        cpus, gpus = resource_totals(roles)
-        cpus += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
-        init_ray(cpus, gpus)
-        plan = plan_for_roles(roles, cfg.num_gpus_per_node)  # the roles with a device_mapping, if any
-        self.placement = GpuPlacement(plan).reserve() if plan else None  # fails naming the shortfall
-        batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
-        total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // cfg.mini_batch_size())
-
-        def cluster(name, worker_cls, role, **kwargs):
-            options = self.placement.rank_options(name) if role.device_mapping is not None else None
-            return Cluster(name, worker_cls, role.world_size, role.num_cpus_per_worker, role.num_gpus_per_worker,
-                           init_args=(cfg,), init_kwargs=kwargs, env=worker_env(cfg, role),
-                           rank_options=options)
-
-        self.actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
-                                   total_optimizer_steps=total_optimizer_steps)
-        self.actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer)
-        self.reference = cluster("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference() else None
-        # A reward worker that dies is restarted and its unfinished calls scored again.
-        self.rewards = {
-            name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
-                          reward.num_cpus_per_worker, reward.num_gpus_per_worker, init_args=(reward,),
-                          init_kwargs={"domain": name, "response_length": cfg.response_length},
-                          env=worker_env(cfg), max_restarts=REWARD_WORKER_RESTARTS)
-            for name, reward in cfg.rewards.items()}
-        clusters = [self.actor_train, self.actor_infer, *([self.reference] if self.reference else []),
-                    *self.rewards.values()]
-        start = time.perf_counter()
-        from roll_gspo.placement.colocation import start_rollout_first
-
-        first = [self.actor_infer] if start_rollout_first(cfg) else []  # shared GPUs: vLLM sizes its cache first
-        for group in (first, [c for c in clusters if c not in first]):
-            ray.get([ref for c in group for ref in c.setup_async()])  # the roles of a group load in parallel
-        logger.info("workers ready in %.1f s", time.perf_counter() - start)
+        self.offload = log_colocation(cfg)
+        # Workers: Ray, the GPU reservation, one cluster per role (then the checkpoint, if resuming).
+        clusters = start_clusters(cfg)
+        self.placement, self.actor_train, self.actor_infer = (clusters.placement, clusters.actor_train,
+                                                              clusters.actor_infer)
+        self.reference, self.rewards = clusters.reference, clusters.rewards
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)
 
     # -- one step -----------------------------------------------------------------------------------
     def step(self, step: int) -> Dict[str, float]:
+        """One RL iteration, in the algorithm's order:
+
+        1. rollout: G responses per prompt (`_rollout`: dynamic sampling scores and filters them
+           already; async: this step's were generated during the last one, the next step's start);
+        2. shared GPUs: the rollout engine offloads, freeing its memory for the passes below;
+        3. log-probs of the responses: the reference's (a KL term) and the old policy's (the
+           trainer's pass, or the rollout engine's own); the reward workers score meanwhile;
+        4. rewards, then advantages (`adv_estimator`, optional KL penalty) and per-response loss weights;
+        5. train ppo_epochs x mini-batches;
+        6. every model_update_frequency steps, the new weights into the rollout engine (within the
+           train call when generation is synchronous; async: once the next rollout is complete);
+        7. the step's metrics.
+        """
         cfg = self.cfg
         timings: Dict[str, float] = {}
-        ahead = None  # async: the next step's rollout, generated while this step trains
-        if self.query_filters:  # dynamic sampling: scores first, regenerate for dropped prompts
-            batch, sampling_metrics = self._generate_informative_groups(self.sampler.next_batch(), step, timings)
-            pending_rewards = []  # already scored
-        else:
-            with _timed(timings, "generate"):
-                batch, self.next_rollout = self.next_rollout, None
-                if batch is None:
-                    batch = self._generate(self.sampler.next_batch(), step, "train")
-            if cfg.async_generation_ratio and step < cfg.max_steps:
-                ahead = self._start_generate(self.sampler.next_batch(), step + 1, "train")
-            sampling_metrics = {}
-            pending_rewards = None  # the CPU reward workers score while the first log-prob pass runs
+        batch, ahead, pending_rewards, sampling_metrics = self._rollout(step, timings)
         if self.offload:  # shared GPUs: the rollout engine frees its memory for the scoring and training passes
             with _timed(timings, "offload"):
                 sampling_metrics.update(_mean_over_ranks(self.actor_infer.execute_all("offload_states")))
         self._add_sequence_tensors(batch)
-        view = self._view(batch)
-        if self.reference is not None:
-            with _timed(timings, "reference"):
-                calls = self.reference.dispatch_async("compute_log_probs", view)
-                if pending_rewards is None:
-                    pending_rewards = self._start_rewards(batch)
-                batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
-        if self.old_logprobs.source == "trainer":
-            with _timed(timings, "old_log_probs"):
-                calls = self.actor_train.dispatch_async("compute_log_probs", view)
-                if pending_rewards is None:
-                    pending_rewards = self._start_rewards(batch)
-                scored = self.actor_train.collect(calls)
-                batch["old_log_probs"] = scored["old_log_probs"]
-                if "routed_experts" in scored:  # MoE: the experts the old policy chose (replay, volatility)
-                    batch["routed_experts"] = scored["routed_experts"]
-        else:  # the rollout engine's log-probs are the trainer's (choose_old_logprob_source): no pass
-            batch["old_log_probs"] = batch["rollout_log_probs"]
+        pending_rewards = self._score_log_probs(batch, pending_rewards, timings)
         with _timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
-            if pending_rewards is None:
-                pending_rewards = self._start_rewards(batch)
-            self._collect_rewards(batch, pending_rewards)
+            self._collect_rewards(batch, self._rewards_started(batch, pending_rewards))
         reward_metrics = self._reward_metrics(batch)
         with _timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self._advantages(batch)
@@ -213,10 +136,58 @@ class RLVRPipeline:
         if sync_due:
             timings["sync"] = sync_metrics["sync/seconds"]
             timings["train"] -= timings["sync"] if sync_in_train else 0.0
+        return {**reward_metrics, **sampling_metrics, **adv_metrics, **train_metrics, **sync_metrics,
+                **self._step_metrics(step, batch, timings)}
+
+    # -- the step's phases --------------------------------------------------------------------------
+    def _rollout(self, step: int, timings: Dict[str, float]):
+        """This step's responses. Returns the batch; the calls generating the next step's rollout
+        (async, else None); the reward calls pending (`[]`: scored already; None: not started, so
+        that the CPU reward workers score while the first log-prob pass runs); `data/*` metrics."""
+        cfg = self.cfg
+        if self.query_filters:  # dynamic sampling: scores first, regenerate for dropped prompts
+            batch, sampling_metrics = self._generate_informative_groups(self.sampler.next_batch(), step, timings)
+            return batch, None, [], sampling_metrics
+        with _timed(timings, "generate"):
+            batch, self.next_rollout = self.next_rollout, None
+            if batch is None:
+                batch = self._generate(self.sampler.next_batch(), step, "train")
+        ahead = None
+        if cfg.async_generation_ratio and step < cfg.max_steps:
+            ahead = self._start_generate(self.sampler.next_batch(), step + 1, "train")
+        return batch, ahead, None, {}
+
+    def _score_log_probs(self, batch: Batch, pending_rewards: Optional[list], timings: Dict[str, float]):
+        """Adds `ref_log_probs` (with a reference) and `old_log_probs` (and MoE `routed_experts`) to
+        the batch. The reward calls start, if they have not, right after the first pass is sent, so
+        that both run at once; returns them."""
+        view = self._view(batch)  # both passes read the same tensors
+        if self.reference is not None:
+            with _timed(timings, "reference"):
+                calls = self.reference.dispatch_async("compute_log_probs", view)
+                pending_rewards = self._rewards_started(batch, pending_rewards)
+                batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
+        if self.old_logprobs.source == "trainer":
+            with _timed(timings, "old_log_probs"):
+                calls = self.actor_train.dispatch_async("compute_log_probs", view)
+                pending_rewards = self._rewards_started(batch, pending_rewards)
+                scored = self.actor_train.collect(calls)
+                batch["old_log_probs"] = scored["old_log_probs"]
+                if "routed_experts" in scored:  # MoE: the experts the old policy chose (replay, volatility)
+                    batch["routed_experts"] = scored["routed_experts"]
+        else:  # the rollout engine's log-probs are the trainer's (choose_old_logprob_source): no pass
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+        return pending_rewards
+
+    def _rewards_started(self, batch: Batch, pending: Optional[list]) -> list:
+        """`pending`, or the reward calls started now when there are none yet."""
+        return pending if pending is not None else self._start_rewards(batch)
+
+    def _step_metrics(self, step: int, batch: Batch, timings: Dict[str, float]) -> Dict[str, float]:
+        """Phase times, response lengths, rollout staleness, throughput and data position."""
         step_seconds = sum(timings.values())
         lengths = batch["response_mask"].sum(-1)
         return {
-            **reward_metrics, **sampling_metrics, **adv_metrics, **train_metrics, **sync_metrics,
             **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": step_seconds,
             "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
             "response/truncated_frac": 1.0 - sum(batch["finished"]) / len(batch),
@@ -241,6 +212,7 @@ class RLVRPipeline:
             self.old_logprobs = dataclasses.replace(choice, source=wanted, reason=reason)
             logger.info("old log-probs from the %s from step %d on (%s)", wanted, step + 1, reason)
 
+    # -- rollouts -----------------------------------------------------------------------------------
     def _prompt_batch(self, items: List[dict], step: int, stream: str) -> Batch:
         """Prompts with their rollout seeds (`sample_seed`: a function of seed, step and position,
         so a resumed run samples what an uninterrupted one does)."""
@@ -309,6 +281,7 @@ class RLVRPipeline:
                     keep[i] = k
         return keep
 
+    # -- rewards ------------------------------------------------------------------------------------
     def _start_rewards(self, batch: Batch) -> list:
         """Send every response (its meta: texts, token ids, ground truth, domain; not the
         trainer's tensors) to its domain's reward cluster; returns what to collect."""
@@ -356,6 +329,7 @@ class RLVRPipeline:
             metrics["reward/worker_restarts"], self.reward_worker_restarts = float(self.reward_worker_restarts), 0
         return metrics
 
+    # -- trainer tensors, advantages, weight sync ------------------------------------------------------
     def _add_sequence_tensors(self, batch: Batch) -> None:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         input_ids, attention, prompt_lengths, response_mask = build_sequences(
@@ -425,37 +399,15 @@ class RLVRPipeline:
 
     def save_checkpoint(self, step: int) -> str:
         """Written to a temporary folder, fsynced, renamed into place (`roll_gspo.lifecycle.checkpoint`)."""
-        output_dir = checkpoint_base(self.cfg)
-        folder = begin_checkpoint(output_dir, step)
-        try:
-            self.actor_train.execute_all("save_checkpoint", folder)
-            if self.next_rollout is not None:  # async: its prompts are drawn already, its weights gone
-                torch.save(self.next_rollout, os.path.join(folder, NEXT_ROLLOUT_FILE))
-        except WorkerDiedError:
-            discard(folder)
-            raise
-        except Exception as exc:  # e.g. disk full: OSError, or torch.save's RuntimeError
-            message = checkpoint_failure(output_dir, step, exc)
-            discard(folder)
-            raise CheckpointError(message) from exc
-        state = {"step": step, "sampler": self.sampler.state_dict(),
-                 "running_stats": self.running_stats.state_dict() if self.running_stats else None,
-                 "old_logprob_source": self.old_logprobs.source}
-        return commit_checkpoint(folder, state, output_dir, step, self.cfg.save_total_limit)
+        return write_checkpoint(self.cfg, self.actor_train, step, next_rollout=self.next_rollout,
+                                sampler=self.sampler, running_stats=self.running_stats, old_logprobs=self.old_logprobs)
 
     def _load_checkpoint(self, folder: str) -> None:
-        state = read_state(folder)
-        self.actor_train.execute_all("load_checkpoint", folder)
-        self.sampler.load_state_dict(state["sampler"])
-        if self.running_stats is not None and state.get("running_stats"):
-            self.running_stats.load_state_dict(state["running_stats"])
+        state = restore_trainer_and_data(folder, self.actor_train, self.sampler, self.running_stats)
         self.start_step = int(state["step"])
-        if self.old_logprobs.max_gap is not None and state.get("old_logprob_source"):  # where the gap had led
-            self.old_logprobs = dataclasses.replace(self.old_logprobs, source=state["old_logprob_source"],
-                                                    reason=f"auto: as at step {self.start_step} (resumed)")
+        self.old_logprobs = resumed_old_logprobs(self.old_logprobs, state, self.start_step)  # where the gap had led
         self.sync_weights(version=self.start_step)  # the rollout engine starts from `pretrain`
-        if os.path.exists(os.path.join(folder, NEXT_ROLLOUT_FILE)):  # async: generated ahead, by older weights
-            self.next_rollout = torch.load(os.path.join(folder, NEXT_ROLLOUT_FILE), weights_only=False)
+        self.next_rollout = load_next_rollout(folder, default=self.next_rollout)
         logger.info("resumed from %s at step %d", folder, self.start_step)
 
     def run(self) -> Dict[str, float]:
@@ -481,18 +433,14 @@ class RLVRPipeline:
                         if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                             logger.info(MetricsTracker.console_line(step, cfg.max_steps, metrics))
                         last = metrics
-                        if (cfg.save_steps and step % cfg.save_steps == 0) or step == cfg.max_steps or stop.requested:
+                        if checkpoint_due(cfg, step, stop):
                             folder = self.save_checkpoint(step)
                         if stop.requested and step < cfg.max_steps:
                             self.stopped_by = stop.requested
-                            # One plain line (not through the console logger, which wraps), to copy.
-                            print(f"stopped by {stop.requested} after step {step} of {cfg.max_steps}; checkpoint "
-                                  f"{folder}. Resume with: {resume_command()}", file=sys.stderr, flush=True)
+                            announce_stop(stop.requested, step, cfg.max_steps, folder)
                             break
             if self.stopped_by is None:
-                final_dir = os.path.join(cfg.output_dir, "final_model")
-                self.actor_train.execute_all("save_hf_model", final_dir)
-                logger.info("final model (Hugging Face format): %s", final_dir)
+                save_final_model(cfg, self.actor_train)
         finally:
             tracker.close()
         plot_metrics(tracker.path, os.path.join(cfg.output_dir, "metrics.png"), cfg.exp_name)
@@ -505,17 +453,6 @@ class RLVRPipeline:
                 cluster.shutdown()
         if self.placement is not None:
             self.placement.shutdown()
-
-
-def _log_colocation(cfg) -> bool:
-    """Log in one line what sharing GPUs does in this run (or that on CPU it is skipped); returns
-    whether the rollout engine is put to sleep between phases."""
-    from roll_gspo.placement.colocation import cpu_skip_message, describe, offload_between_phases
-
-    line = cpu_skip_message(cfg) or describe(cfg)
-    if line:
-        logger.info(line)
-    return offload_between_phases(cfg)
 
 
 @contextmanager

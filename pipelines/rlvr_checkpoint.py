@@ -1,0 +1,90 @@
+"""Saving, resuming and ending an RLVR run: the checkpoint's files and driver state, restoring them,
+when a checkpoint is due, the line a graceful stop prints, and the final model a finished run
+leaves (`roll_gspo.lifecycle` holds the folder protocol and the signal handling these use)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import torch
+
+from roll_gspo.config import PipelineConfig
+from roll_gspo.config.roll_compat import checkpoint_base
+from roll_gspo.config.rollout_logprobs import OldLogprobChoice
+from roll_gspo.distributed.cluster import Cluster, WorkerDiedError
+from roll_gspo.lifecycle.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_failure,
+    commit_checkpoint, discard, read_state)
+from roll_gspo.lifecycle.graceful_stop import GracefulStop, resume_command
+
+logger = logging.getLogger("roll_gspo")
+NEXT_ROLLOUT_FILE = "next_rollout.pt"  # async: the next step's rollout, saved with the checkpoint
+
+
+def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, next_rollout, sampler,
+                    running_stats, old_logprobs: OldLogprobChoice) -> str:
+    """The trainer ranks' state, the rollout generated ahead (async) and the driver's state (sampler,
+    running reward stats, where old log-probs come from); written to a temporary folder, fsynced,
+    renamed into place (`roll_gspo.lifecycle.checkpoint`). Returns the folder."""
+    output_dir = checkpoint_base(cfg)
+    folder = begin_checkpoint(output_dir, step)
+    try:
+        actor_train.execute_all("save_checkpoint", folder)
+        if next_rollout is not None:  # async: its prompts are drawn already, its weights gone
+            torch.save(next_rollout, os.path.join(folder, NEXT_ROLLOUT_FILE))
+    except WorkerDiedError:
+        discard(folder)
+        raise
+    except Exception as exc:  # e.g. disk full: OSError, or torch.save's RuntimeError
+        message = checkpoint_failure(output_dir, step, exc)
+        discard(folder)
+        raise CheckpointError(message) from exc
+    state = {"step": step, "sampler": sampler.state_dict(),
+             "running_stats": running_stats.state_dict() if running_stats else None,
+             "old_logprob_source": old_logprobs.source}
+    return commit_checkpoint(folder, state, output_dir, step, cfg.save_total_limit)
+
+
+def restore_trainer_and_data(folder: str, actor_train: Cluster, sampler, running_stats) -> dict:
+    """Load the trainer ranks' state and the sampler's and running reward stats' from `folder`;
+    returns the driver state saved there (its `step` is the last one done)."""
+    state = read_state(folder)
+    actor_train.execute_all("load_checkpoint", folder)
+    sampler.load_state_dict(state["sampler"])
+    if running_stats is not None and state.get("running_stats"):
+        running_stats.load_state_dict(state["running_stats"])
+    return state
+
+
+def resumed_old_logprobs(choice: OldLogprobChoice, state: dict, step: int) -> OldLogprobChoice:
+    """`auto` outside fp32: the old log-prob source the measured gap had led to by `step`."""
+    if choice.max_gap is not None and state.get("old_logprob_source"):
+        return dataclasses.replace(choice, source=state["old_logprob_source"],
+                                   reason=f"auto: as at step {step} (resumed)")
+    return choice
+
+
+def load_next_rollout(folder: str, default=None):
+    """async: the rollout generated ahead (by older weights) that was saved with the checkpoint,
+    `default` when there is none."""
+    if os.path.exists(os.path.join(folder, NEXT_ROLLOUT_FILE)):
+        return torch.load(os.path.join(folder, NEXT_ROLLOUT_FILE), weights_only=False)
+    return default
+
+
+def checkpoint_due(cfg: PipelineConfig, step: int, stop: GracefulStop) -> bool:
+    """Every save_steps, at the last step, and after the step a stop signal arrived in."""
+    return bool((cfg.save_steps and step % cfg.save_steps == 0) or step == cfg.max_steps or stop.requested)
+
+
+def announce_stop(signal: str, step: int, max_steps: int, folder: str) -> None:
+    """One plain line (not through the console logger, which wraps), to copy."""
+    print(f"stopped by {signal} after step {step} of {max_steps}; checkpoint "
+          f"{folder}. Resume with: {resume_command()}", file=sys.stderr, flush=True)
+
+
+def save_final_model(cfg: PipelineConfig, actor_train: Cluster) -> None:
+    """A finished run's weights as a Hugging Face folder, `<output_dir>/final_model`."""
+    final_dir = os.path.join(cfg.output_dir, "final_model")
+    actor_train.execute_all("save_hf_model", final_dir)
+    logger.info("final model (Hugging Face format): %s", final_dir)

@@ -1,0 +1,118 @@
+"""Setting up an RLVR run before its first step: the prompts and the reward block that scores each
+data domain, and the Ray clusters of its roles (actor_train, actor_infer, reference, one per reward
+block), placed on the GPUs their `device_mapping` reserves."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Dict, List, Optional
+
+import ray
+
+from roll_gspo.config import PipelineConfig
+from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
+from roll_gspo.placement.device_mapping import GpuPlacement, plan_for_roles, resource_totals
+from roll_gspo.utils.imports import import_object
+
+logger = logging.getLogger("roll_gspo")
+REWARD_WORKER_RESTARTS = 3  # per reward worker and run
+
+
+# -- data -------------------------------------------------------------------------------------------
+def load_prompts(cfg: PipelineConfig, tokenizer, data):
+    """The prompt rows of one data block (`actor_train.data_args` or `validation.data_args`) and
+    their load statistics."""
+    from roll_gspo.data.prompts import load_prompts as load
+
+    return load(
+        data.file_name, prompt_key=data.prompt_key, messages_key=data.messages_key, answer_key=data.answer_key,
+        domain_key=data.domain_key, default_domain=next(iter(cfg.rewards)), tokenizer=tokenizer,
+        max_prompt_length=cfg.prompt_length, max_samples=data.max_samples, template=data.template,
+        tag_key=data.tag_key, dataset_dir=data.dataset_dir, num_proc=data.preprocessing_num_workers,
+        require_columns=("difficulty",) if cfg.difficulty_loss_weight and data is cfg.actor_train.data_args else ())
+
+
+def reward_routes(cfg: PipelineConfig) -> Dict[str, str]:
+    """data domain or tag -> reward block that scores it (the block's key and its `tag_included`)."""
+    routes = {}
+    for name, reward in cfg.rewards.items():
+        for domain in [name, *reward.tag_included]:  # a block's own name routes to it, too (ROLL's `domain`)
+            routes[domain] = name
+    return routes
+
+
+def check_domains(items: List[dict], routes: Dict[str, str]) -> None:
+    """Fail before any worker starts when a data row's domain has no reward block to score it."""
+    unknown = sorted({item["domain"] for item in items} - set(routes))
+    if unknown:
+        raise ValueError(f"data rows have domains {unknown} that no `rewards` block scores; reward "
+                         f"domains: {sorted(routes)} (add a block or `tag_included`)")
+
+
+# -- workers ----------------------------------------------------------------------------------------
+def log_colocation(cfg: PipelineConfig) -> bool:
+    """Log in one line what sharing GPUs does in this run (or that on CPU it is skipped); returns
+    whether the rollout engine is put to sleep between phases."""
+    from roll_gspo.placement.colocation import cpu_skip_message, describe, offload_between_phases
+
+    line = cpu_skip_message(cfg) or describe(cfg)
+    if line:
+        logger.info(line)
+    return offload_between_phases(cfg)
+
+
+@dataclasses.dataclass
+class RLVRClusters:
+    """The started roles of a run, and the GPU reservation they are placed in (None without any
+    `device_mapping`)."""
+    placement: Optional[GpuPlacement]
+    actor_train: Cluster
+    actor_infer: Cluster
+    reference: Optional[Cluster]  # only when a KL term needs the reference's log-probs
+    rewards: Dict[str, Cluster]  # reward block name -> its CPU (or GPU) scoring workers
+
+
+def start_clusters(cfg: PipelineConfig) -> RLVRClusters:
+    """Start Ray, reserve the mapped GPUs, and create and set up every role's cluster (the rollout
+    engine first when it shares GPUs)."""
+    from roll_gspo.workers.actor_infer import ActorInferWorker
+    from roll_gspo.workers.actor_train import ActorTrainWorker
+    from roll_gspo.workers.reference import ReferenceWorker
+
+    roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
+             **({"reference": cfg.reference} if cfg.needs_reference() else {})}
+    cpus, gpus = resource_totals(roles)
+    cpus += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
+    init_ray(cpus, gpus)
+    plan = plan_for_roles(roles, cfg.num_gpus_per_node)  # the roles with a device_mapping, if any
+    placement = GpuPlacement(plan).reserve() if plan else None  # fails naming the shortfall
+    batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+    total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // cfg.mini_batch_size())
+
+    def cluster(name, worker_cls, role, **kwargs):
+        options = placement.rank_options(name) if role.device_mapping is not None else None
+        return Cluster(name, worker_cls, role.world_size, role.num_cpus_per_worker, role.num_gpus_per_worker,
+                       init_args=(cfg,), init_kwargs=kwargs, env=worker_env(cfg, role),
+                       rank_options=options)
+
+    actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
+                          total_optimizer_steps=total_optimizer_steps)
+    actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer)
+    reference = cluster("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference() else None
+    # A reward worker that dies is restarted and its unfinished calls scored again.
+    rewards = {
+        name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
+                      reward.num_cpus_per_worker, reward.num_gpus_per_worker, init_args=(reward,),
+                      init_kwargs={"domain": name, "response_length": cfg.response_length},
+                      env=worker_env(cfg), max_restarts=REWARD_WORKER_RESTARTS)
+        for name, reward in cfg.rewards.items()}
+    clusters = [actor_train, actor_infer, *([reference] if reference else []), *rewards.values()]
+    start = time.perf_counter()
+    from roll_gspo.placement.colocation import start_rollout_first
+
+    first = [actor_infer] if start_rollout_first(cfg) else []  # shared GPUs: vLLM sizes its cache first
+    for group in (first, [c for c in clusters if c not in first]):
+        ray.get([ref for c in group for ref in c.setup_async()])  # the roles of a group load in parallel
+    logger.info("workers ready in %.1f s", time.perf_counter() - start)
+    return RLVRClusters(placement, actor_train, actor_infer, reference, rewards)
