@@ -85,8 +85,6 @@ import logging
 import math
 import os
 import resource
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -95,6 +93,10 @@ from typing import Any, Dict, List, Optional, Sequence
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
+
+from benchmarks.harness import (  # noqa: E402  (needs REPO_ROOT on sys.path)
+    ChildProcess, PhaseClock, build_overrides, child_env, fmt, init_local_ray, median, print_report,
+    random_qwen2_model, read_json, required_cpus)
 
 VARIANTS = ("pipeline", "pipeline_trainer", "trl_hf", "trl_vllm")
 PHASES = ("generate", "score", "old_log_probs", "train")
@@ -124,12 +126,8 @@ LOCAL_MODELS = {  # Qwen2 shapes built here with the built-in character tokenize
 
 
 # ------------------------------------------------------------------------------------------------
-# Shared helpers
+# Helpers
 # ------------------------------------------------------------------------------------------------
-def median(values: Sequence[float]) -> Optional[float]:
-    return statistics.median(values) if values else None
-
-
 def peak_rss_mb() -> float:
     """This process's peak resident memory (Linux ru_maxrss is in KB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -156,28 +154,13 @@ def measure_matmul_peak(seconds: float = 1.0, size: int = 2048) -> float:
 
 def prepare_model(name: str) -> str:
     """A model folder: a built-in name, a local shape built once into the cache, or a path."""
-    from roll_gspo.builtin.cache import build_atomically, cache_root
+    from roll_gspo.builtin.cache import cache_root
     from roll_gspo.builtin.models import resolve_model
-    from roll_gspo.builtin.tokenizer import build_tokenizer
 
     if name not in LOCAL_MODELS:
         return resolve_model(name)
     folder = os.path.join(cache_root(), "models", name.replace(":", "-") + "-v1")
-    if os.path.isdir(folder):
-        return folder
-
-    def build(tmp: str) -> None:
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        from roll_gspo.builtin.models import _save_random_model
-
-        tokenizer = build_tokenizer()
-        config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=256, tie_word_embeddings=True,
-                             bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id, use_cache=True, **LOCAL_MODELS[name])
-        _save_random_model(tmp, Qwen2ForCausalLM, config, tokenizer, seed=0)
-
-    return build_atomically(folder, build, what=f"model {name}")
+    return random_qwen2_model(folder, LOCAL_MODELS[name], what=f"model {name}")
 
 
 def parameter_count(model_dir: str) -> int:
@@ -254,34 +237,6 @@ def _sync_through_roll_gspo_loader(generation) -> None:
     llm.reset_prefix_cache()
 
 
-class _PhaseClock:
-    """Seconds spent in wrapped methods, per phase, since the last `take()`."""
-
-    def __init__(self):
-        self.seconds: Dict[str, float] = {}
-        self.inside_scoring = False
-
-    def wrap(self, obj, method: str, phase, on_result=None) -> None:
-        original = getattr(obj, method)
-        clock = self
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            result = original(*args, **kwargs)
-            name = phase() if callable(phase) else phase
-            if name:
-                clock.seconds[name] = clock.seconds.get(name, 0.0) + time.perf_counter() - start
-            if on_result is not None:
-                on_result(result)
-            return result
-
-        setattr(obj, method, timed)
-
-    def take(self) -> Dict[str, float]:
-        seconds, self.seconds = self.seconds, {}
-        return seconds
-
-
 def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     import torch
     from datasets import Dataset
@@ -312,7 +267,7 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
         vllm_max_model_length=PROMPT_LENGTH + spec["response_length"])
     dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in spec["prompts"]])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    clock = _PhaseClock()
+    clock = PhaseClock()
     counts: Dict[str, float] = {}
 
     def count_tokens(batch) -> None:
@@ -362,56 +317,20 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     reply.write(json.dumps({"done": True, "peak_rss_mb": peak_rss_mb()}) + "\n")
 
 
-class ChildProcess:
+def start_child(spec: Dict[str, Any], workdir: str) -> ChildProcess:
     """A variant's own process (`--_child`), driven one cycle at a time: "go" on stdin, one JSON
     reply per line on a pipe."""
-
-    def __init__(self, spec: Dict[str, Any], workdir: str):
-        read_fd, write_fd = os.pipe()
-        spec_path = os.path.join(workdir, f"{spec['size']}_{spec['variant']}_spec.json")
-        with open(spec_path, "w") as handle:
-            json.dump(spec, handle)
-        env = dict(os.environ, **WORKER_ENV)
-        niceness = 0
-        if spec["variant"].startswith("trl"):
-            env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)  # one process on every core
-            niceness = spec["trl_niceness"]  # by default as the pipeline's Ray actors run
-        else:
-            env.pop("OMP_NUM_THREADS", None)  # Ray sets it per actor from num_cpus, as in a real run
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-        self.log_path = os.path.join(workdir, f"{spec['size']}_{spec['variant']}.log")
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--_child", spec_path, "--_reply_fd", str(write_fd)],
-            stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True, pass_fds=(write_fd,), env=env,
-            preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
-        os.close(write_fd)
-        self.replies = os.fdopen(read_fd)
-        self.variant = spec["variant"]
-
-    def receive(self) -> Dict[str, Any]:
-        line = self.replies.readline()
-        if not line:
-            self.proc.wait(timeout=30)
-            with open(self.log_path) as handle:
-                tail = handle.read()[-3000:]
-            raise RuntimeError(f"{self.variant} process exited ({self.proc.returncode}); log {self.log_path}:\n{tail}")
-        return json.loads(line)
-
-    def cycle(self) -> Dict[str, Any]:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        return self.receive()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.write("stop\n")
-                self.proc.stdin.flush()
-                self.proc.wait(timeout=120)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-        self.log.close()
+    niceness = 0
+    if spec["variant"].startswith("trl"):
+        threads = os.cpu_count() or 1  # one process on every core
+        niceness = spec["trl_niceness"]  # by default as the pipeline's Ray actors run
+    else:
+        threads = None  # Ray sets it per actor from num_cpus, as in a real run
+    name = f"{spec['size']}_{spec['variant']}"
+    spec_path = os.path.join(workdir, f"{name}_spec.json")
+    return ChildProcess(f"{spec['variant']} process", os.path.abspath(__file__), ["--_child", spec_path], spec,
+                        spec_path, os.path.join(workdir, f"{name}.log"), child_env(threads, **WORKER_ENV),
+                        niceness=niceness)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -426,12 +345,12 @@ def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], out
 
     responses = size["prompts"] * size["group"]
     mini = responses // OPTIMIZER_STEPS_PER_CYCLE
-    base = [f"pretrain={model_dir}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}",
-            f"max_steps={steps}", "track_with=none", f"rollout_batch_size={size['prompts']}",
-            f"num_return_sequences_in_group={size['group']}", f"prompt_length={PROMPT_LENGTH}",
-            f"response_length={size['response_length']}", f"actor_train.data_args.file_name=[{data_file}]",
-            f"validation.data_args.file_name=[{data_file}]",
-            f"actor_infer.strategy_args.strategy_config.max_model_len={PROMPT_LENGTH + size['response_length']}"]
+    base = build_overrides(model_dir, output_dir, steps, [
+        "track_with=none", f"rollout_batch_size={size['prompts']}",
+        f"num_return_sequences_in_group={size['group']}", f"prompt_length={PROMPT_LENGTH}",
+        f"response_length={size['response_length']}", f"actor_train.data_args.file_name=[{data_file}]",
+        f"validation.data_args.file_name=[{data_file}]",
+        f"actor_infer.strategy_args.strategy_config.max_model_len={PROMPT_LENGTH + size['response_length']}"])
     probe = ["actor_train.training_args.per_device_train_batch_size=1"]  # any size that validates
     quiet = logging.getLogger("roll_gspo.config")
     level = quiet.level
@@ -448,24 +367,15 @@ def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], out
                    f"actor_train.infer_batch_size={max(1, responses // world)}"] + list(extra)
 
 
-def required_cpus(cfg) -> float:
-    required = sum(r.world_size * r.num_cpus_per_worker for r in (cfg.actor_train, cfg.actor_infer))
-    return required + sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
-
-
 def start_shared_ray(overrides_per_variant: List[List[str]]) -> str:
     """One local Ray, in this (the benchmark's) process, for every pipeline variant: each pipeline
     process joins it. A private Ray per variant would run its own GCS, raylet and agents (at nice 0,
     above the actors' 15) beside the variant being timed: measured 0.9 s of a 19M cycle with four
     of them, a cost a real run, with one Ray, does not pay."""
-    import ray
-
     from roll_gspo.config import load_config
 
     needed = sum(math.ceil(required_cpus(load_config("example_gspo.yaml", o))) for o in overrides_per_variant)
-    context = ray.init(address="local", num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
-                       log_to_driver=False)
-    return context.address_info["gcs_address"]
+    return init_local_ray(needed).address_info["gcs_address"]
 
 
 class PipelineRunner:
@@ -479,8 +389,7 @@ class PipelineRunner:
         if ray_address:
             ray.init(address=ray_address, log_to_driver=False)
         else:
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(required_cpus(cfg))),
-                     include_dashboard=False, log_to_driver=False)
+            init_local_ray(required_cpus(cfg))
         self.pipeline = RLVRPipeline(cfg)
         self.step_index = 0
 
@@ -592,7 +501,7 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
             for spec in pipeline_specs:
                 spec["ray_address"] = ray_address
         for spec in specs:
-            children[spec["variant"]] = ChildProcess(spec, workdir)
+            children[spec["variant"]] = start_child(spec, workdir)
         for variant, child in children.items():
             ready = child.receive()
             if "old_logprob_source" in ready:
@@ -604,7 +513,7 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
             rotated = order[rep % len(order):] + order[:rep % len(order)]
             line = []
             for variant in rotated:
-                result = children[variant].cycle()
+                result = children[variant].request("go")
                 result.setdefault("prompt_tokens", prompt_tokens)
                 results[variant].append(result)
                 line.append(f"{variant} {result['cycle']:.3f} s")
@@ -617,7 +526,7 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
                 rss[variant] = last if isinstance(last, dict) else {"process": last}
     finally:
         for child in children.values():
-            child.close()
+            child.close("stop", wait_s=120)
         import ray
 
         ray.shutdown()  # the shared Ray, if one was started (a no-op otherwise)
@@ -672,7 +581,7 @@ def format_report(report: Dict[str, Any]) -> str:
             ratio = row["cycle_over_pipeline"]
             rss = ", ".join(f"{k} {v:.0f}" for k, v in row["peak_rss_mb"].items())
             lines.append(f"{variant:<17}{row['cycle_s']:>8.3f}{p['generate']:>10.3f}{p['score']:>8.3f}"
-                         f"{p['old_log_probs']:>8.3f}{p['train']:>8.3f}{(f'{ratio:.2f}' if ratio else '-'):>8}"
+                         f"{p['old_log_probs']:>8.3f}{p['train']:>8.3f}{fmt(ratio, '.2f'):>8}"
                          f"{row['gflops_per_s']:>9.1f}{100 * row['peak_fraction']:>7.1f}%{row['floor_s']:>8.3f}"
                          f"{row['cycle_over_floor']:>8.2f}  {rss}")
         for variant, why in size["skipped"].items():
@@ -717,8 +626,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args._child:
-        with open(args._child) as handle:
-            spec = json.load(handle)
+        spec = read_json(args._child)
         (pipeline_worker if spec["variant"].startswith("pipeline") else trl_worker)(spec, args._reply_fd)
         return 0
     for key, value in WORKER_ENV.items():
@@ -739,12 +647,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report["peak_gflops"] = max(report["peak_gflops_before"], report["peak_gflops_after"])
     report["load_end"] = os.getloadavg()
     add_peak_figures(report, report["peak_gflops"])
-    print()
-    print(format_report(report))
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(report, handle, indent=2)
-        print(f"\n[bench] JSON: {args.json_path}")
+    print_report(format_report(report), report, args.json_path)
     return 0
 
 

@@ -30,13 +30,8 @@ See benchmarks/README.md for what each figure means.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import select
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +41,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
+from benchmarks.harness import (  # noqa: E402  (needs REPO_ROOT on sys.path)
+    ChildProcess, build_overrides, child_env, fmt, free_port, init_local_ray, median, print_report, rank_env,
+    read_json, required_cpus, serve)
+
 # Targets: the pipeline may cost at most 15% over its engines run alone, and the weight sync at
 # most 5% of a step.
 TARGET_STEP_OVER_RAW = 1.15
@@ -54,14 +53,8 @@ PHASES = ("generate", "reward", "reference", "old_log_probs", "advantages", "tra
 
 
 # ------------------------------------------------------------------------------------------------
-# Pure helpers (tested in tests/test_benchmarks.py)
+# Pure helpers (tested in tests/test_benchmarks.py, with `median` and `build_overrides` from the harness)
 # ------------------------------------------------------------------------------------------------
-def median(values: Sequence[float]) -> Optional[float]:
-    """Median of the finite values, None when there are none."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return statistics.median(finite) if finite else None
-
-
 def phase_medians(step_metrics: Sequence[Dict[str, float]], wall: Sequence[float] = ()) -> Dict[str, float]:
     """Median seconds per pipeline phase over steps (`time/<phase>_s` keys), plus `step` (the
     pipeline's own sum of phases) and `step_wall` (the wall time of each `step()` call)."""
@@ -108,10 +101,6 @@ def compute_ratios(pipeline_step: Optional[float], raw_generate: Optional[float]
     }
 
 
-def _fmt_s(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def format_table(report: Dict[str, Any]) -> str:
     """The human-readable summary of a report (the dict written by --json)."""
     pipe = report["pipeline"]["median_s"]
@@ -133,7 +122,7 @@ def format_table(report: Dict[str, Any]) -> str:
     ]
 
     def row(label: str, value: Optional[float], values: Sequence[float] = ()) -> None:
-        lines.append(f"{label:<44}{_fmt_s(value):>9}   " + " ".join(f"{v:.3f}" for v in values))
+        lines.append(f"{label:<44}{fmt(value):>9}   " + " ".join(f"{v:.3f}" for v in values))
 
     for phase in PHASES:
         if phase in pipe:
@@ -163,19 +152,13 @@ def format_table(report: Dict[str, Any]) -> str:
         entry = report["ratios"][key]
         value = entry["value"]
         if key == "sync_over_step":
-            shown = "-" if value is None else f"{100 * value:.1f}%"
+            shown = fmt(value, ".1%")
             target = f"<= {100 * entry['target']:.0f}%"
         else:
-            shown = "-" if value is None else f"{value:.3f}"
+            shown = fmt(value)
             target = "-" if entry["target"] is None else f"<= {entry['target']:.2f}"
         lines.append(f"{label:<44}{shown:>9}   {target:>8}   {entry['verdict']}")
     return "\n".join(lines)
-
-
-def build_overrides(model: str, output_dir: str, total_steps: int, extra: Sequence[str] = ()) -> List[str]:
-    """Hydra overrides applied to the YAML for the benchmark run (extra ones last, so they win)."""
-    return [f"pretrain={model}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}",
-            f"max_steps={total_steps}", *extra]
 
 
 def per_step_lists(step_metrics: Sequence[Dict[str, float]], wall: Sequence[float]) -> Dict[str, List[float]]:
@@ -198,17 +181,6 @@ def _thread_facts() -> Dict[str, Any]:
             "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
 
 
-def _serve(reply_fd: int, ready: Dict[str, Any], handle) -> None:
-    """Send `ready`, then reply `handle(command)` to each command line until {"exit": true}."""
-    replies = os.fdopen(reply_fd, "w", buffering=1)
-    replies.write(json.dumps(ready) + "\n")
-    for line in sys.stdin:
-        command = json.loads(line)
-        if command.get("exit"):
-            break
-        replies.write(json.dumps(handle(command)) + "\n")
-
-
 def raw_vllm_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     """vllm.LLM in this process; each command {"prompts": [...]} is one timed generate call."""
     from vllm import LLM, SamplingParams
@@ -226,7 +198,7 @@ def raw_vllm_worker(spec: Dict[str, Any], reply_fd: int) -> None:
         return {"generate_s": seconds, "tokens": sum(len(c.token_ids) for out in outputs for c in out.outputs),
                 "threads": _thread_facts()}
 
-    _serve(reply_fd, {"startup_s": startup, "threads_at_start": threads_before}, generate)
+    serve(reply_fd, {"startup_s": startup, "threads_at_start": threads_before}, generate)
 
 
 def raw_train_worker(spec: Dict[str, Any], reply_fd: int) -> None:
@@ -289,70 +261,7 @@ def raw_train_worker(spec: Dict[str, Any], reply_fd: int) -> None:
         return {"old_log_probs_s": middle - start, "update_s": end - middle, "train_s": end - start,
                 "optimizer_steps": int(engine.global_steps)}
 
-    _serve(reply_fd, {"threads": _thread_facts()}, train)
-
-
-class RawProcess:
-    """The driver's handle on one raw-component child: JSON commands in, JSON replies out."""
-
-    def __init__(self, mode: str, spec: Dict[str, Any], env: Dict[str, str], log_path: str):
-        self.what, self.log_path = f"raw {mode}", log_path
-        spec_path = log_path + ".spec.json"
-        with open(spec_path, "w") as handle:
-            json.dump(spec, handle)
-        read_fd, write_fd = os.pipe()
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--_worker", mode, "--_spec", spec_path,
-             "--_reply_fd", str(write_fd)],
-            env=env, stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-            pass_fds=(write_fd,), text=True)
-        os.close(write_fd)
-        self.replies = os.fdopen(read_fd, "r")
-
-    def send(self, command: Dict[str, Any]) -> None:
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-
-    def receive(self, timeout: float = 1800) -> Dict[str, Any]:
-        # One reply per command, so nothing is ever left in the file object's buffer unseen by select.
-        ready, _, _ = select.select([self.replies], [], [], timeout)
-        line = self.replies.readline() if ready else None
-        if not line:
-            self.proc.kill()
-            tail = open(self.log_path).read()[-4000:]
-            why = "no reply within %.0f s" % timeout if line is None else f"exited (code {self.proc.wait()})"
-            raise RuntimeError(f"{self.what} {why}; log {self.log_path}:\n{tail}")
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.send({"exit": True})
-                self.proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-        self.log.close()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _child_env(omp_threads: Optional[str]) -> Dict[str, str]:
-    from roll_gspo.distributed.cluster import DEFAULT_WORKER_ENV
-
-    env = dict(os.environ)
-    for key, value in DEFAULT_WORKER_ENV.items():
-        env.setdefault(key, value)
-    if omp_threads is None:
-        env.pop("OMP_NUM_THREADS", None)
-    else:
-        env["OMP_NUM_THREADS"] = str(omp_threads)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-    return env
+    serve(reply_fd, {"threads": _thread_facts()}, train)
 
 
 class RawEngines:
@@ -372,17 +281,13 @@ class RawEngines:
         responses = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
         train_spec = {"config": args.config, "overrides": overrides, "old_logprob_source": cfg.old_logprob_source,
                       "total_optimizer_steps": cfg.max_steps * cfg.ppo_epochs * (responses // cfg.mini_batch_size())}
-        self.processes: List[RawProcess] = []
+        self.processes: List[ChildProcess] = []
         try:
             self.vllm = self._start("vllm", {"engine_args": self.engine_args, "sampling": self.sampling},
-                                    _child_env(vllm_threads), "raw_vllm.log")
-            world, port = cfg.actor_train.world_size, _free_port()
-            self.trainers = []
-            for rank in range(world):
-                env = _child_env(train_threads)
-                env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(port))
-                self.trainers.append(self._start("train", train_spec, env, f"raw_train_rank{rank}.log"))
+                                    vllm_threads, {}, "raw_vllm.log")
+            world, port = cfg.actor_train.world_size, free_port()
+            self.trainers = [self._start("train", train_spec, train_threads, rank_env(rank, world, port),
+                                         f"raw_train_rank{rank}.log") for rank in range(world)]
             self.vllm_ready = self.vllm.receive()
             self.train_ready = [t.receive() for t in self.trainers]
         except BaseException:
@@ -390,13 +295,21 @@ class RawEngines:
             raise
         self.batches = 0
 
-    def _start(self, mode: str, spec: Dict[str, Any], env: Dict[str, str], log_name: str) -> RawProcess:
-        self.processes.append(RawProcess(mode, spec, env, os.path.join(self.workdir, log_name)))
+    def _start(self, mode: str, spec: Dict[str, Any], omp_threads: Optional[str], env: Dict[str, str],
+               log_name: str) -> ChildProcess:
+        from roll_gspo.distributed.cluster import DEFAULT_WORKER_ENV
+
+        log_path = os.path.join(self.workdir, log_name)
+        spec_path = log_path + ".spec.json"
+        # The pipeline's worker environment, with the thread count of the actor it stands for.
+        env = child_env(omp_threads, DEFAULT_WORKER_ENV, **env)
+        self.processes.append(ChildProcess(f"raw {mode}", os.path.abspath(__file__),
+                                           ["--_worker", mode, "--_spec", spec_path], spec, spec_path, log_path, env,
+                                           cwd=REPO_ROOT, timeout=1800))
         return self.processes[-1]
 
     def generate(self, prompts: List[List[int]]) -> Dict[str, Any]:
-        self.vllm.send({"prompts": prompts})
-        return self.vllm.receive()
+        return self.vllm.request({"prompts": prompts})
 
     def train(self, tensors: Dict[str, Any]) -> Dict[str, Any]:
         import torch
@@ -445,13 +358,7 @@ def run_interleaved(args, cfg, overrides: List[str], workdir: str) -> Dict[str, 
 
     from pipelines.rlvr_pipeline import RLVRPipeline
 
-    # Our own local Ray (the pipeline's init_ray then reuses it): never join another process's
-    # (address="local" also ignores RAY_ADDRESS and a `ray start` head on this machine).
-    roles = [cfg.actor_train, cfg.actor_infer] + ([cfg.reference] if cfg.needs_reference() else [])
-    required = sum(r.world_size * r.num_cpus_per_worker for r in roles)
-    required += sum(r.world_size * r.num_cpus_per_worker for r in cfg.rewards.values())
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(required)), include_dashboard=False,
-             log_to_driver=args.verbose)
+    init_local_ray(required_cpus(cfg), log_to_driver=args.verbose)
     start = time.perf_counter()
     pipeline = RLVRPipeline(cfg)
     startup = time.perf_counter() - start
@@ -628,9 +535,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args._worker:
-        with open(args._spec) as handle:
-            spec = json.load(handle)
-        (raw_vllm_worker if args._worker == "vllm" else raw_train_worker)(spec, args._reply_fd)
+        (raw_vllm_worker if args._worker == "vllm" else raw_train_worker)(read_json(args._spec), args._reply_fd)
         return 0
 
     from roll_gspo.config import load_config
@@ -646,12 +551,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run["overrides"] = overrides
     loads["end"] = os.getloadavg()
     report = build_report(args, cfg, run, run["raw_vllm"], run["raw_train"], loads)
-    print()
-    print(format_table(report))
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(report, handle, indent=2, default=str)
-        print(f"\n[bench] JSON: {args.json_path}")
+    print_report(format_table(report), report, args.json_path)
     return 0
 
 

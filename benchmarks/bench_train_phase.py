@@ -24,9 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +33,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
+from benchmarks.harness import (  # noqa: E402  (needs REPO_ROOT on sys.path)
+    ChildProcess, PhaseClock, child_env, fmt, free_port, median, random_qwen2_model, rank_env, read_json, serve)
+
 MODEL_19M = dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=16, num_key_value_heads=8,
                  intermediate_size=1536)
 VARIANT_KEYS = {"world": int, "threads": int, "stage": int, "micro": int, "gas": int, "dynamic": int, "tokens": int,
@@ -44,13 +44,7 @@ VARIANT_KEYS = {"world": int, "threads": int, "stage": int, "micro": int, "gas":
 
 def build_19m(folder: str) -> str:
     """A random-init Qwen2 of ~19M parameters with the built-in char tokenizer (once)."""
-    from roll_gspo import builtin
-
-    def write(tmp):
-        builtin.MODEL_SIZES["bench19m"] = MODEL_19M
-        builtin.write_base_model(tmp, seed=0, size="bench19m")
-
-    return builtin.build_atomically(folder, write, what="19M bench model")
+    return random_qwen2_model(folder, MODEL_19M, what="19M bench model")
 
 
 def parse_variant(text: str) -> Dict[str, Any]:
@@ -113,10 +107,10 @@ def make_batches(args, count: int):
 # ------------------------------------------------------------------------------------------------
 # One rank (a child process)
 # ------------------------------------------------------------------------------------------------
-def rank_main(spec_path: str) -> None:
+def rank_main(spec_path: str, reply_fd: int) -> None:
     import torch
 
-    spec = json.load(open(spec_path))
+    spec = read_json(spec_path)
     from pipelines.common import prepare_models
     from roll_gspo.config import load_config
     from roll_gspo.distributed.batch import Batch
@@ -128,36 +122,20 @@ def rank_main(spec_path: str) -> None:
     worker = ActorTrainWorker(cfg, dist_env=dist_env, total_optimizer_steps=100000)
     worker.setup()
     rank, world = worker.rank, worker.world_size
-    timers = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    clock = PhaseClock()
     if spec["breakdown"]:
-        engine = worker.engine
+        for method in ("forward", "backward", "step"):
+            clock.wrap(worker.engine, method, method)
 
-        def timed(name, fn):
-            def wrapper(*a, **k):
-                start = time.perf_counter()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    timers[name] += time.perf_counter() - start
-            return wrapper
-        engine.forward = timed("forward", engine.forward)
-        engine.backward = timed("backward", engine.backward)
-        engine.step = timed("step", engine.step)
-    replies = os.fdopen(int(spec["reply_fd"]), "w", buffering=1)
-    replies.write(json.dumps({"ready": True, "threads": torch.get_num_threads()}) + "\n")
-    for line in sys.stdin:
-        command = json.loads(line)
-        if command.get("exit"):
-            break
+    def train(command):
         batch = Batch({k: v for k, v in torch.load(command["batch_file"]).items()}).chunk(world)[rank]
-        for key in timers:
-            timers[key] = 0.0
+        clock.take()  # from zero for this batch
         torch.distributed.barrier()
         start = time.perf_counter()
         batch["old_log_probs"] = worker.compute_log_probs(batch)["old_log_probs"]
         torch.distributed.barrier()
         middle = time.perf_counter()
-        scoring = dict(timers)
+        scoring = dict(clock.seconds)
         if spec["profile"] and rank == 0 and command.get("profile"):
             from torch.profiler import ProfilerActivity, profile
 
@@ -169,70 +147,50 @@ def rank_main(spec_path: str) -> None:
             metrics = worker.train_step(batch)
         torch.distributed.barrier()
         end = time.perf_counter()
-        replies.write(json.dumps({"old_log_probs_s": middle - start, "train_s": end - middle,
-                                  "forward_s": timers["forward"] - scoring["forward"],
-                                  "backward_s": timers["backward"], "step_s": timers["step"],
-                                  "padding_frac": metrics.get("actor/padding_frac")}) + "\n")
+        timers = clock.take()
+        return {"old_log_probs_s": middle - start, "train_s": end - middle,
+                "forward_s": timers.get("forward", 0.0) - scoring.get("forward", 0.0),
+                "backward_s": timers.get("backward", 0.0), "step_s": timers.get("step", 0.0),
+                "padding_frac": metrics.get("actor/padding_frac")}
+
+    serve(reply_fd, {"ready": True, "threads": torch.get_num_threads()}, train)
 
 
 # ------------------------------------------------------------------------------------------------
 # The driver
 # ------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class VariantGroup:
+    """A variant's ranks, one child process each (`--_rank`), fed the same commands."""
+
     def __init__(self, variant, args, workdir):
-        self.variant, self.procs, self.replies, self.workdir = variant, [], [], workdir
+        self.variant, self.ranks = variant, []
         port = free_port()
+        spec = {"config": args.config, "overrides": overrides_for(variant, args) + args.override,
+                "breakdown": args.breakdown, "profile": args.profile and f"{args.profile}.{variant['name']}.txt"}
         for rank in range(variant["world"]):
-            read_fd, write_fd = os.pipe()
-            spec = {"config": args.config, "overrides": overrides_for(variant, args) + args.override,
-                    "breakdown": args.breakdown, "reply_fd": write_fd,
-                    "profile": args.profile and f"{args.profile}.{variant['name']}.txt"}
-            spec_path = os.path.join(workdir, f"{variant['name']}_{rank}.json")
-            json.dump(spec, open(spec_path, "w"))
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(variant["world"]), LOCAL_RANK="0",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(variant["threads"]),
-                       PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])),
-                       TORCH_COMPILE_DISABLE="1")
-            log = open(os.path.join(workdir, f"{variant['name']}_{rank}.log"), "w")
-            self.procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_rank", spec_path],
-                                               env=env, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                               pass_fds=(write_fd,), text=True, cwd=REPO_ROOT))
-            os.close(write_fd)
-            self.replies.append(os.fdopen(read_fd))
+            name = f"{variant['name']}_{rank}"
+            spec_path = os.path.join(workdir, f"{name}.json")
+            env = child_env(variant["threads"], TORCH_COMPILE_DISABLE="1", **rank_env(rank, variant["world"], port))
+            self.ranks.append(ChildProcess(f"variant {variant['name']} rank {rank}", os.path.abspath(__file__),
+                                           ["--_rank", spec_path], spec, spec_path,
+                                           os.path.join(workdir, f"{name}.log"), env, cwd=REPO_ROOT))
 
     def receive(self):
-        out = []
-        for reply in self.replies:
-            line = reply.readline()
-            if not line:
-                raise RuntimeError(f"variant {self.variant['name']}: a rank exited; see its log in {self.workdir}")
-            out.append(json.loads(line))
-        return out[0]
+        return [rank.receive() for rank in self.ranks][0]  # timed between barriers: rank 0's
 
     def send(self, command):
-        for proc in self.procs:
-            proc.stdin.write(json.dumps(command) + "\n")
-            proc.stdin.flush()
+        for rank in self.ranks:
+            rank.send(command)
 
     def close(self):
-        for proc in self.procs:
-            try:
-                proc.stdin.write(json.dumps({"exit": True}) + "\n")
-                proc.stdin.flush()
-                proc.wait(timeout=60)
-            except Exception:
-                proc.kill()
+        for rank in self.ranks:
+            rank.close()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--_rank", help=argparse.SUPPRESS)
+    parser.add_argument("--_reply_fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", default="example_gspo.yaml")
     parser.add_argument("--model", default="19m")
     parser.add_argument("--variant", action="append", default=[])
@@ -250,7 +208,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args._rank:
-        rank_main(args._rank)
+        rank_main(args._rank, args._reply_fd)
         return 0
     if args.model == "19m":
         args.model_dir = build_19m(os.path.join(tempfile.gettempdir(), "roll_gspo_bench_19m"))
@@ -287,11 +245,8 @@ def main(argv=None) -> int:
     summary = {}
     for variant in variants:
         rows = results[variant["name"]]
-        summary[variant["name"]] = {k: statistics.median(r[k] for r in rows) if rows and rows[0].get(k) is not None
-                                    else None for k in keys}
-        print(f"{variant['name']:<22}" + "".join(
-            f"{summary[variant['name']][k]:>16.3f}" if summary[variant["name"]][k] is not None else f"{'-':>16}"
-            for k in keys))
+        summary[variant["name"]] = {k: median([r.get(k) for r in rows]) for k in keys}
+        print(f"{variant['name']:<22}" + "".join(f"{fmt(summary[variant['name']][k]):>16}" for k in keys))
     if args.json:
         json.dump({"variants": variants, "summary": summary, "rounds": results}, open(args.json, "w"), indent=1)
     return 0

@@ -32,6 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.harness import finite  # noqa: E402  (needs REPO_ROOT on sys.path)
+
 ARMS = {"gspo": ("example_gspo.yaml", []),
         "grpo": ("example_grpo.yaml", []),
         "grpo_replay": ("example_grpo.yaml", ["router_replay=true"])}
@@ -69,12 +71,12 @@ def run_one(model_path: str, arm: str, seed: int, max_steps: int, eval_steps: in
 
 
 def _mean(values: List[float]) -> float:
-    values = [v for v in values if v is not None and math.isfinite(v)]
+    values = finite(values)
     return sum(values) / len(values) if values else float("nan")
 
 
 def _std(values: List[float]) -> float:
-    values = [v for v in values if v is not None and math.isfinite(v)]
+    values = finite(values)
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
