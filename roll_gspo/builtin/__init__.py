@@ -4,15 +4,8 @@
 use into the cache, `roll_gspo.builtin.cache`)."""
 from roll_gspo.builtin.arith import ARITH_LEVELS, make_arith_samples, make_arith_splits
 from roll_gspo.builtin.cache import BUILTIN_PREFIX, CACHE_ENV, build_atomically, cache_root
-from roll_gspo.builtin.models import (
-                                      BUILTIN_MODELS,
-                                      MODEL_SIZES,
-                                      build_base_model,
-                                      build_base_moe_model,
-                                      register_builtin_model,
-                                      resolve_model,
-                                      write_base_model,
-)
+from roll_gspo.builtin.models import (BUILTIN_MODELS, MODEL_SIZES, build_base_model, build_base_moe_model,
+                                      register_builtin_model, resolve_model, write_base_model)
 from roll_gspo.builtin.tasks import builtin_data_names, resolve_data_file, write_builtin_task
 from roll_gspo.builtin.tokenizer import build_tokenizer
 

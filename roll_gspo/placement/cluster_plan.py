@@ -28,15 +28,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from roll_gspo.placement.memory import (
-    GIB,
-    MARGIN,
-    ModelShape,
-    frozen_memory,
-    rollout_memory,
-    shape_of_model_folder,
-    training_memory,
-)
+from roll_gspo.placement.memory import (GIB, MARGIN, ModelShape, frozen_memory, rollout_memory,
+                                         shape_of_model_folder, training_memory)
 
 PHASES = ("rollout", "train")
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's own default for gpu_memory_utilization
