@@ -28,6 +28,10 @@ CORE = [
     "rich",
     "tensorboard",
     "matplotlib",
+    # Agentic environments (roll_gspo/envs): gymnasium's Env is their base class. GEM (`gem-llm`,
+    # which ROLL uses) does not install beside this stack: it pins nltk==3.9.1 (a downgrade) and
+    # pulls antlr4-python3-runtime 4.13 (omegaconf/hydra need 4.9).
+    "gymnasium==1.4.0",
 ]
 
 setup(

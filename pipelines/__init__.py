@@ -1,4 +1,4 @@
-"""Pipelines runnable by `run_pipeline.py`: `rlvr` (GSPO/GRPO) and `sft`."""
+"""Pipelines runnable by `run_pipeline.py`: `rlvr` (GSPO/GRPO), `agentic` (multi-turn episodes) and `sft`."""
 from roll_gspo.config import PipelineConfig
 
 
@@ -12,6 +12,10 @@ def run_pipeline_from_config(cfg: PipelineConfig):
         from pipelines.sft_pipeline import run_sft
 
         return run_sft(cfg)
+    if cfg.pipeline == "agentic":
+        from pipelines.agentic_pipeline import run_agentic
+
+        return run_agentic(cfg)
     from pipelines.rlvr_pipeline import run_rlvr
 
     return run_rlvr(cfg)

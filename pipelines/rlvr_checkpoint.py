@@ -39,7 +39,7 @@ def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, ne
         message = checkpoint_failure(output_dir, step, exc)
         discard(folder)
         raise CheckpointError(message) from exc
-    state = {"step": step, "sampler": sampler.state_dict(),
+    state = {"step": step, "sampler": sampler.state_dict() if sampler is not None else None,
              "running_stats": running_stats.state_dict() if running_stats else None,
              "old_logprob_source": old_logprobs.source}
     return commit_checkpoint(folder, state, output_dir, step, cfg.save_total_limit)
@@ -50,7 +50,8 @@ def restore_trainer_and_data(folder: str, actor_train: Cluster, sampler, running
     returns the driver state saved there (its `step` is the last one done)."""
     state = read_state(folder)
     actor_train.execute_all("load_checkpoint", folder)
-    sampler.load_state_dict(state["sampler"])
+    if sampler is not None:  # the agentic pipeline has no prompt data: its env seeds follow the step
+        sampler.load_state_dict(state["sampler"])
     if running_stats is not None and state.get("running_stats"):
         running_stats.load_state_dict(state["running_stats"])
     return state

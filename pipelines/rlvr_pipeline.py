@@ -89,6 +89,8 @@ class RLVRPipeline:
         self.reference, self.rewards = clusters.reference, clusters.rewards
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)
+        elif cfg.actor_train.model_args.adapter_name_or_path:  # the rollout engine starts from the base model
+            self.sync_weights(version=0)
 
     # -- one step -----------------------------------------------------------------------------------
     def step(self, step: int) -> Dict[str, float]:
@@ -119,6 +121,16 @@ class RLVRPipeline:
         with _timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self._advantages(batch)
             adv_metrics.update(self._apply_sample_weights(batch))
+        train_metrics, sync_metrics = self._train_and_sync(step, batch, timings, ahead)
+        return {**reward_metrics, **sampling_metrics, **adv_metrics, **train_metrics, **sync_metrics,
+                **self._step_metrics(step, batch, timings)}
+
+    # -- the step's phases --------------------------------------------------------------------------
+    def _train_and_sync(self, step: int, batch: Batch, timings: Dict[str, float], ahead: Optional[list] = None):
+        """Train on the batch and, when due, sync the new weights into the rollout engine (within
+        the train call when generation is synchronous; async: once the rollout generating `ahead`
+        is complete). Returns the training metrics and the sync's (`sync/*`, empty without one)."""
+        cfg = self.cfg
         sync_due = step % cfg.model_update_frequency == 0
         sync_in_train = sync_due and not cfg.async_generation_ratio
         with _timed(timings, "train"):
@@ -136,10 +148,8 @@ class RLVRPipeline:
         if sync_due:
             timings["sync"] = sync_metrics["sync/seconds"]
             timings["train"] -= timings["sync"] if sync_in_train else 0.0
-        return {**reward_metrics, **sampling_metrics, **adv_metrics, **train_metrics, **sync_metrics,
-                **self._step_metrics(step, batch, timings)}
+        return train_metrics, sync_metrics
 
-    # -- the step's phases --------------------------------------------------------------------------
     def _rollout(self, step: int, timings: Dict[str, float]):
         """This step's responses. Returns the batch; the calls generating the next step's rollout
         (async, else None); the reward calls pending (`[]`: scored already; None: not started, so
@@ -167,6 +177,11 @@ class RLVRPipeline:
                 calls = self.reference.dispatch_async("compute_log_probs", view)
                 pending_rewards = self._rewards_started(batch, pending_rewards)
                 batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
+        elif self.cfg.needs_reference_log_probs():  # LoRA: the reference is the trainer without its adapter
+            with _timed(timings, "reference"):
+                calls = self.actor_train.dispatch_async("compute_log_probs", view, adapter_disabled=True)
+                pending_rewards = self._rewards_started(batch, pending_rewards)
+                batch["ref_log_probs"] = self.actor_train.collect(calls)["ref_log_probs"]
         if self.old_logprobs.source == "trainer":
             with _timed(timings, "old_log_probs"):
                 calls = self.actor_train.dispatch_async("compute_log_probs", view)

@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="memory of each GPU in GiB: estimate memory per device (weights, gradients, "
                               "optimizer states by ZeRO stage, activations, vLLM's share and KV cache; ranks "
                               "sharing a GPU add up) and exit 1 naming the device that does not fit, by how much")
+    parser.add_argument("--host-memory-gb", type=float, default=None,
+                        help="with --dry-run on a CPU run: plan against a host of this much memory (GiB) instead "
+                             "of this machine's; the plan adds up every process's peak (training ranks, vLLM, "
+                             "rewards, driver and Ray) and exits 1 naming the role, its estimate and the keys "
+                             "that would make it fit")
     cluster.add_argument("--ray-address", default=None,
                          help="read the nodes (GPUs, CPUs) from the running Ray cluster at this address "
                               "(joins as a driver; starts no worker)")
@@ -57,6 +62,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for flag, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
         if value is not None and (not args.dry_run or value < 1):
             parser.error(f"{flag} needs --dry-run and a number >= 1")
+    if args.host_memory_gb is not None and (not args.dry_run or args.host_memory_gb <= 0):
+        parser.error("--host-memory-gb needs --dry-run and a size > 0 (GiB of host memory)")
     if args.ray_address is not None and (not args.dry_run or args.nodes is not None):
         parser.error("--ray-address needs --dry-run and replaces --nodes (the nodes are read from Ray)")
     setup_logging()
@@ -70,8 +77,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.dry_run:
-        if not _placement_plan_fits(cfg, args):
+        placed = _placement_plan_fits(cfg, args)
+        if not (_host_plan_fits(cfg, args) and placed):
             return 1
+        if cfg.pipeline == "agentic":
+            from roll_gspo.config.agentic_checks import describe_episodes
+
+            print("\n".join(describe_episodes(cfg)))
         print(f"dry run: config {args.config!r} is valid ({cfg.pipeline} pipeline, "
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
         return 0
@@ -87,6 +99,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     except (WorkerDiedError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        from roll_gspo.distributed.cluster import describe_memory_kill, is_memory_kill, known_rank_pids
+
+        if not is_memory_kill(exc):  # Ray's memory monitor, where no cluster's gather saw it: one line too
+            raise
+        print(f"error: {describe_memory_kill(str(exc), known_rank_pids())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # a second SIGINT/SIGTERM, or Ctrl-C before the step loop
         print(f"stopped at once ({exc or 'interrupted'}); resume from the last complete checkpoint with "
@@ -124,6 +143,45 @@ def _placement_plan_fits(cfg, args) -> bool:
         # Accepted flags act: with no rank on a GPU there is no device memory to check.
         plan.problems.append("--device-memory-gb: no role of this config uses a GPU (num_gpus_per_worker 0 and no "
                              "device_mapping), so there is no device to check; give the roles GPUs or drop the flag")
+    for problem in plan.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return not plan.problems
+
+
+def model_shape_for(cfg):
+    """The policy's shape for the memory plans: its folder's config.json, or a built-in's
+    registered config (known before it is built); None when neither says."""
+    from roll_gspo.placement.memory import ModelShape, shape_of_model_folder
+
+    name = cfg.actor_train.model_args.model_name_or_path or ""
+    if name.startswith("builtin:"):
+        from roll_gspo.builtin.models import builtin_model_config
+
+        config = builtin_model_config(name)
+        return ModelShape.from_hf_config(config) if config else None
+    return shape_of_model_folder(name)
+
+
+def _host_plan_fits(cfg, args) -> bool:
+    """Print the host-memory plan of a CPU run and its problems (GPU runs: nothing)."""
+    from roll_gspo.placement.host_memory import plan_host_memory
+
+    if args.host_memory_gb is not None:
+        host, source = args.host_memory_gb * (1 << 30), "--host-memory-gb"
+    else:
+        import psutil
+
+        memory = psutil.virtual_memory()
+        host = float(memory.total)
+        source = f"this machine; {memory.available / (1 << 30):.1f} GiB available now"
+    plan = plan_host_memory(cfg, model_shape_for(cfg), host, source)
+    if plan is None:
+        if args.host_memory_gb is not None:
+            print("error: --host-memory-gb: a role of this config uses a GPU; the device plan (--device-memory-gb) "
+                  "applies", file=sys.stderr)
+            return False
+        return True
+    print(plan.text())
     for problem in plan.problems:
         print(f"error: {problem}", file=sys.stderr)
     return not plan.problems

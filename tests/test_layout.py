@@ -16,8 +16,11 @@ LAYERS: List[Set[str]] = [
     {"roll_gspo.utils"},
     {"roll_gspo.algorithms", "roll_gspo.builtin", "roll_gspo.distributed", "roll_gspo.lifecycle",
      "roll_gspo.metrics", "roll_gspo.placement", "roll_gspo.rewards"},
+    # Agentic environments and tools: their Python tool runs in the rewards' code sandbox, and
+    # config's --dry-run checks env declarations with them.
+    {"roll_gspo.envs"},
     {"roll_gspo.config", "roll_gspo.data", "roll_gspo.models", "roll_gspo.sync"},
-    {"roll_gspo.strategies"},
+    {"roll_gspo.strategies", "roll_gspo.agentic"},
     {"roll_gspo.workers"},
     {"pipelines"},
     {"roll_gspo.cli"},

@@ -134,8 +134,8 @@ def test_megatron_strategy_config_after_a_rename_acts_or_is_refused(in_roll_dir)
 @pytest.mark.parametrize("override, reason", [
     ("actor_train.model_args.ulysses_size=2", "sequence parallelism is not built"),
     ("actor_infer.generating_args.num_beams=4", "beam search is not built"),
-    ("actor_train.model_args.lora_target=q_proj", "LoRA is not built"),
-    ("+lora_rank=32", "LoRA is not built"),
+    ("reference.model_args.lora_target=q_proj", "the reference is the base model"),
+    ("+lora_rank=32", "top-level lora_rank set, but no role's model_args uses it"),
     ("actor_train.use_dynamic_batching_in_train=true", "must be set to at least one whole sequence"),
     ("actor_infer.use_dynamic_batching_in_infer=true", "vLLM schedules its own batches"),
     ("actor_train.use_sequence_packing=true", "sequence packing is not built"),

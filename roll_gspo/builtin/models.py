@@ -48,6 +48,63 @@ def write_base_model(folder: str, *, seed: int = 0, size: str = "tiny") -> None:
     _save_random_model(folder, Qwen2ForCausalLM, config, tokenizer, seed)
 
 
+# Qwen2.5-0.5B's shape (its config.json: 494M parameters, tied embeddings, vocabulary 151936),
+# random weights and the char tokenizer (token ids < 100, a subset of the vocabulary): the smallest
+# model users train, buildable with no hub, for memory plans and speed at a real size.
+QWEN25_05B_SHAPE: Dict[str, object] = dict(
+    vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+    intermediate_size=4864, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=True)
+
+
+def qwen2_config_dict(shape: Dict[str, object]) -> Dict[str, object]:
+    """config.json fields of a built-in Qwen2 of `shape` (char tokenizer ids), before building it:
+    what --dry-run reads the model's size from."""
+    from roll_gspo.builtin.tokenizer import EOS_TOKEN, PAD_TOKEN, char_vocab
+
+    vocab = char_vocab()
+    return {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": len(vocab),
+            "max_position_embeddings": BUILTIN_MAX_POSITIONS, "tie_word_embeddings": True,
+            "eos_token_id": vocab.index(EOS_TOKEN), "pad_token_id": vocab.index(PAD_TOKEN), **shape}
+
+
+def write_shaped_model(folder: str, shape: Dict[str, object], *, seed: int = 0) -> None:
+    """A random-init fp32 Qwen2ForCausalLM of `shape` (config fields) plus the char tokenizer.
+
+    Weights are drawn tensor by tensor with the model's own init (normal(0, initializer_range) for
+    matrices, ones for norms, zeros for biases) and saved, without building a model object and
+    running its init: a 0.5B model takes seconds."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    fields = {k: v for k, v in qwen2_config_dict(shape).items() if k not in ("model_type", "architectures")}
+    config = Qwen2Config(bos_token_id=None, use_cache=True, **fields)
+    config.architectures = ["Qwen2ForCausalLM"]
+    with torch.device("meta"):
+        skeleton = Qwen2ForCausalLM(config)
+    std = config.initializer_range
+    state = {}
+    with torch.random.fork_rng(devices=[]):
+        generator = torch.Generator().manual_seed(seed)
+        for name, param in skeleton.named_parameters():  # tied: lm_head.weight is not listed again
+            if name.endswith("norm.weight"):
+                tensor = torch.ones(param.shape)
+            elif name.endswith(".bias"):
+                tensor = torch.zeros(param.shape)
+            else:
+                tensor = torch.empty(param.shape).normal_(0.0, std, generator=generator)
+            state[name] = tensor
+    os.makedirs(folder, exist_ok=True)
+    save_file(state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    config.dtype = "float32"
+    config.save_pretrained(folder)
+    GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                     bos_token_id=None).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
 def _save_random_model(folder: str, model_cls, config, tokenizer, seed: int) -> None:
     """Random-init `model_cls(config)` in fp32 (seeded without disturbing the caller's RNG), saved
     with the tokenizer and a generation config that holds no sampling keys."""
@@ -122,6 +179,7 @@ class BuiltinModel:
     description: str = ""
     builder: Optional[Callable[..., None]] = None
     provider: Optional[str] = None
+    config: Optional[Dict[str, object]] = None  # its config.json fields, known before it is built
 
 
 BUILTIN_MODELS: Dict[str, BuiltinModel] = {}
@@ -134,8 +192,10 @@ def _norm_builtin(name: str) -> str:
 
 def register_builtin_model(name: str, builder: Optional[Callable[..., None]], *,
                            description: Optional[str] = None,
-                           provider: Optional[str] = None) -> BuiltinModel:
-    """Add or update a built-in model (``name`` with or without the ``builtin:`` prefix)."""
+                           provider: Optional[str] = None,
+                           config: Optional[Dict[str, object]] = None) -> BuiltinModel:
+    """Add or update a built-in model (``name`` with or without the ``builtin:`` prefix).
+    `config`: its config.json fields, for plans made before it is built (--dry-run)."""
     key = _norm_builtin(name)
     entry = BUILTIN_MODELS.get(key) or BuiltinModel(name=key)
     entry.builder = builder
@@ -143,17 +203,26 @@ def register_builtin_model(name: str, builder: Optional[Callable[..., None]], *,
         entry.description = description
     if provider is not None:
         entry.provider = provider
+    if config is not None:
+        entry.config = config
     BUILTIN_MODELS[key] = entry
     return entry
 
 
 register_builtin_model(
     "builtin:tiny-arith-base", lambda folder: write_base_model(folder, seed=0, size="tiny"),
-    description="Random-init 4-layer Qwen2 (hidden 128) with a char-level tokenizer.")
+    description="Random-init 4-layer Qwen2 (hidden 128) with a char-level tokenizer.",
+    config=qwen2_config_dict(MODEL_SIZES["tiny"]))
 # SFT-warm-started model; its builder (an SFT run on builtin:arith/sft) is registered elsewhere.
 register_builtin_model(
     "builtin:tiny-arith", None, provider="pipelines.warm_start",
-    description="builtin:tiny-arith-base after SFT on builtin:arith/sft (configs/sft_tiny_arith.yaml).")
+    description="builtin:tiny-arith-base after SFT on builtin:arith/sft (configs/sft_tiny_arith.yaml).",
+    config=qwen2_config_dict(MODEL_SIZES["tiny"]))
+register_builtin_model(
+    "builtin:qwen2.5-0.5b-shape", lambda folder: write_shaped_model(folder, QWEN25_05B_SHAPE, seed=0),
+    description="Random-init Qwen2 of Qwen2.5-0.5B's shape (24 layers, hidden 896, 14/2 heads, FFN 4864, "
+                "vocabulary 151936, tied embeddings; 494M parameters, 2 GB in fp32) with the char-level tokenizer.",
+    config=qwen2_config_dict(QWEN25_05B_SHAPE))
 
 
 register_builtin_model(
@@ -163,6 +232,26 @@ register_builtin_model(
 register_builtin_model(
     "builtin:tiny-moe", None, provider="pipelines.warm_start",
     description="builtin:tiny-moe-base after SFT on builtin:arith_easy/sft_biased (configs/sft_tiny_moe.yaml).")
+
+
+def builtin_model_config(name: str, cache_dir: Optional[str] = None) -> Optional[Dict[str, object]]:
+    """A built-in model's config.json fields without building it: the cached folder's, else the
+    registered ones; None for an unknown name or one whose shape is not known before it is built."""
+    import json
+
+    key = _norm_builtin(name)
+    folder = builtin_model_folder(key, cache_dir)
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        with open(os.path.join(folder, "config.json")) as handle:
+            return json.load(handle)
+    entry = BUILTIN_MODELS.get(key)
+    return dict(entry.config) if entry is not None and entry.config else None
+
+
+def builtin_max_positions(name: str) -> int:
+    """The most tokens (prompt + response) built-in model `name` holds."""
+    config = builtin_model_config(name) or {}
+    return int(config.get("max_position_embeddings") or BUILTIN_MAX_POSITIONS)
 
 
 def builtin_model_folder(name: str, cache_dir: Optional[str] = None) -> str:
@@ -215,3 +304,12 @@ def resolve_model(name_or_path: str, *, cache_dir: Optional[str] = None) -> str:
     builder = entry.builder
     return build_atomically(folder, lambda tmp: _call_builder(builder, tmp, cache_dir),
                             what=f"model {name}")
+
+
+# The tiny model with room for long conversations: ROLL's agentic recipes, whose templates alone
+# take hundreds of (character) tokens a turn, run on it unchanged.
+TINY_LONG_SHAPE: Dict[str, object] = dict(MODEL_SIZES["tiny"], max_position_embeddings=4096)
+register_builtin_model(
+    "builtin:tiny-long-base", lambda folder: write_shaped_model(folder, TINY_LONG_SHAPE, seed=0),
+    description="Random-init 4-layer Qwen2 (hidden 128), 4096 positions, char-level tokenizer.",
+    config=qwen2_config_dict(TINY_LONG_SHAPE))

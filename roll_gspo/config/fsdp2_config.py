@@ -40,7 +40,7 @@ def parse_fsdp2_config(strategy_config: Dict[str, Any], path: str = "strategy_co
 
 def _fsdp2_roles(cfg: PipelineConfig):
     """(name, role) of each role that runs an FSDP2 engine in this config."""
-    names = ["actor_train"] + (["reference"] if cfg.pipeline == "rlvr" and cfg.needs_reference() else [])
+    names = ["actor_train"] + (["reference"] if cfg.has_rollout() and cfg.needs_reference() else [])
     return [(n, getattr(cfg, n)) for n in names if getattr(cfg, n).strategy_args.strategy_name in FSDP2_STRATEGIES]
 
 

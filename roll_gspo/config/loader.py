@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import logging
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -158,12 +160,61 @@ def _normalise_legacy_values(raw: Dict[str, Any]) -> None:
         raw["resume_from_checkpoint"] = None
 
 
-def load_config_dict(raw_cfg: DictConfig) -> PipelineConfig:
-    """Strictly check a composed config (interpolations unresolved) and build the dataclass."""
+_INTERPOLATION_ROOT = re.compile(r"\$\{\s*([A-Za-z_][\w\-]*)\s*([.}\[])")
+
+
+def interpolation_anchors(raw: Dict[str, Any]) -> Set[str]:
+    """Top-level keys that are not pipeline keys but that some value interpolates (ROLL's
+    `action_pattern: ...` then `${action_pattern}`, or whole blocks: `${custom_env.FrozenLake}`).
+    They exist only to be interpolated and are dropped after resolution; a top-level key that
+    nothing reads stays an unknown key (a typo is still an error). Resolvers (`${oc.env:X}`) and
+    relative interpolations (`${.x}`) name no top-level key."""
+    referenced: Set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+        elif isinstance(node, str) and "${" in node:
+            referenced.update(m.group(1) for m in _INTERPOLATION_ROOT.finditer(node))
+
+    visit(raw)
+    schema_keys = set(_field_types(PipelineConfig))
+    return {key for key in raw if isinstance(key, str) and key in referenced and key not in schema_keys}
+
+
+def defaults_file_keys(path: Path, raw_cfg: DictConfig) -> Set[str]:
+    """Top-level keys the composed config got from its `defaults:` files only (ROLL's
+    `../config/traj_envs@_here_` defines anchors for many examples; a given example reads some)."""
+    import yaml
+
+    try:
+        own = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return set()
+    if not isinstance(own, dict) or "defaults" not in own:
+        return set()
+    return {str(k) for k in raw_cfg.keys()} - {str(k) for k in own}
+
+
+def load_config_dict(raw_cfg: DictConfig, from_defaults: Set[str] = frozenset()) -> PipelineConfig:
+    """Strictly check a composed config (interpolations unresolved) and build the dataclass.
+    `from_defaults`: top-level keys only a `defaults:` file wrote; those that are no pipeline key
+    and that nothing interpolates are ROLL's anchors for other examples, dropped with one notice."""
     raw = OmegaConf.to_container(raw_cfg, resolve=False)
     _normalise_legacy_values(raw)  # before the walk, which would reject a bool here
     roll_compat.normalise_roll_values(raw)
     anchors = {k for k in raw if isinstance(k, str) and (k.startswith("_") or k in roll_compat.DEEPSPEED_ANCHORS)}
+    anchors |= interpolation_anchors(raw)
+    unread = sorted(k for k in from_defaults if k in raw and k not in anchors and k not in _field_types(PipelineConfig))
+    if unread:
+        anchors |= set(unread)
+        logging.getLogger("roll_gspo.config").warning(
+            "notice: the defaults file(s) define top-level keys this config never reads (anchors of other "
+            "examples), ignored: %s", ", ".join(unread))
     pipeline_keys = {k: v for k, v in raw.items() if k not in anchors}
 
     problems: List[str] = []
@@ -226,8 +277,9 @@ def load_config(config: str, overrides: Sequence[str] = ()) -> PipelineConfig:
     hydra_problems = hydra_block_problems(path)
     if hydra_problems:
         raise ConfigError(hydra_problems)
+    from_defaults = defaults_file_keys(path, raw_cfg)
     apply_overrides(raw_cfg, overrides)
-    cfg = load_config_dict(raw_cfg)
+    cfg = load_config_dict(raw_cfg, from_defaults)
     validate_config(cfg, yaml_keys=written_key_paths(raw_cfg))
     return cfg
 

@@ -59,7 +59,9 @@ def model_max_positions(name: str) -> Optional[int]:
     from roll_gspo import builtin
 
     if name.startswith("builtin:"):
-        return builtin.BUILTIN_MAX_POSITIONS
+        from roll_gspo.builtin.models import builtin_max_positions
+
+        return builtin_max_positions(name)
     config_file = Path(name) / "config.json"
     if not config_file.is_file():
         return None
@@ -84,7 +86,10 @@ def _check_lengths(cfg: PipelineConfig, roles: List[str]) -> List[str]:
     for role in roles:
         by_model.setdefault(getattr(cfg, role).model_args.model_name_or_path, []).append(role)
     problems = []
-    needed = cfg.prompt_length + cfg.response_length
+    needed = cfg.max_sequence_tokens()
+    asked = (f"sequence_length = {needed}" if cfg.pipeline == "agentic" else
+             f"prompt_length + response_length = {cfg.prompt_length} + {cfg.response_length} = {needed}")
+    knobs = "sequence_length" if cfg.pipeline == "agentic" else "prompt_length / response_length"
     for path, users in by_model.items():
         limit = model_max_positions(path)
         if limit is None:
@@ -92,8 +97,7 @@ def _check_lengths(cfg: PipelineConfig, roles: List[str]) -> List[str]:
         source = (f"the model {path!r} ({', '.join(f'{r}.model_args.model_name_or_path' for r in users)}) "
                   f"holds at most {limit} tokens (max_position_embeddings)")
         if needed > limit:
-            problems.append(f"prompt_length + response_length = {cfg.prompt_length} + {cfg.response_length} = "
-                            f"{needed}, but {source}; lower prompt_length / response_length")
+            problems.append(f"{asked}, but {source}; lower {knobs}")
         engine = cfg.actor_infer.strategy_args.strategy_config if "actor_infer" in users else {}
         if isinstance(engine.get("max_model_len"), int) and engine["max_model_len"] > limit:
             problems.append(f"actor_infer.strategy_args.strategy_config.max_model_len = {engine['max_model_len']}, "
@@ -148,12 +152,12 @@ def preflight(cfg: PipelineConfig) -> None:
         for name in data.file_name:
             problems.append(_check_data_file(roll_compat.under_dataset_dir(name, data.dataset_dir),
                                              f"{block}.data_args.file_name"))
-    roles = ["actor_train"] + (["actor_infer"] if cfg.pipeline == "rlvr" else [])
-    roles += ["reference"] if cfg.pipeline == "rlvr" and cfg.needs_reference() else []
+    roles = ["actor_train"] + (["actor_infer"] if cfg.has_rollout() else [])
+    roles += ["reference"] if cfg.has_rollout() and cfg.needs_reference() else []
     for role in roles:
         path = getattr(cfg, role).model_args.model_name_or_path
         problems.append(_check_model(path, f"{role}.model_args.model_name_or_path", cfg))
-    if cfg.pipeline == "rlvr":
+    if cfg.has_rollout():
         for domain, reward in cfg.rewards.items():
             roll_problem = roll_compat.reward_worker_problem(domain, reward.worker_cls)
             if roll_problem:
@@ -164,6 +168,10 @@ def preflight(cfg: PipelineConfig) -> None:
                 problems.append(_check_import(reward.reward_fn, f"rewards.{domain}.reward_fn"))
         problems += _check_vllm_engine_keys(cfg)
     problems += _check_lengths(cfg, roles)
+    if not any(problems):  # the model folders exist: LoRA's targets and adapter against them
+        from roll_gspo.config.lora import lora_preflight_problems
+
+        problems += lora_preflight_problems(cfg)
     problems = [p for p in problems if p]
     if problems:
         raise ConfigError(problems)

@@ -176,9 +176,9 @@ def _section(instance: Any, path: str, level: int, title_help: str, note: str = 
         full = f"{path}.{field.name}" if path else field.name
         value = getattr(instance, field.name)
         if dataclasses.is_dataclass(inner):
-            nested.append((field, full, value))
+            nested.append((field, full, value if value is not None else inner()))  # an optional block
         elif typing.get_origin(inner) is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
-            nested.append((field, full, value))
+            nested.append((field, full, (value, typing.get_args(inner)[1])))
         else:
             lines.append(_key_line(full, field, tp, value))
     if lines[-1] != "":
@@ -186,12 +186,14 @@ def _section(instance: Any, path: str, level: int, title_help: str, note: str = 
     sub_level = level if not path else level + 1  # role blocks sit beside the top-level keys
     for field, full, value in nested:
         help_text = " ".join(field.metadata.get("help", "").split())
-        if isinstance(value, dict):  # rewards: one block per data domain
-            default_domains = ", ".join(f"`{k}`" for k in value) or "none"
-            note = (f"`{full}` maps a data domain name to a block of the keys below "
-                    f"(default domains: {default_domains}). Writing `{full}:` replaces the "
-                    f"default domains rather than adding to them.")
-            lines += _section(RewardConfig(), f"{full}.<domain>", sub_level, help_text, note)
+        if isinstance(value, tuple):  # rewards / custom_envs: one block per data domain / env tag
+            value, block_cls = value
+            name = "domain" if block_cls is RewardConfig else "tag"
+            defaults = ", ".join(f"`{k}`" for k in value) or "none"
+            note = (f"`{full}` maps a {'data domain' if name == 'domain' else 'name'} to a block of the keys "
+                    f"below (default {name}s: {defaults}). Writing `{full}:` replaces the default {name}s "
+                    f"rather than adding to them.")
+            lines += _section(block_cls(), f"{full}.<{name}>", sub_level, help_text, note)
         else:
             lines += _section(value, full, sub_level, help_text, _ROLE_NOTE if full in _ROLES else "")
     return lines

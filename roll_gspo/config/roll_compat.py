@@ -490,3 +490,17 @@ def roll_warnings(cfg) -> List[str]:
                      f"without gae. Remove it to silence this warning.")
     return warns
 
+
+
+def pipeline_grad_norm_problems(cfg, yaml_keys) -> List[str]:
+    """ROLL's top-level `max_grad_norm` (what its FSDP2/Megatron strategies clip with) acts as
+    actor_train.training_args.max_grad_norm; both written and different is a contradiction."""
+    if cfg.max_grad_norm is None:
+        return []
+    args = cfg.actor_train.training_args
+    key = "actor_train.training_args.max_grad_norm"
+    if yaml_keys is not None and key in yaml_keys and args.max_grad_norm != cfg.max_grad_norm:
+        return [f"max_grad_norm = {cfg.max_grad_norm} contradicts {key} = {args.max_grad_norm}: ROLL reads the "
+                f"top-level one in its FSDP2/Megatron strategies and training_args' in DeepSpeed; write one"]
+    args.max_grad_norm = cfg.max_grad_norm
+    return []

@@ -40,8 +40,10 @@ ROLL_KEY_NOTES: Dict[str, Optional[str]] = {
     "difficulty_loss_weight": None, "length_loss_weight": None, "add_token_level_kl": None,
     "whiten_advantages": None, "global_template": None, "async_generation_ratio": None,
     "is_num_return_sequences_expand": None, "rollout_mock": None, "reward_model": None,
-    "lora_target / lora_rank / lora_alpha": "Refused (LoRA is not built), at the top level and in "
-                                            "model_args.",
+    "lora_target / lora_rank / lora_alpha": "Top-level anchors, acting through `${lora_*}` in model_args "
+                                            "(docs/lora.md).",
+    **{f"<role>.model_args.{key}": None for key in (
+        "lora_target", "lora_rank", "lora_alpha", "lora_dropout", "additional_target", "adapter_name_or_path")},
     "pretrain": None, "reward_pretrain": None,
     "<role>.model_args.model_name_or_path": None, "<role>.model_args.attn_implementation": None,
     "<role>.model_args.disable_gradient_checkpointing": None, "<role>.model_args.dtype": None,

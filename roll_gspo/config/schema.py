@@ -19,7 +19,7 @@ from roll_gspo.rewards.judge import DEFAULT_JUDGE_MAX_NEW_TOKENS
 # The choice sets, named once so the loader, the algorithm library and the docs agree.
 IMPORTANCE_SAMPLING_CHOICES = ["seq", "token", "gspo-token"]
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-ADV_ESTIMATORS = ["reinforce", "grpo", "rloo"]
+ADV_ESTIMATORS = ["reinforce", "grpo", "rloo", "step_reinforce"]
 REWARD_NORMS = [None, "group", "batch", "running"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
 OLD_LOGPROB_SOURCES = ["auto", "trainer", "rollout"]
@@ -42,7 +42,11 @@ CHECKPOINT_TYPES = ["file_system"]
 LR_SCHEDULERS = ["constant", "linear", "cosine"]
 TRACKERS = ["tensorboard", "wandb", "swanlab", "mlflow", "stdout", "none"]
 QUERY_FILTERS = ["no_filter", "mean_filter", "std_filter"]
-PIPELINES = ["rlvr", "sft"]
+PIPELINES = ["rlvr", "sft", "agentic"]
+# ROLL's env managers (roll.pipeline.agentic.env_manager.*) -> how trajectories become samples here.
+ENV_MANAGERS = ["traj", "step"]
+REWARD_GROUPINGS = ["traj_group_id", "tags", "batch"]
+REWARD_NORM_METHODS = ["mean_std", "mean", "identity"]
 
 
 def _f(default: Any, help: str, choices: Optional[list] = None) -> Any:
@@ -113,11 +117,35 @@ class ModelArgs:
         1, "ROLL's DeepSpeed-Ulysses sequence-parallel group size.",
         "sequence parallelism is not built here; with 1 every rank holds whole sequences (same "
         "result, more activation memory per rank).")
-    lora_target: Optional[str] = _refused_unless(
-        None, "ROLL's LoRA target modules (LoRA training is on when set).",
-        "LoRA is not built here; full-parameter training runs instead (remove the lora_* keys).")
-    lora_rank: Optional[int] = _refused_unless(None, "ROLL's LoRA rank.", "LoRA is not built here.")
-    lora_alpha: Optional[int] = _refused_unless(None, "ROLL's LoRA alpha.", "LoRA is not built here.")
+    # --- LoRA (ROLL's keys; checked in roll_gspo.config.lora, docs/lora.md) ---
+    lora_target: Optional[str] = _f(
+        None, "The LoRA switch (actor_train; null: full-parameter training): the modules that get an adapter. A "
+              "comma list of module names, each matching a module whose name is it or ends in `.<it>` "
+              "(`q_proj,v_proj`); `all-linear`: every linear layer but the LM head; a regex (a value holding "
+              "`*`, `$`, `|` or `(`) matched against whole module names. Only linear layers take adapters; a "
+              "name no module has is refused, listing the model's linear modules. actor_infer may repeat the "
+              "keys (ROLL's recipes do); left out there they are derived from actor_train, and a contradiction "
+              "is refused. With LoRA no reference model starts: KL terms score with the adapter disabled.")
+    lora_rank: Optional[int] = _f(None, "LoRA rank r (>= 1). Null: 8 (ROLL's default).")
+    lora_alpha: Optional[int] = _f(
+        None, "LoRA alpha; the update is scaled by lora_alpha / lora_rank. Null: 2 x lora_rank (ROLL's default).")
+    lora_dropout: float = _f(
+        0.0, "PEFT's dropout on the adapter's input, in [0, 1). Accepted for ROLL's files, but every forward "
+             "pass here runs without dropout (old and new log-probs must score one policy), so a value > 0 only "
+             "warns.")
+    additional_target: Optional[str] = _f(
+        None, "Modules trained in full beside the adapters (PEFT's modules_to_save; comma list of module "
+              "names), saved in the adapter and merged into the synced weights. Refused with "
+              "lora_sync: adapter (vLLM's adapters hold LoRA matrices only).")
+    adapter_name_or_path: Optional[str] = _f(
+        None, "A PEFT adapter folder (adapter_config.json and adapter weights, e.g. a run's "
+              "`final_model/adapter`) to start from instead of a fresh adapter. Its targets, rank and alpha "
+              "fill the lora_* keys left null (written ones must agree); turns LoRA on by itself. Its shapes "
+              "must fit the model (checked by --dry-run). The reference (adapter disabled) is the base model.")
+
+    def uses_lora(self) -> bool:
+        """This role trains (or samples) a LoRA adapter on the model instead of all its weights."""
+        return self.lora_target is not None or self.adapter_name_or_path is not None
 
 
 @dataclass
@@ -551,13 +579,117 @@ class CheckpointConfig:
 
 
 # --------------------------------------------------------------------------------------------
+# The agentic pipeline (`pipeline: agentic`): environments, env managers, trajectory rewards
+# --------------------------------------------------------------------------------------------
+TRAJ_ENV_MANAGER = "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager"
+# ROLL's templates (examples/config/traj_envs.yaml), with its placeholders.
+DEFAULT_AGENT_SYSTEM_TEMPLATE = ("You're a helpful assistant. You are a good game player. You are aiming to get "
+                                 "high reward in the game.")
+DEFAULT_AGENT_TEMPLATE = ("Turn {turn_idx}:\nObservation:\n{observation}\nYou have {actions_left} actions left. "
+                          "Max response length: {max_response_length} tokens.\nDecide the next action:\n")
+
+
+@dataclass
+class ToolWrapperConfig:
+    wrapper_args: Dict[str, Any] = _f(
+        {}, "GEM's ToolEnvWrapper arguments: `tool_reward` (added on every tool call), `tool_success_reward` "
+            "(on a call that ran without error), `tool_execute_error_reward`, `max_tool_uses` (after that "
+            "many calls the text goes to the environment).")
+    tool_configs: List[Dict[str, Any]] = _f(
+        [], "The tools, each `{tool_id, tool_args}`: `python_code` (code in `<python>`/```python blocks runs "
+            "in the project's sandbox; tool_args `timeout`, ...; ROLL's `sandbox_type` is accepted, the "
+            "sandbox is always on) or `function` (tool_args `function: pkg.module:func`, a type-hinted "
+            "Python function called with hermes-style `<tool_call>{...}</tool_call>`, `timeout`). See "
+            "docs/agentic.md.")
+
+
+@dataclass
+class CustomEnvConfig:
+    env_type: str = _f("frozen_lake", "Environment: a built-in (`frozen_lake`, `sokoban`, `guess_the_number` / "
+                                      "GEM's `game:GuessTheNumber-v0`, `math_python` / ROLL's `roll_math`) or a "
+                                      "class path `pkg.module:Class` with GEM's reset/step interface.")
+    env_config: Dict[str, Any] = _f(
+        {}, "Keyword arguments of the environment's constructor (checked against its signature at "
+            "--dry-run). A `seed` here is replaced by the group's seed, as in ROLL.")
+    max_steps: int = _f(10, "Turn cap of one episode (ROLL's name; not the top-level max_steps, which counts "
+                            "training steps). The episode is truncated after this many agent turns.")
+    max_tokens_per_step: int = _f(
+        128, "Generated tokens per turn at most; a turn also stops at the model's end of sequence and at "
+             "what is left of sequence_length.")
+    env_manager_cls: str = _f(
+        TRAJ_ENV_MANAGER, "ROLL's env manager class path or our short name. `traj` (ROLL's TrajEnvManager): one "
+                          "training sample per trajectory, the whole conversation's token ids, only generated "
+                          "tokens in the loss. `step` (ROLL's StepEnvManager): one sample per turn, its context "
+                          "the trajectory's token ids so far (never re-tokenised from text, unlike ROLL).")
+    agent_system_template: Optional[str] = _f(
+        DEFAULT_AGENT_SYSTEM_TEMPLATE, "System message of every episode (null or empty: none).")
+    agent_template: str = _f(
+        DEFAULT_AGENT_TEMPLATE, "The user message of each turn, Python `str.format` with `{observation}`, "
+                                "`{turn_idx}` (1-based), `{actions_left}`, `{max_response_length}` (the turn's "
+                                "token cap) and `{suffix}` (the env's info `suffix`, if any). The env's "
+                                "`env_instruction` goes before the first one.")
+    tool_wrapper: Optional[ToolWrapperConfig] = _f(None, "Tools the agent may call (GEM's ToolEnvWrapper).")
+    env_step_timeout_s: float = _f(
+        60.0, "An env step (tool calls included) running longer ends its trajectory as a timeout (counted in "
+              "`env/timeouts`, the step's reward is error_penalty); the stuck step is interrupted and abandoned.")
+    error_penalty: Optional[float] = _f(
+        None, "Reward of the step that ends a trajectory because its env raised, hung or returned a malformed "
+              "result (null: env_config's `format_penalty`, else 0).")
+    use_thread_lock: bool = _f(True, "ROLL's per-env lock; accepted and not needed here (each env is stepped by "
+                                     "one thread at a time).")
+    agent_runner_cls: Optional[str] = _refused_unless(
+        None, "ROLL's agent runner.", "the turn loop is roll_gspo's own (roll_gspo.agentic.rollout); remove it.")
+    history_length: Optional[int] = _f(
+        None, "ROLL's text-history window of step-wise managers; accepted and ignored: the context here is "
+              "always the whole trajectory's token ids (within sequence_length).")
+
+
+@dataclass
+class EnvManagerConfig:
+    tags: List[str] = _f(["FrozenLake"], "custom_envs entries this manager plays (with num_groups_partition).")
+    num_groups_partition: List[int] = _f(
+        [], "Env groups per tag, zipped with `tags` (sums to num_env_groups). Empty: equal shares.")
+    num_env_groups: int = _f(
+        8, "Env groups per batch: each group is group_size episodes of one env with one seed. The batch is "
+           "rollout_batch_size (training) or val_batch_size (validation) trajectories, so "
+           "num_env_groups * group_size should equal it; the groups are split over tags by "
+           "num_groups_partition, scaled to the batch.")
+    group_size: int = _f(
+        1, "Trajectories per group: the same env, config and seed, so a group starts from identical states "
+           "(the GRPO/GSPO group). Validation: 1 (greedy).")
+    max_env_num_per_worker: int = _f(
+        0, "ROLL: envs per env worker. Here every env steps in the driver's thread pool: this many threads "
+           "(0: one per trajectory in flight, at most 64).")
+    generating_args: Optional[GeneratingArgs] = _f(
+        None, "Sampling of this manager's turns (max_new_tokens: per turn). Null: actor_infer.generating_args. "
+              "Validation keeps its own (ROLL copies actor_infer's over both, losing a greedy validation).")
+    group_size_redundancy: int = _refused_unless(0, "ROLL's extra episodes per group.",
+                                                 "every group here plays exactly group_size episodes.")
+    max_traj_per_env: int = _f(-1, "ROLL's cap on episodes per env object; accepted and ignored (a fresh env "
+                                    "object plays each episode).")
+    format_penalty: float = _f(0.0, "Accepted and ignored, as in ROLL (no code reads it there); the acting "
+                                    "penalty is custom_envs.<tag>.env_config.format_penalty.")
+    worker_cls: Optional[str] = _f(None, "ROLL's env worker class; accepted and ignored (envs step in the driver).")
+
+
+@dataclass
+class RewardNormalizationConfig:
+    grouping: str = _f("traj_group_id", "Sets over which trajectory rewards are normalised: `traj_group_id` "
+                                        "(the group_size episodes of one env seed: GRPO's group), `tags` (per "
+                                        "env tag), `batch`.", REWARD_GROUPINGS)
+    method: str = _f("mean_std", "`mean_std`: z-score (a set whose rewards are all equal becomes 0); `mean`: "
+                                 "subtract the mean; `identity`: raw rewards.", REWARD_NORM_METHODS)
+
+
+# --------------------------------------------------------------------------------------------
 # The pipeline config
 # --------------------------------------------------------------------------------------------
 @dataclass
 class PipelineConfig:
     # --- run keys ---
     pipeline: str = _f("rlvr", "Which pipeline `run_pipeline.py` runs: `rlvr` (GSPO/GRPO with "
-                               "verifiable rewards) or `sft` (supervised fine-tuning).", PIPELINES)
+                               "verifiable rewards), `agentic` (multi-turn episodes against environments "
+                               "and tools; docs/agentic.md) or `sft` (supervised fine-tuning).", PIPELINES)
     exp_name: str = _f("roll_gspo", "Experiment name, used in log lines and tracker runs.")
     seed: int = _f(42, "Seed of data order, sampling and initialisation.")
     output_dir: str = _f("./output/${exp_name}", "Checkpoints, metrics.jsonl, plots and the final "
@@ -621,13 +753,17 @@ class PipelineConfig:
     # --- GSPO / rollout keys (ROLL's names) ---
     adv_estimator: str = _f(
         "grpo", "Advantage estimator: `grpo` (group z-score; a group of equal rewards gets 0), `rloo` (leave-one-out baseline), "
-                "`reinforce` (reward-to-go; pair with reward_norm or whitening for a baseline).",
+                "`reinforce` (reward-to-go; pair with reward_norm or whitening for a baseline). `pipeline: "
+                "agentic`: `grpo` / `reinforce` give every agent token of a trajectory its normalised "
+                "trajectory reward (reward_normalization), `step_reinforce` gives each turn's tokens its "
+                "normalised discounted return (step_reward_gamma); step_reinforce is agentic only.",
         ADV_ESTIMATORS)
     importance_sampling: str = _f(
         "seq", "`seq`: GSPO's length-normalised sequence ratio; `token`: PPO/GRPO per-token ratio; "
                "`gspo-token`: sequence ratio with per-token advantages (equals `seq` when advantages "
                "are per response).", IMPORTANCE_SAMPLING_CHOICES)
-    rollout_batch_size: int = _f(64, "Prompts per step.")
+    rollout_batch_size: int = _f(64, "Prompts per step (`pipeline: agentic`: trajectories per step, a multiple "
+                                     "of train_env_manager.group_size).")
     num_return_sequences_in_group: int = _f(
         8, "Responses per prompt (G). A step trains on rollout_batch_size * G responses. Larger G "
            "gives a better group baseline at proportional rollout cost.")
@@ -840,11 +976,65 @@ class PipelineConfig:
     reward_model: Optional[Dict[str, Any]] = _refused_unless(
         None, "ROLL's shared reward-model inference cluster.", "a shared reward-model cluster is "
         "not built; model-based reward workers load their model under rewards.<domain>.")
-    # ROLL's LoRA anchors at the top level (interpolated into the roles' model_args).
-    lora_target: Optional[str] = _refused_unless(None, "ROLL's LoRA target modules.",
-                                                 "LoRA is not built here.")
-    lora_rank: Optional[int] = _refused_unless(None, "ROLL's LoRA rank.", "LoRA is not built here.")
-    lora_alpha: Optional[int] = _refused_unless(None, "ROLL's LoRA alpha.", "LoRA is not built here.")
+    # ROLL's LoRA anchors at the top level: they act only through `${lora_target}` etc. in a role's model_args.
+    lora_target: Optional[str] = _f(None, "ROLL's top-level LoRA anchor, interpolated as `${lora_target}` into "
+                                          "actor_train/actor_infer model_args (where it acts); set with no role "
+                                          "LoRA-training it is refused.")
+    lora_rank: Optional[int] = _f(None, "ROLL's top-level anchor for model_args.lora_rank (see lora_target).")
+    lora_alpha: Optional[int] = _f(None, "ROLL's top-level anchor for model_args.lora_alpha (see lora_target).")
+    lora_sync: str = _f(
+        "merged", "With LoRA, what the weight sync sends the rollout engine. `merged`: the base weights with the "
+                  "adapter merged in (W + alpha/r * B A, computed on the trainer), through the same bucketed sync "
+                  "as full fine-tuning; vLLM runs a plain model (any rollout strategy). `adapter`: the adapter "
+                  "alone, loaded into vLLM's LoRA support (enable_lora, a new LoRA request per sync); far fewer "
+                  "bytes, but vLLM's LoRA kernels slow generation (on CPU 2.1x at 19M, docs/lora.md). vllm only.",
+        ["merged", "adapter"])
+
+    max_grad_norm: Optional[float] = _f(
+        None, "ROLL's pipeline-level gradient clip (its FSDP2 and Megatron strategies read this one, not "
+              "training_args'): sets actor_train.training_args.max_grad_norm; both written with different "
+              "values is an error.")
+    # --- the agentic pipeline (docs/agentic.md) ---
+    custom_envs: Dict[str, CustomEnvConfig] = field(
+        default_factory=dict, metadata={"help": "`pipeline: agentic`: the environments by tag "
+                                                "(`custom_envs.<tag>.*`), played by the env managers' `tags`."})
+    train_env_manager: EnvManagerConfig = _sub(EnvManagerConfig, "`pipeline: agentic`: the training episodes "
+                                                                 "of each step.")
+    val_env_manager: EnvManagerConfig = field(
+        default_factory=lambda: EnvManagerConfig(generating_args=GeneratingArgs(temperature=0.0)),
+        metadata={"help": "`pipeline: agentic`: validation episodes every eval_steps (greedy by default); "
+                          "`val/success_rate` is the fraction of them solved."})
+    sequence_length: int = _f(
+        1024, "`pipeline: agentic`: token budget of one whole trajectory (system prompt, observations, tool "
+              "results and every turn). A trajectory that reaches it ends truncated (`traj/truncated`); the "
+              "rollout engine's max_model_len. Must fit the model's positions.")
+    val_batch_size: int = _f(16, "`pipeline: agentic`: validation trajectories (a multiple of "
+                                 "val_env_manager.group_size).")
+    reward_normalization: RewardNormalizationConfig = _sub(
+        RewardNormalizationConfig, "`pipeline: agentic`: how trajectory (or step) rewards are normalised "
+                                   "before the advantage estimator (ROLL's block).")
+    step_reward_gamma: float = _f(
+        1.0, "`adv_estimator: step_reinforce`: discount of later turns' rewards in each turn's return "
+             "G_t = r_t + gamma * G_{t+1}, in [0, 1].")
+    batch_adjust_mode: str = _f(
+        "copy", "`env_manager_cls: step` (a sample per turn, so the count varies): make the samples a "
+                "multiple of the mini-batch by `copy` (repeat samples, deterministically), `delete` (drop the "
+                "last ones), `auto` (whichever changes fewer) or `random_sample` (delete at random, seeded). "
+                "Trajectory-wise managers always give rollout_batch_size samples.",
+        ["copy", "delete", "auto", "random_sample"])
+    ratio_type: str = _refused_unless(
+        "token", "ROLL's importance ratio unit for agentic runs (`segment`: per turn).",
+        "per-turn ratios are not built; importance_sampling: seq takes one ratio over the agent tokens of "
+        "the whole trajectory (or turn, with env_manager_cls: step).")
+    episode_reward_weight: float = _refused_unless(1.0, "GiGPO's episode-level advantage weight.",
+                                                   "GiGPO is not built (adv_estimator: grpo, reinforce, "
+                                                   "step_reinforce).")
+    step_reward_weight: float = _refused_unless(1.0, "GiGPO's step-level advantage weight.",
+                                                "GiGPO is not built.")
+    render_save_dir: Optional[str] = _f(
+        None, "`pipeline: agentic`: each validation's episodes are written here as text transcripts "
+              "(`val_step_<N>.jsonl`: tag, seed, reward, success, turns, the decoded conversation). "
+              "ROLL saves rendered frames.")
 
     # --- roles ---
     actor_train: RoleConfig = field(
@@ -863,8 +1053,21 @@ class PipelineConfig:
     validation: ValidationConfig = _sub(ValidationConfig, "Held-out evaluation every eval_steps.")
 
     # --- facts derived from the keys (no key of their own) ---
+    def has_rollout(self) -> bool:
+        """An RL pipeline: a rollout engine, its weight sync and the policy loss (rlvr, agentic)."""
+        return self.pipeline in ("rlvr", "agentic")
+
+    def max_sequence_tokens(self) -> int:
+        """Tokens of the longest sequence the rollout engine and the trainer see."""
+        return self.sequence_length if self.pipeline == "agentic" else self.prompt_length + self.response_length
+
     def needs_reference(self) -> bool:
-        """A reference model is started: a KL term needs its log-probs."""
+        """A reference model is started: a KL term needs its log-probs, and the policy is not LoRA-trained
+        (then actor_train scores them with its adapter disabled)."""
+        return self.needs_reference_log_probs() and not self.actor_train.model_args.uses_lora()
+
+    def needs_reference_log_probs(self) -> bool:
+        """A KL term needs the reference's log-probs (from the reference role, or LoRA's base model)."""
         return self.use_kl_loss or self.add_token_level_kl
 
     def mini_batch_size(self) -> int:

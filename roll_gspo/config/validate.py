@@ -10,10 +10,13 @@ import os
 from typing import AbstractSet, List, Optional
 
 from roll_gspo.config import roll_compat
+from roll_gspo.config.agentic_checks import (AGENTIC_TEMPLATE_KEYS, agentic_notices, agentic_problems,
+    agentic_keys_in_other_pipelines, fill_agentic_defaults, infer_agentic_pipeline)
 from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.role_reads import ignored_key_notices, unread_key_problems
 from roll_gspo.config.rollout_logprobs import choose_old_logprob_source, rollout_logprobs_bias, vllm_dtype_name
 from roll_gspo.config.fsdp2_config import fsdp2_notices, fsdp2_problems
+from roll_gspo.config.lora import lora_problems, lora_warnings
 from roll_gspo.config.schema import FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
 from roll_gspo.placement.device_mapping import device_mapping_problems, tensor_parallel_problems
 
@@ -29,6 +32,8 @@ MANY_OPTIMIZER_STEPS_PER_ROLLOUT = 16
 
 def _fill_derived(cfg: PipelineConfig) -> None:
     """Turn the schema's null defaults into their documented values, in place."""
+    if cfg.pipeline == "agentic":
+        fill_agentic_defaults(cfg)  # before the generic ones: its lengths come from sequence_length
     for role in (cfg.actor_train, cfg.actor_infer, cfg.reference):
         role.model_args.model_name_or_path = role.model_args.model_name_or_path or cfg.pretrain
     # Only null means "the default": an explicit 0 stays 0 and is refused by _range_problems.
@@ -85,7 +90,10 @@ def _range_problems(cfg: PipelineConfig) -> List[str]:
     for name in ("adam_beta1", "adam_beta2"):
         if not 0 <= getattr(args, name) < 1:
             problems.append(f"actor_train.training_args.{name}: must be in [0, 1), got {getattr(args, name)}")
-    if cfg.pipeline == "rlvr":
+    if cfg.pipeline == "agentic":
+        for key in ("train_env_manager", "val_env_manager"):
+            problems += _generating_problems(getattr(cfg, key).generating_args, f"{key}.generating_args")
+    if cfg.has_rollout():
         problems += _generating_problems(cfg.actor_infer.generating_args, "actor_infer.generating_args")
         problems += _generating_problems(cfg.validation.generating_args, "validation.generating_args")
     return problems
@@ -166,7 +174,7 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
     if "model" in engine and _model_key(str(engine["model"])) != _model_key(infer_model):
         problems.append(f"{key}.model = {engine['model']!r}: the rollout model is "
                         f"actor_infer.model_args.model_name_or_path ({infer_model!r}); drop the engine's model")
-    needed = cfg.prompt_length + cfg.response_length
+    needed = cfg.max_sequence_tokens()
     if isinstance(engine.get("max_model_len"), int) and engine["max_model_len"] < needed:
         problems.append(f"{key}.max_model_len = {engine['max_model_len']} is less than prompt_length + "
                         f"response_length = {cfg.prompt_length} + {cfg.response_length} = {needed}: vLLM would "
@@ -188,7 +196,8 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     batch = cfg.rollout_batch_size * group
     mini = cfg.mini_batch_size()
     args = cfg.actor_train.training_args
-    if batch % mini:
+    rlvr = cfg.pipeline == "rlvr"  # the agentic pipeline checks its own batch, groups and data (agentic_checks)
+    if rlvr and batch % mini:
         problems.append(
             f"batch arithmetic: rollout_batch_size * num_return_sequences_in_group = "
             f"{cfg.rollout_batch_size} * {group} = {batch} responses per step is not divisible by the "
@@ -204,7 +213,7 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
         problems.append("router_replay: true replays the experts recorded while the trainer computes the old "
                         "log-probs; it needs old_logprob_source: trainer (or auto, the default)")
     problems += _async_problems(cfg)
-    if cfg.adv_estimator in ("grpo", "rloo") and group < 2:
+    if rlvr and cfg.adv_estimator in ("grpo", "rloo") and group < 2:
         problems.append(f"adv_estimator {cfg.adv_estimator!r} needs num_return_sequences_in_group >= 2 "
                         f"(a group baseline of one response is the response itself), got {group}")
     if cfg.reward_shift and cfg.reward_scale:
@@ -224,11 +233,11 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
     if gen.num_return_sequences != group:
         problems.append(f"actor_infer.generating_args.num_return_sequences = {gen.num_return_sequences} "
                         f"contradicts num_return_sequences_in_group = {group}; leave it null")
-    for key, generating in (("actor_infer", gen), ("validation", cfg.validation.generating_args)):
+    for key, generating in (("actor_infer", gen), ("validation", cfg.validation.generating_args)) if rlvr else ():
         if generating.max_new_tokens > cfg.response_length:
             problems.append(f"{key}.generating_args.max_new_tokens = {generating.max_new_tokens} exceeds "
                             f"response_length = {cfg.response_length}")
-    if cfg.reward_norm in ("group", "batch"):
+    if rlvr and cfg.reward_norm in ("group", "batch"):
         size = group if cfg.reward_norm == "group" else batch
         if size < 2:
             problems.append(f"reward_norm: {cfg.reward_norm} over sets of {size} response (num_return_sequences_in_group"
@@ -245,9 +254,9 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
         problems.append(f"reference.strategy_args.strategy_name: must be 'deepspeed_infer' or 'fsdp2_infer' (or "
                         f"their '_train' names, the same frozen engines) or 'hf_infer', got "
                         f"{cfg.reference.strategy_args.strategy_name!r}")
-    if not cfg.actor_train.data_args.file_name:
+    if rlvr and not cfg.actor_train.data_args.file_name:
         problems.append("actor_train.data_args.file_name: no training prompts given")
-    if not cfg.rewards:
+    if rlvr and not cfg.rewards:
         problems.append("rewards: at least one reward domain is needed")
     for domain, reward in cfg.rewards.items():
         if reward.worker_cls.endswith("FunctionRewardWorker") and not reward.reward_fn:
@@ -255,7 +264,8 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
                             f"`pkg.module:function`")
         problems += _reward_problems(domain, reward)
     problems += _model_and_engine_problems(cfg)
-    problems += unread_key_problems(cfg, yaml_keys)
+    problems += [p for p in unread_key_problems(cfg, yaml_keys)
+                 if rlvr or not AGENTIC_TEMPLATE_KEYS.match(p)]  # agentic: checked by agentic_checks
     stage = cfg.actor_train.strategy_args.strategy_config.get("zero_optimization", {}).get("stage", 0)
     if cfg.actor_train.strategy_args.strategy_name == "deepspeed_train" and stage not in (0, 1, 2, 3):
         problems.append(f"actor_train.strategy_args.strategy_config.zero_optimization.stage: must be "
@@ -302,7 +312,7 @@ def _dynamic_batching_problems(cfg: PipelineConfig) -> List[str]:
     """Token-budget micro-batches: a budget that holds one whole sequence, and the keys only on
     roles whose passes they split (actor_train: train and infer; reference: infer)."""
     problems = []
-    longest = cfg.prompt_length + cfg.response_length
+    longest = cfg.max_sequence_tokens()
     readers = {"actor_train": ("train", "infer"), "reference": ("infer",), "actor_infer": ()}
     for name, phases in readers.items():
         role: RoleConfig = getattr(cfg, name)
@@ -319,7 +329,8 @@ def _dynamic_batching_problems(cfg: PipelineConfig) -> List[str]:
             if not budget or budget < longest:
                 problems.append(f"{name}.max_tokens_per_microbatch_in_{phase} = {budget}: with "
                                 f"use_dynamic_batching_in_{phase} it must be set to at least one whole sequence, "
-                                f"prompt_length + response_length = {longest} tokens")
+                                f"{'sequence_length' if cfg.pipeline == 'agentic' else 'prompt_length + response_length'}"
+                                f" = {longest} tokens")
             if rounding < 1:
                 problems.append(f"{name}.sequence_length_round_in_{phase}: must be >= 1, got {rounding}")
     return problems
@@ -488,15 +499,21 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     `yaml_keys`: dotted paths the YAML writes (the loader passes them); a key never read by its
     role is refused only when written there. None: every key that differs from its default counts.
     """
+    pipeline_notices = infer_agentic_pipeline(cfg, yaml_keys)  # ROLL picks the pipeline by its start script
     placement_problems = device_mapping_problems(cfg)  # derives world_size before the batch arithmetic
+    placement_problems += roll_compat.pipeline_grad_norm_problems(cfg, yaml_keys)
     _fill_derived(cfg)
     problems = placement_problems + _positive(cfg) + _range_problems(cfg)
-    if cfg.pipeline == "rlvr":
+    if cfg.has_rollout():
         problems += _sampling_problems(cfg)
-    problems += _rlvr_problems(cfg, yaml_keys) if cfg.pipeline == "rlvr" else _sft_problems(cfg)
+    problems += _rlvr_problems(cfg, yaml_keys) if cfg.has_rollout() else _sft_problems(cfg)
+    if cfg.pipeline == "agentic":
+        problems += agentic_problems(cfg, yaml_keys)
+    problems += agentic_keys_in_other_pipelines(cfg, yaml_keys)
     problems += _dynamic_batching_problems(cfg)
     problems += roll_compat.roll_semantic_problems(cfg)
     problems += fsdp2_problems(cfg)
+    problems += lora_problems(cfg)
     if not placement_problems:  # colocation and weight routes read the parsed device mappings
         from roll_gspo.placement.cluster_plan import weight_route_problems
         from roll_gspo.placement.colocation import colocation_problems, fill_gpu_memory_utilization
@@ -505,11 +522,12 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
         problems += weight_route_problems(cfg)
     if problems:
         raise ConfigError(problems)
-    if cfg.pipeline == "rlvr":
+    if cfg.has_rollout():
         fill_gpu_memory_utilization(cfg)  # a shared GPU: vLLM reserves its share, not vLLM's 0.9
     warns = _warn_traps(cfg) + ignored_key_notices(cfg, yaml_keys) + _no_validation_notice(cfg) \
-        if cfg.pipeline == "rlvr" else []
-    warns += roll_compat.roll_warnings(cfg) + fsdp2_notices(cfg)
+        if cfg.pipeline == "rlvr" else _warn_traps(cfg) + agentic_notices(cfg, yaml_keys) \
+        if cfg.pipeline == "agentic" else []
+    warns += roll_compat.roll_warnings(cfg) + fsdp2_notices(cfg) + pipeline_notices + lora_warnings(cfg)
     for message in warns:
         logger.warning(message)
     return warns

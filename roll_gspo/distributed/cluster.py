@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import weakref
 from typing import Any, Dict, List, Optional
 
 import ray
@@ -144,6 +145,51 @@ def describe_dead_actor(text: str) -> str:
             f"pid {pid.group(1) if pid else 'unknown'}) died")
 
 
+MEMORY_KILL_MARK = "running low on memory"  # in Ray's memory monitor's message (OutOfMemoryError, exit detail)
+
+
+def is_memory_kill(exc: BaseException) -> bool:
+    """Whether `exc` (or the remote error it wraps) says Ray's memory monitor killed a worker."""
+    return isinstance(exc, ray.exceptions.OutOfMemoryError) or MEMORY_KILL_MARK in str(exc)
+
+
+def describe_memory_kill(text: str, ranks: Optional[Dict[int, str]] = None, fallback: str = "a worker") -> str:
+    """One line from Ray's memory-monitor message: which rank (by the killed process's pid in
+    `ranks`, {pid: "role <name> rank <r>"}; else `fallback`), its resident memory, and the host's.
+
+    Ray's text: "... where the task (actor ID: ..., name=ActorTrainWorker.train_step, pid=4331,
+    memory used=10.52GB) was running was 22.41GB / 23.45GB (0.955), which exceeds the memory usage
+    threshold of 0.95. Ray killed this worker ..." (fields missing in older Rays are left out)."""
+    import re
+
+    def find(pattern: str) -> Optional[str]:
+        match = re.search(pattern, text)
+        return match.group(1) if match else None
+
+    pid, used, task = find(r"\bpid=(\d+)"), find(r"memory used=([\d.]+\s*[KMGT]?B)"), find(r"\bname=([\w.<>-]+)")
+    host = re.search(r"was running was ([\d.]+\s*[KMGT]?B) / ([\d.]+\s*[KMGT]?B)", text)
+    threshold = find(r"memory usage threshold of ([\d.]+)")
+    who = (ranks or {}).get(int(pid)) if pid else None
+    who = who or (f"{fallback} ({task}, pid {pid})" if task and pid else fallback)
+    held = f" holding {used}" if used else ""
+    where = (f" when the host's memory use reached {host.group(1)} of {host.group(2)}"
+             + (f" (Ray's threshold: {threshold})" if threshold else "")) if host else ""
+    return (f"{who} was killed for memory by Ray{held}{where}. `run_pipeline.py --config ... --dry-run` prints each "
+            f"process's estimated peak and the keys that shrink it; the run stops, its last complete checkpoint is "
+            f"intact (resume with resume_from_checkpoint=auto)")
+
+
+_CLUSTERS: "weakref.WeakSet" = weakref.WeakSet()  # this driver's clusters, to name a process by its pid
+
+
+def known_rank_pids() -> Dict[int, str]:
+    """{process id: "role <name> rank <r>"} over every cluster of this driver."""
+    pids: Dict[int, str] = {}
+    for cluster in list(_CLUSTERS):
+        pids.update(cluster.rank_pids())
+    return pids
+
+
 class Cluster:
     """`world_size` Ray actors of `worker_cls`, one per rank of a role.
 
@@ -190,6 +236,7 @@ class Cluster:
             self.workers.append(worker)
         # Where each rank lives, asked now so that a rank's death can be reported with it.
         self._whereabouts = [w.whereabouts.remote() for w in self.workers]
+        _CLUSTERS.add(self)
 
     def setup_async(self) -> List[ray.ObjectRef]:
         return self.execute_all_async("setup")
@@ -206,19 +253,33 @@ class Cluster:
             ready, pending = ray.wait(pending, num_returns=1)
             try:
                 ray.get(ready[0])
-            except ray.exceptions.RayActorError as exc:
+            except Exception as exc:
+                if not (isinstance(exc, ray.exceptions.RayActorError) or is_memory_kill(exc)):
+                    self.shutdown()
+                    raise
                 rank = list(refs).index(ready[0])
-                if isinstance(exc, ray.exceptions.RayTaskError):  # alive, but a worker it called died
+                if is_memory_kill(exc):  # Ray's memory monitor: one line with the rank and its memory
+                    nested = isinstance(exc, ray.exceptions.RayTaskError)  # a worker this rank called
+                    message = describe_memory_kill(str(exc), known_rank_pids(), (
+                        f"a worker called by role {self.name} rank {rank}" if nested else f"role {self.name} rank {rank}"))
+                elif isinstance(exc, ray.exceptions.RayTaskError):  # alive, but a worker it called died
                     message = (f"role {self.name} rank {rank} failed because a worker it called died: "
                                f"{describe_dead_actor(str(exc))}")
                 else:
                     message = self.death_message(rank, exc)
                 self.shutdown()
                 raise WorkerDiedError(message) from exc
-            except Exception:
-                self.shutdown()
-                raise
         return ray.get(list(refs))
+
+    def rank_pids(self) -> Dict[int, str]:
+        """{process id: "role <name> rank <r>"} of the ranks that answered where they live."""
+        pids = {}
+        for rank, ref in enumerate(getattr(self, "_whereabouts", [])):
+            try:
+                pids[int(ray.get(ref, timeout=5)[1])] = f"role {self.name} rank {rank}"
+            except Exception:  # died before it could answer
+                continue
+        return pids
 
     def death_message(self, rank: int, exc: BaseException) -> str:
         try:

@@ -9,11 +9,14 @@ from typing import List
 
 import numpy as np
 
-STREAMS = {"train": 0, "validation": 1}
+STREAMS = {"train": 0, "validation": 1,
+           # The agentic pipeline: env seeds of a step's groups, sampling seeds of its turns.
+           "train-env": 2, "validation-env": 3, "train-turns": 4, "validation-turns": 5}
 
 
 def stream_id(stream: str) -> int:
-    """`train`, `validation`, or `train-round<k>` (dynamic sampling's k-th generation of a step)."""
+    """`train`, `validation`, `train-round<k>` (dynamic sampling's k-th generation of a step), or
+    the agentic pipeline's `{train,validation}-{env,turns}`."""
     if stream.startswith("train-round"):
         return 1000 + int(stream[len("train-round"):])
     return STREAMS[stream]

@@ -50,6 +50,8 @@ def build_sequences(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[
 def _accepts_logits_to_keep(model) -> bool:
     """Whether the (possibly DeepSpeed-wrapped) causal LM's forward takes `logits_to_keep`."""
     module = getattr(model, "module", model)
+    if hasattr(module, "get_base_model"):  # a PEFT model passes its keywords on to the base model's forward
+        module = module.get_base_model()
     try:
         return "logits_to_keep" in inspect.signature(module.forward).parameters
     except (TypeError, ValueError):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from roll_gspo.placement.memory import (GIB, MARGIN, ModelShape, frozen_memory, rollout_memory,
-                                         shape_of_model_folder, training_memory)
+                                         lora_parameters, shape_of_model_folder, training_memory)
 from roll_gspo.placement.weight_routes import DevicePlace, WeightRouteError, route_lines, weight_routes
 
 PHASES = ("rollout", "train")
@@ -429,10 +429,12 @@ def _occupant(cfg, name: str, role, rank: int, tp_rank: int, tp: int, shape: Opt
         occupant = Occupant(name, rank, f"{'FSDP2' if strategy.startswith('fsdp2') else f'ZeRO-{zero}'}, "
                                         f"{_ranks(role.world_size)}")
         if shape is not None:
+            lora = role.model_args  # LoRA: gradients and Adam's states of the adapter only
             occupant.parts = training_memory(
                 shape, dtype=dtype, zero_stage=zero, world_size=role.world_size,
                 micro_batch=role.training_args.per_device_train_batch_size, seq_len=seq_len,
-                gradient_checkpointing=role.model_args.gradient_checkpointing)
+                gradient_checkpointing=role.model_args.gradient_checkpointing,
+                trainable=lora_parameters(shape, lora.lora_target, lora.lora_rank or 8) if lora.lora_target else None)
         return occupant
     if strategy == "hf_infer" and name == "actor_infer":
         occupant = Occupant(name, rank, "hf_infer rollout")

@@ -114,7 +114,7 @@ def _floor4(value: float) -> float:
 def offload_between_phases(cfg) -> bool:
     """`is_offload_states`, or when null: whether the rollout role shares its GPUs. Never in the
     sft pipeline, which has no rollout (an explicit true there is refused)."""
-    if cfg.pipeline != "rlvr":
+    if not cfg.has_rollout():
         return False
     if cfg.is_offload_states is not None:
         return bool(cfg.is_offload_states)
@@ -173,7 +173,7 @@ def colocation_problems(cfg) -> List[str]:
     if cfg.offload_train_params and not offload:
         problems.append("offload_train_params = true does nothing without offloading between phases "
                         f"(is_offload_states {_offload_reason(cfg)}); set is_offload_states: true or drop it")
-    if cfg.is_offload_states and cfg.pipeline != "rlvr":
+    if cfg.is_offload_states and not cfg.has_rollout():
         problems.append("is_offload_states = true: the sft pipeline has no rollout phase to offload around; "
                         "drop it")
     if offload:

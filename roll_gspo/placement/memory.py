@@ -87,19 +87,47 @@ class ModelShape:
         return self.intermediate_size
 
 
+# A decoder layer's linear modules by their last name: (in, out) features.
+def _linear_shapes(shape: ModelShape) -> Dict[str, tuple]:
+    h, q_dim, kv, ffn = shape.hidden_size, shape.num_heads * shape.head_dim, shape.kv_dim, shape.intermediate_size
+    return {"q_proj": (h, q_dim), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q_dim, h),
+            "gate_proj": (h, ffn), "up_proj": (h, ffn), "down_proj": (ffn, h)}
+
+
+def lora_parameters(shape: ModelShape, lora_target: str, rank: int) -> int:
+    """Parameters of rank-`rank` LoRA adapters (r x (in + out) per adapted linear layer) on the
+    decoder layers' linear modules that `lora_target` selects: `all-linear`, a comma list of names,
+    or a regex over whole names (tried on `model.layers.0.self_attn.q_proj`-style names)."""
+    import re
+
+    linear = _linear_shapes(shape)
+    text = str(lora_target)
+    if any(mark in text for mark in ("*", "$", "|", "(")):
+        chosen = [n for n in linear if any(re.fullmatch(text, f"model.layers.0.{part}.{n}") for part in ("self_attn", "mlp"))]
+    else:
+        names = {item.strip() for item in text.split(",")}
+        chosen = list(linear) if "all-linear" in names else [n for n in linear if n in names]
+    return shape.num_layers * sum(rank * (linear[n][0] + linear[n][1]) for n in chosen)
+
+
 def training_memory(shape: ModelShape, *, dtype: str, zero_stage: int, world_size: int, micro_batch: int,
-                    seq_len: int, gradient_checkpointing: bool = False) -> Dict[str, float]:
+                    seq_len: int, gradient_checkpointing: bool = False,
+                    trainable: Optional[int] = None) -> Dict[str, float]:
     """Bytes per training device: weights, gradients, optimizer, activations (with gradient
-    checkpointing: each layer's input, plus one layer's full activations while it is recomputed)."""
+    checkpointing: each layer's input, plus one layer's full activations while it is recomputed).
+    `trainable` (LoRA: the adapter's parameters, `lora_parameters`): only those have gradients and
+    optimizer states; the frozen weights are held (sharded under ZeRO-3) beside the adapter."""
     params, b, n = shape.num_parameters(), DTYPE_BYTES[dtype], max(world_size, 1)
-    optimizer = 8.0 * params + (4.0 * params if b < 4 else 0.0)
+    trained = params if trainable is None else trainable
+    weights = params + (trainable or 0)
+    optimizer = 8.0 * trained + (4.0 * trained if b < 4 else 0.0)
     tokens = micro_batch * seq_len
     per_token_layer = 8 * shape.hidden_size + 2 * shape.kv_dim + 4 * shape.active_ffn_size()
     saved = (shape.num_layers * shape.hidden_size + per_token_layer if gradient_checkpointing
              else shape.num_layers * per_token_layer)
     return {
-        "weights": b * params / (n if zero_stage >= 3 else 1),
-        "gradients": b * params / (n if zero_stage >= 2 else 1),
+        "weights": b * weights / (n if zero_stage >= 3 else 1),
+        "gradients": b * trained / (n if zero_stage >= 2 else 1),
         "optimizer": optimizer / (n if zero_stage >= 1 else 1),
         "activations": float(tokens * saved * b + tokens * shape.vocab_size * 8),
     }

@@ -133,6 +133,7 @@ def _same_output(got: str, expected: str) -> bool:
 class ProgramResult:
     verdict: str  # passed | failed | crashed | blocked | timeout | killed
     detail: str = ""
+    stdout: str = ""  # what an input-kind program printed (the agentic Python tool shows it)
 
 
 class Sandbox:
@@ -258,7 +259,10 @@ class Sandbox:
                 _kill_group(proc)  # nothing it started outlives it (namespaces do the rest)
             stdout = _read_back(stdout_file, self.max_file_mb << 20)
             tail = _read_back(stderr_file, self.max_file_mb << 20)[-300:]
-        return _result(kind, proc.returncode, stdout, tail, expected_stdout)
+        result = _result(kind, proc.returncode, stdout, tail, expected_stdout)
+        if kind == "input":  # an assert run's stdout is the judge's verdict line, not the program's
+            result.stdout = stdout
+        return result
 
 
 def _result(kind: str, code: int, stdout: str, tail: str, expected_stdout: Optional[str]) -> ProgramResult:

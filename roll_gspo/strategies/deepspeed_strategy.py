@@ -155,6 +155,9 @@ class DeepSpeedStrategy(TrainEngineStrategy):
     def forward_is_collective(self) -> bool:
         return self.zero_stage == 3  # ZeRO-3 gathers parameters in every forward pass
 
+    def _lora(self) -> bool:
+        return self.train and self.role.model_args.uses_lora()
+
     # -- steps -----------------------------------------------------------------------------
     def backward_and_step(self, loss: torch.Tensor, boundary: Optional[bool] = None) -> None:
         """Backward one micro-batch loss that already carries its share of the mini-batch
@@ -189,11 +192,13 @@ class DeepSpeedStrategy(TrainEngineStrategy):
             yield {id(p): p.detach().to("cpu", copy=True) if self.rank == 0 else None for p in params}
 
     def save_checkpoint(self, folder: str) -> None:
+        """The engine's state; a LoRA model's frozen base weights are left out (they are the
+        pretrained ones): the checkpoint holds the adapter and its optimizer state."""
         with self.offloader.on_device():
-            self.engine.save_checkpoint(folder, tag="engine")
+            self.engine.save_checkpoint(folder, tag="engine", exclude_frozen_parameters=self._lora())
 
     def load_checkpoint(self, folder: str) -> None:
         with self.offloader.on_device():
-            path, _ = self.engine.load_checkpoint(folder, tag="engine")
+            path, _ = self.engine.load_checkpoint(folder, tag="engine", load_module_strict=not self._lora())
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")

@@ -228,7 +228,7 @@ class FSDP2Strategy(TrainEngineStrategy):
             state = self._sharded_state()
             dcp.load(state, checkpoint_id=path, process_group=self._checkpoint_group())
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
+                           optim_state_dict=state["optimizer"], options=self._state_options())
         trainer = torch.load(os.path.join(folder, TRAINER_STATE))
         self.scheduler.load_state_dict(trainer["scheduler"])
         self.global_steps, self._micro_steps = trainer["global_steps"], trainer["micro_steps"]
@@ -252,8 +252,15 @@ class FSDP2Strategy(TrainEngineStrategy):
         optimizer's states are created first, so that a load has tensors to fill)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=self._state_options())
         return {"model": model_state, "optimizer": optimizer_state}
+
+    def _state_options(self):
+        """A LoRA model's checkpoint leaves its frozen base weights out (they are the pretrained ones)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        lora = self.role.model_args.uses_lora()
+        return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
 
 def _rng_state() -> Dict[str, torch.Tensor]:

@@ -22,6 +22,7 @@ import torch
 
 from roll_gspo.config.schema import RoleConfig
 from roll_gspo.models.causal_lm import disable_dropout, load_causal_lm
+from roll_gspo.strategies.lora import WeightEntry
 
 logger = logging.getLogger("roll_gspo.train_engine")
 
@@ -45,11 +46,18 @@ def use_cpu_threads() -> None:
 
 def load_policy_model(role: RoleConfig, train: bool, dtype: str):
     """The role's causal LM in `dtype`, as RL scores it: gradient checkpointing when the role
-    trains with it, dropout off. Returns (model, the config as loaded, for saving)."""
+    trains with it, dropout off, wrapped by PEFT when it trains a LoRA adapter (model_args.lora_target;
+    roll_gspo.strategies.lora). Returns (model, the config as loaded, for saving)."""
     model = load_causal_lm(role.model_args.model_name_or_path, dtype, role.model_args.attn_implementation)
     if train and role.model_args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model_config = copy.deepcopy(model.config)  # saved as loaded, dropout included
+    if train and role.model_args.uses_lora():
+        from roll_gspo.strategies.lora import apply_lora
+
+        if role.model_args.gradient_checkpointing:
+            model.enable_input_require_grads()  # recomputed layers need an input that requires grad
+        model = apply_lora(model, role.model_args)
     # Old log-probs (eval mode), new ones (train mode) and the reference must score one policy.
     if disable_dropout(model):
         logger.info("dropout disabled in %s: RL forward passes run without it", role.model_args.model_name_or_path)
@@ -57,8 +65,10 @@ def load_policy_model(role: RoleConfig, train: bool, dtype: str):
 
 
 def build_optimizer(parameters, role: RoleConfig, total_optimizer_steps: int):
-    """(torch AdamW over `parameters`, its LambdaLR schedule) from the role's training_args."""
+    """(torch AdamW over those of `parameters` that train (a LoRA model's adapter), its LambdaLR
+    schedule) from the role's training_args."""
     args = role.training_args
+    parameters = [p for p in parameters if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=args.learning_rate, weight_decay=args.weight_decay,
                                   betas=(args.adam_beta1, args.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -66,14 +76,18 @@ def build_optimizer(parameters, role: RoleConfig, total_optimizer_steps: int):
     return optimizer, scheduler
 
 
-def _one_copy_per_name(group: List[Tuple[str, torch.nn.Parameter]],
-                       full: Dict[int, torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
-    """(name, whole tensor) for each name of `group`; a tied weight's second name gets a copy of
-    its own, as a checkpoint holds it (safetensors refuses two names on one storage)."""
+def _one_copy_per_name(group: List[WeightEntry], full: Dict[int, torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
+    """(name, whole tensor) for each entry of `group` (its `combine` applied: LoRA's merge); a tied
+    weight's second name gets a copy of its own, as a checkpoint holds it (safetensors refuses two
+    names on one storage)."""
     named, seen = [], set()
-    for name, param in group:
+    for entry in group:
+        if entry.combine is not None:
+            named.append((entry.name, entry.combine([full[id(p)] for p in entry.params])))
+            continue
+        param = entry.params[0]
         tensor = full[id(param)]
-        named.append((name, tensor.clone() if id(param) in seen else tensor))
+        named.append((entry.name, tensor.clone() if id(param) in seen else tensor))
         seen.add(id(param))
     return named
 
@@ -115,20 +129,31 @@ class TrainEngineStrategy:
         return self.max_over_ranks([local_passes])[0]
 
     # -- weights --------------------------------------------------------------------------------
-    def iter_weight_buckets(self, bucket_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:
-        """Full weights in buckets of at most `bucket_bytes` (one parameter may exceed it), at most
-        one bucket of full tensors alive at a time. Collective where the weights are sharded (every
-        rank must iterate); tensors are CPU copies, meaningful on rank 0 only."""
+    def weight_entries(self, adapter: bool = False) -> List[WeightEntry]:
+        """What the weight sync and the HF save hand out, in order: every weight under its checkpoint
+        name (a LoRA model's with the adapter merged in); `adapter`: the LoRA adapter's tensors only."""
+        from roll_gspo.strategies.lora import adapter_weight_entries, is_peft_model, merged_weight_entries
+
+        if is_peft_model(self.module):
+            return adapter_weight_entries(self.module) if adapter else merged_weight_entries(self.module)
+        if adapter:
+            raise RuntimeError("no LoRA adapter to hand out: the model trains every weight")
         # Tied weights under every name (e.g. lm_head.weight = embed_tokens.weight), as in a
         # checkpoint: vLLM's in-place reload does not re-tie them by itself.
-        named = list(self.module.named_parameters(remove_duplicate=False))
-        group: List[Tuple[str, torch.nn.Parameter]] = []
+        return [WeightEntry(name, (param,)) for name, param in self.module.named_parameters(remove_duplicate=False)]
+
+    def iter_weight_buckets(self, bucket_bytes: int, adapter: bool = False) -> Iterator[List[Tuple[str, torch.Tensor]]]:
+        """Full weights (`weight_entries`) in buckets of at most `bucket_bytes` (one tensor may exceed
+        it), at most one bucket of full tensors alive at a time. Collective where the weights are
+        sharded (every rank must iterate); tensors are CPU copies, meaningful on rank 0 only."""
+        entries = self.weight_entries(adapter)
+        group: List[WeightEntry] = []
         size = 0
-        for index, (name, param) in enumerate(named):
-            group.append((name, param))
-            size += self.full_numel(param) * param.element_size()
-            if size >= bucket_bytes or index == len(named) - 1:
-                with self.full_weights(list({id(p): p for _, p in group}.values())) as full:
+        for index, entry in enumerate(entries):
+            group.append(entry)
+            size += self.full_numel(entry.params[0]) * entry.params[0].element_size()
+            if size >= bucket_bytes or index == len(entries) - 1:
+                with self.full_weights(list({id(p): p for e in group for p in e.params}.values())) as full:
                     yield _one_copy_per_name(group, full) if self.rank == 0 else []
                 group, size = [], 0
 
@@ -143,11 +168,19 @@ class TrainEngineStrategy:
 
     def save_hf_model(self, folder: str, tokenizer_source: str) -> None:
         """Consolidated weights in Hugging Face format (rank 0 writes), loadable by transformers
-        and vLLM. Collective: every rank gathers."""
-        state = {}
+        and vLLM; a LoRA model's merged, and its adapter in `<folder>/adapter` (PEFT's format).
+        Collective: every rank gathers."""
+        from roll_gspo.strategies.lora import adapter_config, is_peft_model, save_adapter
+
+        state, adapter = {}, {}
         with self.offloader.on_device():
             for bucket in self.iter_weight_buckets(256 << 20):
                 state.update(bucket)
+            if is_peft_model(self.module):
+                for bucket in self.iter_weight_buckets(256 << 20, adapter=True):
+                    adapter.update(bucket)
+        if self.rank == 0 and is_peft_model(self.module):
+            save_adapter(os.path.join(folder, "adapter"), adapter, adapter_config(self.module, tokenizer_source))
         if self.rank == 0:
             # Written directly rather than through a model object: instantiating one on rank 0
             # alone while ZeRO-3's HfDeepSpeedConfig is alive would deadlock the other ranks.

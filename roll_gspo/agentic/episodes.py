@@ -1,0 +1,96 @@
+"""Which episodes a step plays, and what its trajectories measure.
+
+A batch is groups of `group_size` episodes; every episode of a group plays the same env (tag,
+config) from the same seed, so the group is the GRPO/GSPO baseline set. Groups are split over the
+manager's tags by `num_groups_partition`. Seeds are functions of (seed, step, group, stream): a
+resumed run plays the episodes an uninterrupted one does; validation plays the same episodes at
+every evaluation, so its curve compares like with like.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+
+from roll_gspo.agentic.trajectory import STOP_REASONS, EpisodeSpec, Trajectory
+from roll_gspo.config.schema import EnvManagerConfig
+from roll_gspo.data.prompts import allot
+from roll_gspo.lifecycle.seeding import rollout_seeds
+
+
+def groups_per_tag(manager: EnvManagerConfig, groups: int) -> Dict[str, int]:
+    """`groups` split over the manager's tags by num_groups_partition (equal shares when empty)."""
+    shares = manager.num_groups_partition or [1] * len(manager.tags)
+    return allot(groups, {tag: float(share) for tag, share in zip(manager.tags, shares)})
+
+
+def episode_specs(manager: EnvManagerConfig, trajectories: int, seed: int, step: int, stream: str) -> List[EpisodeSpec]:
+    """`trajectories` episodes (a multiple of group_size), consecutive within a group."""
+    size = manager.group_size
+    groups = trajectories // size
+    seeds = rollout_seeds(seed, step, groups, f"{stream}-env")
+    specs, group = [], 0
+    for tag, count in groups_per_tag(manager, groups).items():
+        for _ in range(count):
+            group_id = f"{tag}_{group}_{step}_{seeds[group]}"  # ROLL's traj_group_id: tag, group, episode, seed
+            specs += [EpisodeSpec(tag, seeds[group], group_id, group * size + k) for k in range(size)]
+            group += 1
+    return specs
+
+
+def turn_seed_fn(seed: int, step: int, count: int, stream: str):
+    """(index, turn) -> sampling seed of that turn, a function of the step (exact resume)."""
+    base = rollout_seeds(seed, step, count, f"{stream}-turns")
+
+    def turn_seed(index: int, turn: int) -> int:
+        return int((base[index] + 7919 * turn) % (2 ** 31 - 1))
+
+    return turn_seed
+
+
+def set_ids(trajectories: List[Trajectory], grouping: str) -> np.ndarray:
+    """(N,) the normalisation set of each trajectory: its group, its tag, or one set."""
+    if grouping == "batch":
+        return np.zeros(len(trajectories), dtype=np.int64)
+    keys = [t.spec.group_id if grouping == "traj_group_id" else t.spec.tag for t in trajectories]
+    index: Dict[str, int] = {}
+    return np.array([index.setdefault(k, len(index)) for k in keys], dtype=np.int64)
+
+
+def trajectory_metrics(trajectories: List[Trajectory], prefix: str) -> Dict[str, float]:
+    """Rewards, success, turns, lengths, stop reasons, env and tool events; overall and per tag
+    (`<prefix>/<tag>/...`). prefix: `traj` for training steps, `val` for validation."""
+    metrics = _summary(trajectories, prefix)
+    tags = sorted({t.spec.tag for t in trajectories})
+    if len(tags) > 1:
+        for tag in tags:
+            metrics.update(_summary([t for t in trajectories if t.spec.tag == tag], f"{prefix}/{tag}"))
+    return metrics
+
+
+def _summary(trajectories: List[Trajectory], prefix: str) -> Dict[str, float]:
+    n = max(len(trajectories), 1)
+    turns = sum(t.turns for t in trajectories)
+    rewards = [t.reward for t in trajectories]
+    out = {
+        f"{prefix}/reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+        f"{prefix}/reward_std": float(np.std(rewards)) if rewards else 0.0,
+        f"{prefix}/success_rate": sum(t.success for t in trajectories) / n,
+        f"{prefix}/num_turns_mean": turns / n,
+        f"{prefix}/length_mean": sum(t.length for t in trajectories) / n,
+        f"{prefix}/agent_tokens_mean": sum(sum(t.agent_mask) for t in trajectories) / n,
+        f"{prefix}/env_errors": float(sum(t.stop_reason == "env_error" for t in trajectories)),
+        f"{prefix}/env_timeouts": float(sum(t.stop_reason == "env_timeout" for t in trajectories)),
+        f"{prefix}/invalid_actions": float(sum(t.invalid_actions for t in trajectories)),
+        f"{prefix}/invalid_action_frac": sum(t.invalid_actions for t in trajectories) / max(turns, 1),
+        f"{prefix}/tool_calls": float(sum(t.tool_calls for t in trajectories)),
+        f"{prefix}/tool_call_rate": sum(t.tool_calls for t in trajectories) / max(turns, 1),
+        f"{prefix}/tool_errors": float(sum(t.tool_errors for t in trajectories)),
+    }
+    for reason in STOP_REASONS:
+        out[f"{prefix}/stop/{reason}"] = float(sum(t.stop_reason == reason for t in trajectories))
+    names = sorted({name for t in trajectories for name in t.env_metrics})
+    for name in names:
+        values = [t.env_metrics[name] for t in trajectories if name in t.env_metrics]
+        out[f"{prefix}/env_metric/{name}"] = float(np.mean(values))
+    return out

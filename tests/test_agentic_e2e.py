@@ -1,0 +1,152 @@
+"""The agentic pipeline for real (Ray, vLLM, DeepSpeed): ROLL's own FrozenLake and Sokoban examples
+(tests/data/roll/agentic/, only models, outputs, strategy names, GPU keys and size keys changed)
+pass --dry-run and train on CPU; an fp32 run's multi-turn log-prob gap is float noise; a resumed
+run replays the uninterrupted one's step exactly; bad agentic input is refused at load."""
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from roll_gspo.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+ROLL_DIR = REPO / "tests" / "data" / "roll"
+ROLL_AGENTIC = sorted((ROLL_DIR / "agentic").glob("*.yaml"))
+
+SMALL = {
+    "pipeline": "agentic", "exp_name": "agentic_test", "seed": 3, "track_with": "none", "max_steps": 2,
+    "pretrain": "builtin:tiny-arith-base", "sequence_length": 160, "rollout_batch_size": 8, "val_batch_size": 4,
+    "eval_steps": 2, "adv_estimator": "grpo", "importance_sampling": "seq", "pg_clip_low": 0.2, "pg_clip_high": 0.2,
+    "actor_train": {"training_args": {"learning_rate": 1e-3, "per_device_train_batch_size": 4},
+                    "strategy_args": {"strategy_name": "deepspeed_train",
+                                      "strategy_config": {"zero_optimization": {"stage": 0}}}},
+    "actor_infer": {"generating_args": {"temperature": 1.0}, "strategy_args": {"strategy_name": "vllm"}},
+    "custom_envs": {"Lake": {"env_type": "frozen_lake", "max_steps": 4, "max_tokens_per_step": 3,
+                             "agent_system_template": "", "agent_template": "{observation}\n",
+                             "env_config": {"size": 3, "p": 0.8, "is_slippery": False, "action_pattern": "^(.*)$",
+                                            "env_instruction": ""}}},
+    "train_env_manager": {"tags": ["Lake"], "num_env_groups": 2, "group_size": 4},
+    "val_env_manager": {"tags": ["Lake"], "num_env_groups": 4, "group_size": 1},
+}
+
+
+def small_config(tmp_path, **changes):
+    cfg = OmegaConf.merge(OmegaConf.create(SMALL), OmegaConf.create(changes))
+    cfg.output_dir = str(tmp_path / "out")
+    path = tmp_path / "agentic.yaml"
+    OmegaConf.save(cfg, path)
+    return load_config(str(path))
+
+
+def records(output_dir):
+    with open(os.path.join(output_dir, "metrics.jsonl")) as handle:
+        return [json.loads(line) for line in handle]
+
+
+def run(cfg):
+    from pipelines.agentic_pipeline import run_agentic
+
+    run_agentic(cfg)
+    return records(cfg.output_dir)
+
+
+@pytest.fixture
+def in_roll_dir(monkeypatch):
+    monkeypatch.chdir(ROLL_DIR)  # ROLL runs from its repository root; `defaults:` paths are relative
+
+
+@pytest.mark.parametrize("recipe", ROLL_AGENTIC, ids=[r.stem for r in ROLL_AGENTIC])
+def test_roll_agentic_recipe_dry_run(recipe, in_roll_dir, capsys):
+    from roll_gspo.cli import main
+
+    assert main(["--config", str(recipe), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "agentic pipeline" in out and "episodes (train): 8 = 2 groups x group_size 4" in out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("recipe,steps", [("agent_val_frozen_lake", 2), ("agentic_val_sokoban", 1)])
+def test_roll_agentic_recipe_trains(recipe, steps, tmp_path, in_roll_dir, session_cache, ray_session):
+    out = tmp_path / "out"
+    cfg = load_config(str(ROLL_DIR / "agentic" / f"{recipe}.yaml"),
+                      [f"max_steps={steps}", f"output_dir={out}", f"checkpoint_config.output_dir={out}",
+                       f"logging_dir={out}/tb", "track_with=none"])
+    rows = run(cfg)
+    trained = [r for r in rows if "actor/pg_loss" in r]
+    assert [r["step"] for r in trained] == list(range(1, steps + 1))
+    for row in trained:
+        assert row["traj/agent_tokens_mean"] > 0 and row["traj/num_turns_mean"] >= 1
+        assert row["traj/agent_tokens_mean"] < row["traj/length_mean"]  # observations are not in the loss
+        assert math.isfinite(row["rollout/logprob_gap"])
+    assert "val/success_rate" in rows[-1]
+    assert os.path.isdir(out / "final_model")
+
+
+@pytest.mark.e2e
+def test_fp32_gap_and_exact_resume(tmp_path, session_cache, ray_session):
+    """Multi-turn trajectories: the trainer's log-probs equal vLLM's (fp32); a run resumed from its
+    step-1 checkpoint plays and trains step 2 exactly as the uninterrupted run did."""
+    whole = small_config(tmp_path / "whole", save_steps=1, render_save_dir=str(tmp_path / "render"))
+    full = run(whole)
+    steps = {r["step"]: r for r in full if "actor/pg_loss" in r}
+    assert set(steps) == {1, 2}
+    for row in steps.values():
+        assert row["rollout/logprob_gap"] <= 1e-4
+        assert row["traj/num_turns_mean"] > 1
+    assert (tmp_path / "render" / "val_step_2.jsonl").exists()
+    first = json.loads((tmp_path / "render" / "val_step_0.jsonl").read_text().splitlines()[0])
+    assert first["messages"][0]["role"] == "user" and first["turns"] >= 1
+
+    resumed_dir = tmp_path / "resumed"
+    os.makedirs(resumed_dir)
+    import shutil
+
+    shutil.copytree(os.path.join(whole.output_dir, "checkpoints", "step_1"),
+                    resumed_dir / "out" / "checkpoints" / "step_1")
+    resumed = small_config(resumed_dir, resume_from_checkpoint="auto", eval_steps=0)
+    again = {r["step"]: r for r in run(resumed) if "actor/pg_loss" in r}
+    assert set(again) == {2}
+    for key in ("traj/reward_mean", "traj/length_mean", "traj/agent_tokens_mean", "actor/pg_loss",
+                "actor/entropy", "critic/advantages_max"):
+        assert again[2][key] == steps[2][key], key
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"custom_envs": {"Lake": {"env_type": "no_such_env"}}}, "env_type 'no_such_env' is unknown; valid: frozen_lake"),
+    ({"custom_envs": {"Lake": {"env_config": {"sizee": 3}}}}, "sizee"),
+    ({"custom_envs": {"Lake": {"env_config": {"action_pattern": "(unclosed"}}}}, "action_pattern"),
+    ({"custom_envs": {"Lake": {"agent_template": "{observation} {turn}"}}}, "unknown placeholders ['turn']"),
+    ({"train_env_manager": {"tags": ["Nope"]}}, "train_env_manager.tags: ['Nope'] are not custom_envs entries"),
+    ({"rollout_batch_size": 6}, "rollout_batch_size = 6 is not a multiple of train_env_manager.group_size = 4"),
+    ({"train_env_manager": {"group_size": 1}, "rollout_batch_size": 8},
+     "turns every reward into 0"),
+    ({"adv_estimator": "rloo"}, "adv_estimator 'rloo' is not built for the agentic pipeline"),
+    ({"async_generation_ratio": 1}, "async_generation_ratio"),
+    ({"sequence_length": 4096}, "sequence_length = 4096, but the model"),
+    ({"custom_envs": {"Lake": {"tool_wrapper": {"tool_configs": [{"tool_id": "nope"}]}}}}, "nope"),
+    ({"custom_envs": {"Lake": {"env_manager_cls": "roll.pipeline.agentic.env_manager.vl_traj_env_manager.X"}}},
+     "env_manager_cls"),
+    ({"ratio_type": "segment"}, "per-turn ratios are not built"),
+])
+def test_bad_agentic_input_is_refused_at_load(tmp_path, change, message):
+    from roll_gspo.config import preflight
+
+    with pytest.raises(ConfigError) as error:
+        preflight(small_config(tmp_path, **change))
+    assert message in str(error.value)
+
+
+def test_agentic_keys_in_an_rlvr_config_are_refused(tmp_path):
+    path = REPO / "examples" / "example_gspo.yaml"
+    with pytest.raises(ConfigError, match="custom_envs: read only by `pipeline: agentic`"):
+        load_config(str(path), ["+custom_envs={}"])
+
+
+def test_roll_top_level_max_grad_norm_acts(tmp_path):
+    cfg = small_config(tmp_path, max_grad_norm=0.5)
+    assert cfg.actor_train.training_args.max_grad_norm == 0.5
+    with pytest.raises(ConfigError, match="contradicts actor_train.training_args.max_grad_norm"):
+        small_config(tmp_path, max_grad_norm=0.5, actor_train={"training_args": {"max_grad_norm": 2.0}})
