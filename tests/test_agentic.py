@@ -121,8 +121,8 @@ def test_episodes_end_on_env_failures_without_stopping_the_others(tok):
     assert (hung.stop_reason, hung.step_rewards) == ("env_timeout", [1.0, -1.0])
     assert bad.stop_reason == "env_error" and "observations must be str" in bad.error
     metrics = trajectory_metrics([ok, raised, hung, bad], "traj")
-    assert metrics["traj/env_errors"] == 2 and metrics["traj/env_timeouts"] == 1
-    assert metrics["traj/env_metric/steps"] == pytest.approx((3 + 1 + 1) / 3)  # the last value each reported
+    assert metrics["env/errors"] == 2 and metrics["env/timeouts"] == 1
+    assert metrics["env/metric/steps"] == pytest.approx((3 + 1 + 1) / 3)  # the last value each reported
 
 
 def test_trajectory_ids_and_masks(tok):

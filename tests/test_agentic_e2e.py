@@ -34,6 +34,7 @@ SMALL = {
 
 
 def small_config(tmp_path, **changes):
+    os.makedirs(tmp_path, exist_ok=True)
     cfg = OmegaConf.merge(OmegaConf.create(SMALL), OmegaConf.create(changes))
     cfg.output_dir = str(tmp_path / "out")
     path = tmp_path / "agentic.yaml"
@@ -101,7 +102,6 @@ def test_fp32_gap_and_exact_resume(tmp_path, session_cache, ray_session):
     assert first["messages"][0]["role"] == "user" and first["turns"] >= 1
 
     resumed_dir = tmp_path / "resumed"
-    os.makedirs(resumed_dir)
     import shutil
 
     shutil.copytree(os.path.join(whole.output_dir, "checkpoints", "step_1"),

@@ -69,7 +69,11 @@ def trajectory_metrics(trajectories: List[Trajectory], prefix: str) -> Dict[str,
 
 
 def _summary(trajectories: List[Trajectory], prefix: str) -> Dict[str, float]:
+    """`<prefix>/...` episode figures; env and tool events as `env/...` and `tool/...` in training
+    (`env/<tag>/...` per tag), `val/env/...` and `val/tool/...` in validation."""
     n = max(len(trajectories), 1)
+    env = prefix.replace("traj", "env", 1) if prefix.startswith("traj") else f"{prefix}/env"
+    tool = prefix.replace("traj", "tool", 1) if prefix.startswith("traj") else f"{prefix}/tool"
     turns = sum(t.turns for t in trajectories)
     rewards = [t.reward for t in trajectories]
     out = {
@@ -79,18 +83,18 @@ def _summary(trajectories: List[Trajectory], prefix: str) -> Dict[str, float]:
         f"{prefix}/num_turns_mean": turns / n,
         f"{prefix}/length_mean": sum(t.length for t in trajectories) / n,
         f"{prefix}/agent_tokens_mean": sum(sum(t.agent_mask) for t in trajectories) / n,
-        f"{prefix}/env_errors": float(sum(t.stop_reason == "env_error" for t in trajectories)),
-        f"{prefix}/env_timeouts": float(sum(t.stop_reason == "env_timeout" for t in trajectories)),
-        f"{prefix}/invalid_actions": float(sum(t.invalid_actions for t in trajectories)),
-        f"{prefix}/invalid_action_frac": sum(t.invalid_actions for t in trajectories) / max(turns, 1),
-        f"{prefix}/tool_calls": float(sum(t.tool_calls for t in trajectories)),
-        f"{prefix}/tool_call_rate": sum(t.tool_calls for t in trajectories) / max(turns, 1),
-        f"{prefix}/tool_errors": float(sum(t.tool_errors for t in trajectories)),
+        f"{env}/errors": float(sum(t.stop_reason == "env_error" for t in trajectories)),
+        f"{env}/timeouts": float(sum(t.stop_reason == "env_timeout" for t in trajectories)),
+        f"{env}/invalid_actions": float(sum(t.invalid_actions for t in trajectories)),
+        f"{env}/invalid_action_frac": sum(t.invalid_actions for t in trajectories) / max(turns, 1),
+        f"{tool}/calls": float(sum(t.tool_calls for t in trajectories)),
+        f"{tool}/call_rate": sum(t.tool_calls for t in trajectories) / max(turns, 1),
+        f"{tool}/errors": float(sum(t.tool_errors for t in trajectories)),
     }
     for reason in STOP_REASONS:
         out[f"{prefix}/stop/{reason}"] = float(sum(t.stop_reason == reason for t in trajectories))
     names = sorted({name for t in trajectories for name in t.env_metrics})
     for name in names:
         values = [t.env_metrics[name] for t in trajectories if name in t.env_metrics]
-        out[f"{prefix}/env_metric/{name}"] = float(np.mean(values))
+        out[f"{env}/metric/{name}"] = float(np.mean(values))
     return out
