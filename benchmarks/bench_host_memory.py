@@ -58,13 +58,36 @@ def _status_kb(field: str) -> float:
 
 
 class PhaseMemory:
-    """Peak (VmHWM, reset per phase) and held (VmRSS) memory of this process, per phase."""
+    """Peak (VmHWM, reset per phase) and held (VmRSS) memory of this process, per phase.
 
-    def __init__(self):
+    `guard_gib`: a watchdog ends the process (reporting the phases so far and the one it was in)
+    when the machine's available memory falls below this, before Ray's or the kernel's OOM killer
+    picks some other process of a shared machine."""
+
+    def __init__(self, guard_gib: float = 0.0, reply=None):
         self.phases: Dict[str, Dict[str, float]] = {}
         self.seconds: Dict[str, float] = {}
         self._start = time.perf_counter()
         self._reset()
+        if guard_gib > 0:
+            import threading
+
+            threading.Thread(target=self._guard, args=(guard_gib, reply), daemon=True).start()
+
+    def _guard(self, guard_gib: float, reply) -> None:
+        import psutil
+
+        while True:
+            time.sleep(0.2)
+            available = psutil.virtual_memory().available / GIB
+            if available < guard_gib:
+                phases = dict(self.phases)
+                phases["aborted"] = {"peak_gib": _status_kb("VmHWM") * 1024 / GIB,
+                                     "held_gib": _status_kb("VmRSS") * 1024 / GIB, "available_gib": available}
+                if reply is not None:
+                    reply({"phases": phases, "seconds": {**self.seconds, "aborted": time.perf_counter() - self._start},
+                           "aborted": f"machine's available memory {available:.1f} GiB < guard {guard_gib} GiB"})
+                os._exit(3)
 
     @staticmethod
     def _reset() -> None:
@@ -75,9 +98,13 @@ class PhaseMemory:
             pass
 
     def mark(self, phase: str) -> None:
-        """End `phase`: record its peak and what is held now, start the next phase."""
-        self.phases[phase] = {"peak_gib": _status_kb("VmHWM") * 1024 / GIB, "held_gib": _status_kb("VmRSS") * 1024 / GIB}
-        self.seconds[phase] = time.perf_counter() - self._start
+        """End `phase`: record its peak and what is held now, start the next phase. A phase
+        marked again keeps its highest peak, its last held figure and its summed time."""
+        peak = _status_kb("VmHWM") * 1024 / GIB
+        before = self.phases.get(phase, {})
+        self.phases[phase] = {"peak_gib": max(peak, before.get("peak_gib", 0.0)),
+                              "held_gib": _status_kb("VmRSS") * 1024 / GIB}
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - self._start
         self._reset()
         self._start = time.perf_counter()
 
@@ -185,14 +212,35 @@ def run_train(cfg, memory: PhaseMemory, steps: int, rank: int, world: int, port:
     batch = training_batch(cfg, rows, seed=rank)
     worker.compute_log_probs(batch)
     memory.mark("old_log_probs")
+    # Within a train step: each micro-batch's forward pass (and loss), then its backward pass with
+    # the optimizer step at a mini-batch's end.
+    micro_loss, backward_and_step = worker._micro_loss, worker.strategy.backward_and_step
+
+    def forward(*args, **kwargs):
+        result = micro_loss(*args, **kwargs)
+        memory.mark("forward")
+        return result
+
+    def backward(*args, **kwargs):
+        result = backward_and_step(*args, **kwargs)
+        memory.mark("backward+step")
+        return result
+
+    worker._micro_loss, worker.strategy.backward_and_step = forward, backward
     for step in range(steps):
         worker.train_step(batch)
-        memory.mark(f"train_step{step + 1}")
+        memory.mark(f"train_step{step + 1}_end")
 
 
 def child_main(spec_path: str, reply_fd: int) -> None:
     spec = read_json(spec_path)
-    memory = PhaseMemory()
+    replies = os.fdopen(reply_fd, "w", buffering=1)
+
+    def reply(message: Dict[str, Any]) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
+    memory = PhaseMemory(spec.get("guard_gib", 0.0), reply)
     from roll_gspo.config import load_config
 
     cfg = load_config(spec["config"], spec["overrides"])
@@ -204,8 +252,7 @@ def child_main(spec_path: str, reply_fd: int) -> None:
         run_infer(cfg, memory, spec["steps"])
     else:
         run_train(cfg, memory, spec["steps"], spec["rank"], spec["world"], spec["port"])
-    with os.fdopen(reply_fd, "w") as reply:
-        reply.write(json.dumps({"phases": memory.phases, "seconds": memory.seconds}) + "\n")
+    reply({"phases": memory.phases, "seconds": memory.seconds})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,7 +275,7 @@ def measure_role(cfg, name: str, args, workdir: str) -> List[Dict[str, Any]]:
     children = []
     for rank in range(world):
         spec = {"config": args.config, "overrides": args.overrides, "role": name, "steps": args.steps,
-                "rank": rank, "world": world, "port": port}
+                "rank": rank, "world": world, "port": port, "guard_gib": args.guard_gib}
         children.append(ChildProcess(f"{name} rank {rank}", os.path.abspath(__file__),
                                      ["--_child", os.path.join(workdir, f"{name}-{rank}.json")], spec,
                                      os.path.join(workdir, f"{name}-{rank}.json"),
@@ -236,7 +283,10 @@ def measure_role(cfg, name: str, args, workdir: str) -> List[Dict[str, Any]]:
                                      niceness=args.niceness))
     results = []
     for child in children:
-        results.append(child.receive())
+        result = child.receive()
+        results.append(result)
+        if result.get("aborted"):
+            print(f"[bench] {name}: aborted: {result['aborted']}", flush=True)
         child.close(wait_s=120)
     return results
 
@@ -276,6 +326,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=2, help="generate / train steps per process")
     parser.add_argument("--niceness", type=int, default=5)
     parser.add_argument("--host-memory-gb", type=float, default=None, help="the plan's host size (default: this machine)")
+    parser.add_argument("--guard-gib", type=float, default=2.0,
+                        help="end a measured process when the machine's available memory falls below this (GiB; "
+                             "0: never); its phases so far are reported")
     parser.add_argument("--smoke", action="store_true", help="one step of each role (tests)")
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--_child", help=argparse.SUPPRESS)

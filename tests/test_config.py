@@ -615,7 +615,8 @@ def _schema_fields(cls, prefix=""):
         if dataclasses.is_dataclass(tp):
             out += _schema_fields(tp, path)
         elif typing.get_origin(tp) is dict and dataclasses.is_dataclass(typing.get_args(tp)[1]):
-            out += _schema_fields(typing.get_args(tp)[1], f"{path}.<domain>")
+            block = typing.get_args(tp)[1]
+            out += _schema_fields(block, f"{path}.<{'domain' if block.__name__ == 'RewardConfig' else 'tag'}>")
     return out
 
 

@@ -13,7 +13,8 @@ from typing import Dict, List
 import numpy as np
 
 from roll_gspo.agentic.trajectory import STOP_REASONS, EpisodeSpec, Trajectory
-from roll_gspo.config.schema import EnvManagerConfig
+from roll_gspo.config.agentic_checks import env_manager_kind
+from roll_gspo.config.schema import EnvManagerConfig, PipelineConfig
 from roll_gspo.data.prompts import allot
 from roll_gspo.lifecycle.seeding import rollout_seeds
 
@@ -98,3 +99,30 @@ def _summary(trajectories: List[Trajectory], prefix: str) -> Dict[str, float]:
         values = [t.env_metrics[name] for t in trajectories if name in t.env_metrics]
         out[f"{env}/metric/{name}"] = float(np.mean(values))
     return out
+
+
+def describe_episodes(cfg: PipelineConfig) -> List[str]:
+    """--dry-run's lines on what an agentic step plays (groups per tag, turn caps, tools)."""
+    lines = []
+    kind = env_manager_kind(cfg)
+    for name, manager, batch in (("train", cfg.train_env_manager, cfg.rollout_batch_size),
+                                 ("validation", cfg.val_env_manager, cfg.val_batch_size)):
+        if name == "validation" and not cfg.eval_steps:
+            lines.append("episodes (validation): none (eval_steps = 0)")
+            continue
+        groups = batch // max(manager.group_size, 1)
+        split = groups_per_tag(manager, groups) if manager.tags else {}
+        gen = manager.generating_args
+        lines.append(f"episodes ({name}): {batch} = {groups} groups x group_size {manager.group_size} "
+                     f"({', '.join(f'{t} {n}' for t, n in split.items())}); temperature "
+                     f"{gen.temperature:g}" + (f"; {kind}-wise samples" if name == "train" else ""))
+    tags = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if cfg.eval_steps else []))
+    for tag in tags:
+        env = cfg.custom_envs.get(tag)
+        if env is None:
+            continue
+        tools = [str(t.get("tool_id")) for t in (env.tool_wrapper.tool_configs if env.tool_wrapper else [])]
+        lines.append(f"  {tag}: {env.env_type}, at most {env.max_steps} turns of <= {env.max_tokens_per_step} "
+                     f"tokens, tools: {', '.join(tools) or 'none'}, env step timeout {env.env_step_timeout_s:g} s")
+    lines.append(f"  each trajectory within sequence_length = {cfg.sequence_length} tokens")
+    return lines

@@ -1,4 +1,5 @@
-"""The algorithm library: GSPO/GRPO policy losses, loss aggregation, KL, rewards and advantages.
+"""The algorithm library: GSPO/GRPO policy losses, loss aggregation, KL, rewards and advantages,
+and the rollout correction (train-inference mismatch).
 
 Pure torch (no Ray, vLLM, DeepSpeed or transformers), pure functions over ``(batch,
 response_len)`` tensors; see ``losses`` and ``advantages`` for the formulas.
@@ -40,6 +41,13 @@ from .losses import (
     seq_log_ratio,
     token_log_ratio,
 )
+from .rollout_correction import (
+    CORRECTION_LEVELS,
+    SEQUENCE_MEAN_METRICS,
+    RejectionRule,
+    RolloutCorrection,
+    rollout_correction,
+)
 
 __all__ = [
     # losses
@@ -52,4 +60,6 @@ __all__ = [
     "compute_advantages", "get_adv_estimator", "grpo_advantages", "normalize_rewards",
     "register_adv_estimator", "reinforce_advantages", "rloo_advantages", "token_level_rewards",
     "whiten",
+    # rollout correction (train-inference mismatch)
+    "CORRECTION_LEVELS", "SEQUENCE_MEAN_METRICS", "RejectionRule", "RolloutCorrection", "rollout_correction",
 ]

@@ -348,7 +348,8 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
                 clip_low: float = 3e-4, clip_high: float = 4e-4,
                 loss_agg_mode: str = "seq-mean-token-mean", dual_clip_c: Optional[float] = None,
                 num_seqs: Optional[Count] = None, num_tokens: Optional[Count] = None,
-                norm_length: Optional[float] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
+                norm_length: Optional[float] = None,
+                token_weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Clipped policy-gradient loss (GSPO by default) and its metrics.
 
     log_probs (with grad), old_log_probs, advantages, response_mask: ``(B, T)``.
@@ -363,6 +364,8 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
 
     Metrics are over this call's tokens only. ``num_seqs`` / ``num_tokens`` / ``norm_length``
     are passed to ``aggregate_loss``; ``dual_clip_c`` (> 1) enables the dual clip.
+    ``token_weights`` (``(B, T)``, no gradient; e.g. the rollout correction's importance weights)
+    multiply each token's clipped surrogate before aggregation.
     """
     _check_choice("importance_sampling", importance_sampling, list(POLICY_LOSSES))
     _check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
@@ -378,7 +381,14 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
     terms = get_policy_loss(importance_sampling)(
         log_probs, old_log_probs, advantages, mask,
         clip_low=clip_low, clip_high=clip_high, dual_clip_c=dual_clip_c)
-    loss = aggregate_loss(terms.loss, mask, loss_agg_mode, num_seqs=num_seqs,
+    per_token = terms.loss
+    if token_weights is not None:
+        _check_same_shape(log_probs=log_probs, token_weights=token_weights)
+        # Zeroed off the mask: a NaN there would reach the gradient through the product.
+        weights = torch.where(mask, token_weights.detach().to(dtype), torch.zeros((), dtype=dtype,
+                                                                                  device=mask.device))
+        per_token = per_token * weights
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, num_seqs=num_seqs,
                           num_tokens=num_tokens, norm_length=norm_length)
 
     with torch.no_grad():

@@ -232,6 +232,17 @@ register_builtin_model(
 register_builtin_model(
     "builtin:tiny-moe", None, provider="pipelines.warm_start",
     description="builtin:tiny-moe-base after SFT on builtin:arith_easy/sft_biased (configs/sft_tiny_moe.yaml).")
+# The agentic examples' warm starts: SFT on turns a scripted agent played in the environment.
+register_builtin_model(
+    "builtin:tiny-frozenlake", None, provider="pipelines.agentic_warm_start",
+    description="builtin:tiny-arith-base after SFT on scripted 3x3 FrozenLake episodes "
+                "(configs/sft_tiny_frozenlake.yaml; examples/example_agentic.yaml).",
+    config=qwen2_config_dict(MODEL_SIZES["tiny"]))
+register_builtin_model(
+    "builtin:tiny-calculator", None, provider="pipelines.agentic_warm_start",
+    description="builtin:tiny-arith-base after SFT on scripted math episodes that call the calculator tool "
+                "(configs/sft_tiny_calculator.yaml; examples/example_agentic_tool.yaml).",
+    config=qwen2_config_dict(MODEL_SIZES["tiny"]))
 
 
 def builtin_model_config(name: str, cache_dir: Optional[str] = None) -> Optional[Dict[str, object]]:

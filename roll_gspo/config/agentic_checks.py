@@ -86,9 +86,10 @@ def agentic_keys_in_other_pipelines(cfg: PipelineConfig, yaml_keys: Optional[Abs
     """The agentic blocks written in an rlvr / sft config act nowhere: refused."""
     if cfg.pipeline == "agentic" or yaml_keys is None:
         return []
+    defaults = PipelineConfig()  # a printed config writes every key at its default: those pass
     return [f"{key}: read only by `pipeline: agentic` (this is a {cfg.pipeline} config); set pipeline: agentic "
             f"or remove it" for key in AGENTIC_KEYS + ("sequence_length", "val_batch_size", "reward_normalization")
-            if key in yaml_keys]
+            if key in yaml_keys and getattr(cfg, key) != getattr(defaults, key)]
 
 
 def agentic_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
@@ -231,32 +232,3 @@ def agentic_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
                            f"over tags in num_groups_partition's proportions")
     return notices
 
-
-def describe_episodes(cfg: PipelineConfig) -> List[str]:
-    """--dry-run's lines on what an agentic step plays (groups per tag, turn caps, tools)."""
-    from roll_gspo.data.prompts import allot
-
-    lines = []
-    kind = env_manager_kind(cfg)
-    for name, manager, batch in (("train", cfg.train_env_manager, cfg.rollout_batch_size),
-                                 ("validation", cfg.val_env_manager, cfg.val_batch_size)):
-        if name == "validation" and not cfg.eval_steps:
-            lines.append("episodes (validation): none (eval_steps = 0)")
-            continue
-        groups = batch // max(manager.group_size, 1)
-        shares = manager.num_groups_partition or [1] * len(manager.tags)
-        split = allot(groups, {t: float(s) for t, s in zip(manager.tags, shares)}) if manager.tags else {}
-        gen = manager.generating_args
-        lines.append(f"episodes ({name}): {batch} = {groups} groups x group_size {manager.group_size} "
-                     f"({', '.join(f'{t} {n}' for t, n in split.items())}); temperature "
-                     f"{gen.temperature:g}" + (f"; {kind}-wise samples" if name == "train" else ""))
-    tags = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if cfg.eval_steps else []))
-    for tag in tags:
-        env = cfg.custom_envs.get(tag)
-        if env is None:
-            continue
-        tools = [str(t.get("tool_id")) for t in (env.tool_wrapper.tool_configs if env.tool_wrapper else [])]
-        lines.append(f"  {tag}: {env.env_type}, at most {env.max_steps} turns of <= {env.max_tokens_per_step} "
-                     f"tokens, tools: {', '.join(tools) or 'none'}, env step timeout {env.env_step_timeout_s:g} s")
-    lines.append(f"  each trajectory within sequence_length = {cfg.sequence_length} tokens")
-    return lines

@@ -28,6 +28,7 @@ UNBUILT_TARGETS = {
     "all-embedding": "adapters on embeddings are not built (only linear layers take adapters here)",
     "all-router": "adapters on MoE routers are not built (LoRA on Mixture-of-Experts models is refused)",
 }
+VLLM_MAX_LORA_RANK = 512  # vllm.config.lora.MaxLoRARanks' largest
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
@@ -185,7 +186,7 @@ def lora_problems(cfg: PipelineConfig) -> List[str]:
     for path, args, why in blocks:
         for key in _written_lora_keys(args):
             problems.append(f"{path}.model_args.{key} = {getattr(args, key)!r}: {why}; remove it")
-    if cfg.pipeline != "rlvr":
+    if not cfg.has_rollout():
         if _written_lora_keys(infer):
             problems.append("actor_infer.model_args.lora_*: the sft pipeline has no rollout engine; set the LoRA keys "
                             "on actor_train only")
@@ -207,7 +208,7 @@ def lora_problems(cfg: PipelineConfig) -> List[str]:
     if problems:
         return problems
     fill_lora_defaults(train)
-    if cfg.pipeline == "rlvr":
+    if cfg.has_rollout():
         problems += _derive_infer_keys(train, infer)
     return problems
 
@@ -252,9 +253,19 @@ def _derive_infer_keys(train: ModelArgs, infer: ModelArgs) -> List[str]:
 def _adapter_sync_problems(cfg: PipelineConfig) -> List[str]:
     problems = []
     strategy = cfg.actor_infer.strategy_args.strategy_name
-    if cfg.pipeline == "rlvr" and strategy != "vllm":
+    if cfg.has_rollout() and strategy != "vllm":
         problems.append(f"lora_sync: adapter loads the adapter into vLLM's LoRA support, but actor_infer runs "
                         f"{strategy!r}; use lora_sync: merged (the merged weights, which {strategy} takes) or vllm")
+    from roll_gspo.placement.colocation import offload_between_phases, sleep_level
+
+    if (cfg.actor_train.model_args.lora_rank or DEFAULT_RANK) > VLLM_MAX_LORA_RANK:
+        problems.append(f"lora_sync: adapter with lora_rank {cfg.actor_train.model_args.lora_rank}: vLLM's LoRA "
+                        f"support takes ranks up to {VLLM_MAX_LORA_RANK}; use lora_sync: merged")
+
+    if offload_between_phases(cfg) and sleep_level(cfg) >= 2:
+        problems.append("lora_sync: adapter with vLLM sleeping at sleep_level 2 between phases: level 2 drops the "
+                        "base weights, which an adapter sync never sends again; use lora_sync: merged (every sync "
+                        "refills every weight) or sleep_level 1")
     if cfg.actor_train.model_args.additional_target:
         problems.append(f"actor_train.model_args.additional_target = {cfg.actor_train.model_args.additional_target!r} "
                         f"with lora_sync: adapter: vLLM's adapters hold LoRA matrices only, so the fully trained "
@@ -271,7 +282,7 @@ def lora_warnings(cfg: PipelineConfig) -> List[str]:
     if train.lora_dropout > 0:
         warns.append(f"actor_train.model_args.lora_dropout = {train.lora_dropout} has no effect: every forward pass "
                      f"runs without dropout here (old and new log-probs must score one policy), the adapter's too")
-    if cfg.pipeline == "rlvr" and cfg.needs_reference_log_probs():
+    if cfg.has_rollout() and cfg.needs_reference_log_probs():
         warns.append("notice: LoRA with a KL term: the reference log-probs come from actor_train with its adapter "
                      "disabled (the base model); no reference role starts and reference.* is not read")
     return warns
@@ -403,7 +414,7 @@ def lora_preflight_problems(cfg: PipelineConfig) -> List[str]:
             problems += _fill_from_adapter(train, config, key)
             fill_lora_defaults(train)
             for name in LORA_KEYS:  # actor_infer follows (it was derived from the keys as written)
-                if cfg.pipeline == "rlvr" and getattr(infer, name) in (None, getattr(_DEFAULTS, name)):
+                if cfg.has_rollout() and getattr(infer, name) in (None, getattr(_DEFAULTS, name)):
                     setattr(infer, name, getattr(train, name))
     if problems:
         return problems
@@ -417,7 +428,7 @@ def lora_preflight_problems(cfg: PipelineConfig) -> List[str]:
         selected = resolve_lora_targets(model, train.lora_target, "actor_train.model_args.lora_target")
     except ValueError as exc:
         return problems + [str(exc)]
-    if cfg.pipeline == "rlvr" and infer.lora_target != train.lora_target:
+    if cfg.has_rollout() and infer.lora_target != train.lora_target:
         try:
             theirs = resolve_lora_targets(model, infer.lora_target, "actor_infer.model_args.lora_target")
         except ValueError as exc:

@@ -179,6 +179,9 @@ def _section(instance: Any, path: str, level: int, title_help: str, note: str = 
             nested.append((field, full, value if value is not None else inner()))  # an optional block
         elif typing.get_origin(inner) is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
             nested.append((field, full, (value, typing.get_args(inner)[1])))
+        elif typing.get_origin(inner) is list and dataclasses.is_dataclass(typing.get_args(inner)[0]):
+            lines.append(_key_line(full, field, tp, value))  # the list itself, then its items' keys
+            nested.append((field, f"{full}[]", typing.get_args(inner)[0]()))
         else:
             lines.append(_key_line(full, field, tp, value))
     if lines[-1] != "":

@@ -302,11 +302,50 @@ def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], probl
                 data["template"] = template
 
 
+def apply_verl_rollout_correction(checked: Dict[str, Any], written: Dict[str, Any], problems: List[str]) -> None:
+    """verl's `rollout_correction` block (rollout_is / rollout_rs) written as ROLL's
+    `train_infer_correction` (is_weight / filters), which is what acts. A ROLL block that says the
+    same (a printed, resolved config holds both) is accepted; one that says otherwise is an error."""
+    verl = checked.get("rollout_correction") or {}
+    if verl.get("rollout_is") is None and verl.get("rollout_rs") is None:
+        return
+    target = checked.setdefault("train_infer_correction", {})
+    weight = {"enabled": False}
+    if verl.get("rollout_is") is not None:
+        weight = {"enabled": True, "weight_type": verl["rollout_is"], "upper_bound": verl.get("rollout_is_threshold")}
+    filters = []
+    if verl.get("rollout_rs") is not None:
+        high = verl.get("rollout_rs_threshold")
+        if high is None:
+            problems.append(f"rollout_correction.rollout_rs = {verl['rollout_rs']!r} needs rollout_correction."
+                            f"rollout_rs_threshold (the upper bound of the kept weights, > 1)")
+            return
+        low = verl.get("rollout_rs_threshold_lower")
+        low = 1.0 / high if low is None and high > 0 else low
+        filters = [{"enabled": True, "agg_type": verl["rollout_rs"], "ratio_enabled": True,
+                    "ratio_low": float(low), "ratio_high": float(high), "diff_enabled": False}]
+    roll_written = written.get("train_infer_correction")
+    if isinstance(roll_written, dict) and roll_written:
+        current_weight = target.get("is_weight") or {}
+        same_weight = all(current_weight.get(k) == v for k, v in weight.items()) if weight["enabled"] \
+            else not current_weight.get("enabled")
+        current_filters = [f for f in (target.get("filters") or []) if isinstance(f, dict) and f.get("enabled")]
+        same_filters = len(current_filters) == len(filters) and all(
+            all(have.get(k) == v for k, v in want.items()) for have, want in zip(current_filters, filters))
+        if not (same_weight and same_filters):
+            problems.append("rollout_correction (verl's names) and train_infer_correction (ROLL's) are both written "
+                            "and say different things; they configure the same correction, keep one")
+        return
+    target["is_weight"] = {**(target.get("is_weight") or {}), **weight}
+    target["filters"] = filters
+
+
 def apply_roll_compat(cls: type, checked: Dict[str, Any], written: Dict[str, Any], problems: List[str]) -> None:
     """All of the above, in order, on the checked dict (in place)."""
     refused_value_problems(cls, checked, written, problems)
     resolve_aliases(cls, checked, written, problems)
     apply_roll_semantics(checked, written, problems)
+    apply_verl_rollout_correction(checked, written, problems)
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ ROLL_KEY_NOTES: Dict[str, Optional[str]] = {
     "difficulty_low_threshold": None, "difficulty_high_threshold": None, "error_max_len_clip": None,
     "difficulty_loss_weight": None, "length_loss_weight": None, "add_token_level_kl": None,
     "whiten_advantages": None, "global_template": None, "async_generation_ratio": None,
+    "train_infer_correction": None,
     "is_num_return_sequences_expand": None, "rollout_mock": None, "reward_model": None,
     "lora_target / lora_rank / lora_alpha": "Top-level anchors, acting through `${lora_*}` in model_args "
                                             "(docs/lora.md).",

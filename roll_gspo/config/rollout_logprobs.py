@@ -15,7 +15,8 @@ temperature, 1 when greedy). What the engine reports depends on it:
 `old_logprob_source: rollout` is refused where the quantity differs (``rollout_logprobs_bias``);
 ``rollout_logprobs_are_exact`` also looks at precision, and ``choose_old_logprob_source`` resolves
 the default `auto` with both: the rollout engine's log-probs where they are exact (the trainer's
-whole forward pass is saved), the trainer's where anything needs them.
+whole forward pass is saved), the trainer's where anything needs them (the rollout correction, ``train_infer_correction``, always
+does: its weights compare the two; ``rollout_correction_problems`` checks its keys).
 """
 from __future__ import annotations
 
@@ -113,6 +114,9 @@ def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -
     if cfg.old_logprob_source != "auto":
         return OldLogprobChoice(cfg.old_logprob_source, f"old_logprob_source: {cfg.old_logprob_source} in the config")
     trainer = lambda why: OldLogprobChoice("trainer", f"auto: {why}")  # noqa: E731
+    if correction_enabled(cfg):  # never follows the gap: the weights need both log-probs every step
+        return trainer("train_infer_correction weighs each sample by exp(old_logp - rollout_logp), which needs "
+                       "the trainer's old log-probs beside the rollout engine's")
     if cfg.async_generation_ratio:  # what validation refuses with it (bias, router_replay) never gets here
         return OldLogprobChoice("rollout", "auto: async_generation_ratio 1 samples each step with the weights of "
                                            "the step before, which only the rollout engine still holds")
@@ -142,3 +146,70 @@ def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -
     return OldLogprobChoice("rollout", f"auto: {engine}'s sampled-token log-probs are the trainer's (fp32 on both "
                                        f"sides, temperature applied, full distribution); the trainer's "
                                        f"old-log-prob forward pass is skipped")
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout correction (train_infer_correction / verl's rollout_correction)
+# --------------------------------------------------------------------------------------------
+def correction_enabled(cfg: PipelineConfig) -> bool:
+    """The rollout correction acts: importance weights or at least one rejection rule."""
+    correction = cfg.train_infer_correction
+    return correction.is_weight.enabled or any(rule.enabled for rule in correction.filters)
+
+
+def correction_arguments(cfg: PipelineConfig) -> dict:
+    """Keywords of `roll_gspo.algorithms.rollout_correction` for this config (is_level,
+    is_threshold, rejections)."""
+    from roll_gspo.algorithms.rollout_correction import RejectionRule
+
+    weight = cfg.train_infer_correction.is_weight
+    rules = [RejectionRule(rule.agg_type, *((rule.ratio_low, rule.ratio_high) if rule.ratio_enabled else (None, None)),
+                           *((rule.diff_low, rule.diff_high) if rule.diff_enabled else (None, None)))
+             for rule in cfg.train_infer_correction.filters if rule.enabled]
+    return {"is_level": weight.weight_type if weight.enabled else None,
+            "is_threshold": weight.upper_bound if weight.enabled else None, "rejections": rules}
+
+
+def rollout_correction_problems(cfg: PipelineConfig) -> list:
+    """Bad train_infer_correction values, and what the correction cannot run with."""
+    problems = []
+    weight = cfg.train_infer_correction.is_weight
+    key = "train_infer_correction.is_weight"
+    if weight.enabled and weight.weight_type == "segment":
+        problems.append(f"{key}.weight_type = 'segment' is refused: per-turn weights are not built; use token, "
+                        f"geometric (GSPO's length-normalised sequence weight) or sequence")
+    if weight.enabled and weight.upper_bound is not None and not weight.upper_bound > 1.0:
+        problems.append(f"{key}.upper_bound (verl: rollout_correction.rollout_is_threshold) must be > 1 or null, "
+                        f"got {weight.upper_bound}: a bound at or below 1 truncates every weight the trainer "
+                        f"favours, which biases the loss towards what the rollout engine over-samples")
+    for index, rule in enumerate(cfg.train_infer_correction.filters):
+        key = f"train_infer_correction.filters[{index}]"
+        if not rule.enabled:
+            continue
+        if rule.agg_type == "segment":
+            problems.append(f"{key}.agg_type = 'segment' is refused: per-turn rejection is not built; use token, "
+                            f"geometric or sequence")
+        if not (rule.ratio_enabled or rule.diff_enabled):
+            problems.append(f"{key}: enabled with ratio_enabled and diff_enabled both false rejects nothing; "
+                            f"enable one test or remove the rule")
+        if rule.ratio_enabled and not 0.0 <= rule.ratio_low < 1.0:
+            problems.append(f"{key}.ratio_low must be in [0, 1), got {rule.ratio_low}: the band must hold "
+                            f"weight 1 (engines that agree)")
+        if rule.ratio_enabled and not rule.ratio_high > 1.0:
+            problems.append(f"{key}.ratio_high (verl: rollout_correction.rollout_rs_threshold) must be > 1, got "
+                            f"{rule.ratio_high}: a bound at or below 1 rejects every sample the trainer favours")
+        if rule.diff_enabled and not rule.diff_low < 0.0 < rule.diff_high:
+            problems.append(f"{key}: diff_low < 0 < diff_high is required (engines that agree differ by 0), got "
+                            f"[{rule.diff_low}, {rule.diff_high}]")
+    if not correction_enabled(cfg):
+        return problems
+    if cfg.old_logprob_source == "rollout":
+        problems.append("train_infer_correction (or rollout_correction) needs the trainer's old log-probs: with "
+                        "old_logprob_source: rollout the old policy IS the rollout engine's, every weight "
+                        "exp(old_logp - rollout_logp) would be 1 and the correction would do nothing; use "
+                        "old_logprob_source: trainer or auto (which takes the trainer's with the correction on)")
+    if cfg.async_generation_ratio:
+        problems.append("train_infer_correction (or rollout_correction) with async_generation_ratio: 1 is refused: "
+                        "the asynchronous pipeline takes its old log-probs from the rollout engine (the only holder "
+                        "of the stale weights), so the weights would all be 1")
+    return problems

@@ -20,6 +20,8 @@ from roll_gspo.rewards.judge import DEFAULT_JUDGE_MAX_NEW_TOKENS
 IMPORTANCE_SAMPLING_CHOICES = ["seq", "token", "gspo-token"]
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 ADV_ESTIMATORS = ["reinforce", "grpo", "rloo", "step_reinforce"]
+# Estimators of multi-turn episodes (roll_gspo.algorithms.trajectory_advantages), not in the RLVR registry.
+AGENTIC_ONLY_ESTIMATORS = ["step_reinforce"]
 REWARD_NORMS = [None, "group", "batch", "running"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
 OLD_LOGPROB_SOURCES = ["auto", "trainer", "rollout"]
@@ -673,6 +675,74 @@ class EnvManagerConfig:
 
 
 @dataclass
+class TrainInferISWeightConfig:
+    enabled: bool = _f(
+        False, "Multiply each token's policy loss by the importance weight pi_old / pi_rollout = exp(old_logp - "
+               "rollout_logp) between the trainer's old policy and the rollout engine's (which sampled the "
+               "responses): corrects the train-inference mismatch (bf16 vLLM kernels, other sampling settings). "
+               "Runs the trainer's old-log-prob pass (old_logprob_source `auto` takes `trainer`; `rollout` is "
+               "refused). Metrics `rollout_correction/*` (docs/algorithm.md).")
+    weight_type: str = _f(
+        "token", "Level of the weight: `token` (one per token), `geometric` (exp of the mean token log-weight "
+                 "over the response: GSPO's length-normalised sequence unit), `sequence` (exp of the sum: the "
+                 "exact sequence weight, high variance on long responses). ROLL's `segment` (per turn) is "
+                 "refused: not built.", ["token", "geometric", "sequence", "segment"])
+    upper_bound: Optional[float] = _f(
+        1.2, "Truncate the weights at this bound (TIS); must be > 1 (a bound at or below 1 would cut every "
+             "weight the trainer favours). Null: no truncation (unbiased, unbounded variance). Truncated "
+             "tokens: `rollout_correction/clipped_fraction`.")
+    detach: bool = _f(
+        True, "ROLL: no gradient through the weight. Both log-probs are constants of the update here, so the "
+              "weight never carries one either way.")
+
+
+@dataclass
+class TrainInferFilterConfig:
+    enabled: bool = _f(False, "Apply this rejection rule: tokens (agg_type token) or whole responses outside "
+                              "the band are left out of the loss (policy, KL and entropy terms; the loss keeps "
+                              "the mini-batch's normalisers, as ROLL). Counted in "
+                              "`rollout_correction/masked_fraction`.")
+    agg_type: str = _f("token", "Level tested: `token`, `geometric` (the response's length-normalised "
+                                "weight / mean difference), `sequence` (its product weight / summed "
+                                "difference). `segment` is refused: not built.",
+                       ["token", "geometric", "sequence", "segment"])
+    ratio_enabled: bool = _f(True, "Test the weight exp(old_logp - rollout_logp) against [ratio_low, ratio_high].")
+    ratio_low: float = _f(0.8, "Lower bound of the weight (>= 0, < 1).")
+    ratio_high: float = _f(1.2, "Upper bound of the weight (> 1).")
+    diff_enabled: bool = _f(False, "Test the probability difference exp(old_logp) - exp(rollout_logp) against "
+                                   "[diff_low, diff_high].")
+    diff_low: float = _f(-0.2, "Lower bound of the probability difference (< 0).")
+    diff_high: float = _f(0.2, "Upper bound of the probability difference (> 0).")
+
+
+@dataclass
+class TrainInferCorrectionConfig:
+    is_weight: TrainInferISWeightConfig = _sub(
+        TrainInferISWeightConfig, "Importance weights between the trainer's old policy and the rollout engine's "
+                                  "(truncated importance sampling).")
+    filters: List[TrainInferFilterConfig] = _f(
+        [], "Rejection rules applied one after the other (masked importance sampling); the keys of one rule "
+            "follow.")
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    rollout_is: Optional[str] = _f(
+        None, "verl's name for train_infer_correction.is_weight: `token` / `sequence` / `geometric` sets "
+              "enabled: true and that weight_type; null: no weights.", [None, "token", "sequence", "geometric"])
+    rollout_is_threshold: Optional[float] = _f(
+        2.0, "verl's name for train_infer_correction.is_weight.upper_bound (> 1; null: no truncation).")
+    rollout_rs: Optional[str] = _f(
+        None, "verl's rejection sampling: `token` / `sequence` / `geometric` adds one train_infer_correction "
+              "filter at that level, keeping weights within [rollout_rs_threshold_lower, "
+              "rollout_rs_threshold]; null: none.", [None, "token", "sequence", "geometric"])
+    rollout_rs_threshold: Optional[float] = _f(
+        None, "Upper bound of the rejection band (> 1); required with rollout_rs.")
+    rollout_rs_threshold_lower: Optional[float] = _f(
+        None, "Lower bound of the rejection band (< 1); null: 1 / rollout_rs_threshold.")
+
+
+@dataclass
 class RewardNormalizationConfig:
     grouping: str = _f("traj_group_id", "Sets over which trajectory rewards are normalised: `traj_group_id` "
                                         "(the group_size episodes of one env seed: GRPO's group), `tags` (per "
@@ -838,11 +908,20 @@ class PipelineConfig:
               "gap (`rollout/logprob_gap`) below this, then from the rollout engine, and from the trainer again "
               "if a later step's gap exceeds it (each switch is logged). A sequence ratio's log moves by at most "
               "the mean gap, so null takes a tenth of pg_clip_low, well inside the clip; 0 never switches.")
+    train_infer_correction: TrainInferCorrectionConfig = _sub(
+        TrainInferCorrectionConfig, "ROLL's rollout correction (train-inference mismatch): importance weights "
+                                    "pi_old / pi_rollout on the policy loss (is_weight) and rejection of "
+                                    "outliers (filters); needs the trainer's old-log-prob pass "
+                                    "(docs/algorithm.md, `Rollout correction`).")
+    rollout_correction: RolloutCorrectionConfig = _sub(
+        RolloutCorrectionConfig, "verl's names (`algorithm.rollout_correction`) for train_infer_correction; "
+                                 "writing both blocks is an error.")
     model_update_frequency: int = _f(
         1, "Push trained weights to the rollout engine every N steps. N > 1 warns: rollouts between "
            "syncs come from weights up to N-1 updates old and nothing corrects for it (the ratio "
            "measures the change from the trainer's weights, or from the stale ones with "
-           "old_logprob_source: rollout).")
+           "old_logprob_source: rollout), unless train_infer_correction is on: its weights "
+           "pi_old / pi_rollout then correct for the stale sampler (no warning).")
     weight_sync_bucket_mb: float = _f(256.0, "Weights are sent to vLLM in buckets of at most this "
                                              "many MB (> 0; bounds the extra memory of a sync).")
     weight_sync_transport: str = _f(
@@ -862,12 +941,12 @@ class PipelineConfig:
                "broadcast, every rollout rank's load of a bucket. A rollout worker that dies or hangs "
                "mid-sync then fails the run with an error naming it instead of blocking it.")
     vllm_weight_update: str = _f(
-        "auto", "How vLLM takes the new weights. auto: on CPU with an unquantized model, each linear "
-                "layer keeps a plain copy of its weight (vLLM frees it after packing it for oneDNN; "
-                "the copy doubles the rollout rank's linear-weight memory), the buckets are copied "
-                "into it and each layer is re-packed, about 20 ms less per sync than layerwise; "
-                "elsewhere layerwise. layerwise: always vLLM's layerwise reload (any model and "
-                "quantization, no extra memory).",
+        "auto", "How vLLM takes the new weights. auto: on CPU with an unquantized model, direct: each "
+                "linear layer (packed for oneDNN by vLLM, its plain weight freed) gets a plain weight "
+                "again while a sync fills it, is re-packed as soon as all of it has arrived and the "
+                "plain copy freed (a sync holds about one layer more), about 20 ms less per sync than "
+                "layerwise at 19M; elsewhere layerwise. layerwise: always vLLM's layerwise reload (any "
+                "model and quantization).",
         VLLM_WEIGHT_UPDATES)
     # --- colocation: roles sharing GPUs (roll_gspo.placement.colocation) ---
     is_offload_states: Optional[bool] = _f(

@@ -41,7 +41,8 @@ def _schema_paths(cls: type, prefix: str = "") -> List[str]:
         if dataclasses.is_dataclass(inner):
             paths += _schema_paths(inner, path)
         elif typing.get_origin(inner) is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
-            paths += _schema_paths(typing.get_args(inner)[1], f"{path}.<domain>")
+            block = typing.get_args(inner)[1]
+            paths += _schema_paths(block, f"{path}.<{'domain' if block.__name__ == 'RewardConfig' else 'tag'}>")
     return paths
 
 
@@ -139,5 +140,9 @@ def _build(cls: type, values: Dict[str, Any]) -> Any:
             _, value_type = typing.get_args(inner)
             if dataclasses.is_dataclass(value_type):
                 value = {k: _build(value_type, v) for k, v in value.items()}
+        elif typing.get_origin(inner) is list and isinstance(value, list):
+            (item_type,) = typing.get_args(inner)
+            if dataclasses.is_dataclass(item_type):
+                value = [_build(item_type, v) if isinstance(v, dict) else v for v in value]
         kwargs[name] = value
     return cls(**kwargs)

@@ -14,10 +14,11 @@ from roll_gspo.config.agentic_checks import (AGENTIC_TEMPLATE_KEYS, agentic_noti
     agentic_keys_in_other_pipelines, fill_agentic_defaults, infer_agentic_pipeline)
 from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.role_reads import ignored_key_notices, unread_key_problems
-from roll_gspo.config.rollout_logprobs import choose_old_logprob_source, rollout_logprobs_bias, vllm_dtype_name
+from roll_gspo.config.rollout_logprobs import (choose_old_logprob_source, correction_enabled,
+    rollout_correction_problems, rollout_logprobs_bias, vllm_dtype_name)
 from roll_gspo.config.fsdp2_config import fsdp2_notices, fsdp2_problems
 from roll_gspo.config.lora import lora_problems, lora_warnings
-from roll_gspo.config.schema import FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
+from roll_gspo.config.schema import AGENTIC_ONLY_ESTIMATORS, FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
 from roll_gspo.placement.device_mapping import device_mapping_problems, tensor_parallel_problems
 
 logger = logging.getLogger("roll_gspo.config")
@@ -213,6 +214,10 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
         problems.append("router_replay: true replays the experts recorded while the trainer computes the old "
                         "log-probs; it needs old_logprob_source: trainer (or auto, the default)")
     problems += _async_problems(cfg)
+    problems += rollout_correction_problems(cfg)
+    if rlvr and cfg.adv_estimator in AGENTIC_ONLY_ESTIMATORS:
+        problems.append(f"adv_estimator {cfg.adv_estimator!r} credits the turns of multi-turn episodes (pipeline: "
+                        f"agentic); a single-turn response has one turn, where it is `reinforce`: use that")
     if rlvr and cfg.adv_estimator in ("grpo", "rloo") and group < 2:
         problems.append(f"adv_estimator {cfg.adv_estimator!r} needs num_return_sequences_in_group >= 2 "
                         f"(a group baseline of one response is the response itself), got {group}")
@@ -425,7 +430,7 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
             f"more threads than the {cfg.actor_infer.num_cpus_per_worker:g} CPU it reserves: generation now runs "
             f"while the trainer trains, so those threads take the trainer's cores. Drop the setting (the "
             f"synchronous examples set it because the trainer waits while vLLM generates).")
-    if cfg.model_update_frequency > 1:
+    if cfg.model_update_frequency > 1 and not correction_enabled(cfg):  # its weights pi_old / pi_rollout correct it
         k = cfg.model_update_frequency
         source = choose_old_logprob_source(cfg).source  # auto takes the trainer's here
         measured = ("the current trainer weights at the start of each step, not the older weights that sampled: "
@@ -435,7 +440,8 @@ def _warn_traps(cfg: PipelineConfig) -> List[str]:
             f"model_update_frequency = {k}: the rollout engine gets new weights every {k} steps, so up to {k - 1} "
             f"of every {k} rollouts are sampled by weights up to {k - 1} updates old (off-policy), and nothing "
             f"corrects for it. With old_logprob_source: {source} the importance ratio measures the "
-            f"policy's change from {measured}. Use 1 unless you accept that.")
+            f"policy's change from {measured}. Use 1 unless you accept that, or turn on train_infer_correction "
+            f"(its weights pi_old / pi_rollout then correct for the stale sampler).")
     engine = cfg.actor_infer.strategy_args.strategy_config
     if (cfg.actor_infer.strategy_args.strategy_name == "vllm" and "logprobs_mode" in engine
             and cfg.old_logprob_source != "rollout"):

@@ -168,7 +168,7 @@ def describe_memory_kill(text: str, ranks: Optional[Dict[int, str]] = None, fall
 
     pid, used, task = find(r"\bpid=(\d+)"), find(r"memory used=([\d.]+\s*[KMGT]?B)"), find(r"\bname=([\w.<>-]+)")
     host = re.search(r"was running was ([\d.]+\s*[KMGT]?B) / ([\d.]+\s*[KMGT]?B)", text)
-    threshold = find(r"memory usage threshold of ([\d.]+)")
+    threshold = find(r"memory usage threshold of (\d+(?:\.\d+)?)")
     who = (ranks or {}).get(int(pid)) if pid else None
     who = who or (f"{fallback} ({task}, pid {pid})" if task and pid else fallback)
     held = f" holding {used}" if used else ""

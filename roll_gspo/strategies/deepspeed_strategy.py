@@ -132,6 +132,11 @@ class DeepSpeedStrategy(TrainEngineStrategy):
             optimizer, scheduler = build_optimizer(model.parameters(), role, total_optimizer_steps)
             self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
                 model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config)
+            if self.world_size == 1 and self.zero_stage == 0:
+                # DeepSpeed's stage-0 reduction flattens every gradient into a bucket of up to 5e8
+                # values and copies it back at each optimizer step, even with no peer to reduce
+                # with: 2 GB and ~1 s per step at 0.5B parameters in fp32, for nothing.
+                self.engine.enable_backward_allreduce = False
             self.engine.train()
         else:
             model.requires_grad_(False)

@@ -69,8 +69,12 @@ def build_optimizer(parameters, role: RoleConfig, total_optimizer_steps: int):
     schedule) from the role's training_args."""
     args = role.training_args
     parameters = [p for p in parameters if p.requires_grad]
+    # On CPU the fused kernel steps all of Adam in one pass over each tensor: 4x faster than the
+    # per-tensor loop torch picks there (0.5B parameters: seconds per optimizer step), and the
+    # default of transformers' Trainer. Plain CPU tensors only (not FSDP2's DTensors).
+    fused = bool(parameters) and all(p.device.type == "cpu" and type(p.data) is torch.Tensor for p in parameters)
     optimizer = torch.optim.AdamW(parameters, lr=args.learning_rate, weight_decay=args.weight_decay,
-                                  betas=(args.adam_beta1, args.adam_beta2))
+                                  betas=(args.adam_beta1, args.adam_beta2), **({"fused": True} if fused else {}))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(args.warmup_steps, total_optimizer_steps, args.lr_scheduler_type))
     return optimizer, scheduler

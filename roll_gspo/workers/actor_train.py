@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from roll_gspo.algorithms import aggregate_loss, kl_loss, policy_loss
+from roll_gspo.algorithms import SEQUENCE_MEAN_METRICS, aggregate_loss, kl_loss, policy_loss, rollout_correction
+from roll_gspo.config.rollout_logprobs import correction_arguments, correction_enabled
 from roll_gspo.placement.colocation import memory_gb
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
@@ -61,6 +62,8 @@ class ActorTrainWorker(RankWorker):
         self.total_optimizer_steps = total_optimizer_steps
         self.temperature = cfg.actor_infer.generating_args.temperature or 1.0
         self.weight_sender = None
+        # train_infer_correction: keywords of algorithms.rollout_correction, None when off
+        self.correction = correction_arguments(cfg) if cfg.has_rollout() and correction_enabled(cfg) else None
 
     def setup(self) -> None:
         from roll_gspo.placement.colocation import offload_between_phases
@@ -200,6 +203,8 @@ class ActorTrainWorker(RankWorker):
         for index, plan in enumerate(plans):
             micro = take(mini, plan)
             computed += plan.padded_tokens()
+            if self.correction is not None:
+                self._apply_rollout_correction(micro, metrics)
             replay = micro["routed_experts"] if cfg.router_replay else None
             # Held through backward: gradient checkpointing re-runs each layer's forward there, routers
             # included, and a recomputed layer must route as the first pass did.
@@ -216,19 +221,34 @@ class ActorTrainWorker(RankWorker):
         metrics.end_mini_batch()
         metrics.add_step({"actor/grad_norm": self.strategy.grad_norm(), "actor/lr": self.strategy.learning_rate()})
 
+    def _apply_rollout_correction(self, micro: Batch, metrics: SplitInvariantMetrics) -> None:
+        """Store the rollout correction's importance weights (`rollout_is_weights`) and kept tokens
+        (`rollout_is_keep`) on `micro` for `_micro_loss`; add its metrics (token means weighted by
+        the micro-batch's tokens, response means by its responses, so they are split-invariant)."""
+        mask = loss_mask(micro)
+        correction, values = rollout_correction(micro["old_log_probs"], micro["rollout_log_probs"], mask,
+                                                **self.correction)
+        micro["rollout_is_weights"], micro["rollout_is_keep"] = correction.weights, correction.keep
+        metrics.add_micro({k: v for k, v in values.items() if k not in SEQUENCE_MEAN_METRICS}, float(mask.sum()))
+        metrics.add_micro({k: v for k, v in values.items() if k in SEQUENCE_MEAN_METRICS},
+                          float((mask.sum(-1) > 0).sum()))
+
     def _micro_loss(self, micro: Batch, num_seqs: float, num_tokens: float,
                     before_any_update: bool) -> "tuple[torch.Tensor, Dict[str, float], float]":
         """The loss of one micro-batch (policy loss, KL, MoE aux, entropy bonus), normalised by the
         mini-batch's `num_seqs` / `num_tokens` over all ranks; its metrics and their weight (tokens)."""
         cfg = self.cfg
-        micro_mask = loss_mask(micro)
+        micro_mask = full_mask = loss_mask(micro)
+        if "rollout_is_keep" in micro:  # tokens the rollout correction rejects leave every term of the loss
+            micro_mask = full_mask * micro["rollout_is_keep"].to(full_mask.dtype)
         log_probs, entropy = forward_log_probs(self.engine, micro, self.temperature, with_entropy=True,
                                                entropy_grad=cfg.entropy_loss_coef > 0)
         loss, pg_metrics = policy_loss(
             log_probs, micro["old_log_probs"], micro["advantages"], micro_mask,
             importance_sampling=cfg.importance_sampling, clip_low=cfg.pg_clip_low, clip_high=cfg.pg_clip_high,
             loss_agg_mode=cfg.loss_agg_mode, dual_clip_c=cfg.dual_clip_c if cfg.dual_clip_loss else None,
-            num_seqs=num_seqs, num_tokens=num_tokens, norm_length=cfg.loss_norm_length)
+            num_seqs=num_seqs, num_tokens=num_tokens, norm_length=cfg.loss_norm_length,
+            token_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro else None)
         if cfg.use_kl_loss:
             kl_value, kl_metrics = kl_loss(log_probs, micro["ref_log_probs"], micro_mask,
                                            estimator=cfg.kl_estimator, loss_agg_mode=cfg.loss_agg_mode,
@@ -252,7 +272,7 @@ class ActorTrainWorker(RankWorker):
         if before_any_update and "rollout_log_probs" in micro:
             # Trainer vs rollout engine on the same, not yet updated, policy.
             gap = (log_probs.detach() - micro["rollout_log_probs"]).abs()
-            micro_metrics["rollout/logprob_gap"] = float((gap * micro_mask).sum() / max(token_count, 1.0))
+            micro_metrics["rollout/logprob_gap"] = float((gap * full_mask).sum() / max(float(full_mask.sum()), 1.0))
         return loss, micro_metrics, token_count
 
     def _check_finite(self, loss: torch.Tensor, details: Dict[str, float]) -> None:
