@@ -12,6 +12,7 @@ CORE = [
     "tokenizers==0.23.3",
     "accelerate==1.15.0",
     "deepspeed==0.19.8",
+    "peft==0.21.2",  # LoRA adapters (model_args.lora_target; roll_gspo/strategies/lora.py)
     "ray[default]==2.60.0",
     "hydra-core==1.3.8",
     "omegaconf==2.3.1",

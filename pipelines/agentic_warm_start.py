@@ -97,7 +97,7 @@ CALCULATOR_ENV: Dict[str, Any] = {
     "agent_template": "{observation}\n",
     "env_config": {"num_operands": 2, "max_operand": 20, "operators": "+-*", "env_instruction": ""},
     "tool_wrapper": {"wrapper_args": {"max_tool_uses": 2, "tool_instruction_target": "none"},
-                     "tool_configs": [{"tool_id": "calculator"}]},
+                     "tool_configs": [{"tool_id": "calculator", "tool_args": {"timeout": 5}}]},
 }
 
 
@@ -123,7 +123,8 @@ WARM_STARTS: Dict[str, AgenticWarmStart] = {
         "builtin:tiny-calculator", "sft_tiny_calculator.yaml", "MathCalculator", CALCULATOR_ENV, calculator_policy,
         episodes=3000, sequence_length=192,
         # Same results, no fork per call: the data's thousands of calls would take a minute.
-        play_overrides={"tool_wrapper.tool_configs": [{"tool_id": "calculator", "tool_args": {"isolation": "thread"}}]}),
+        play_overrides={"tool_wrapper.tool_configs": [{"tool_id": "calculator",
+                                                        "tool_args": {"timeout": 5, "isolation": "thread"}}]}),
 }
 
 
@@ -217,9 +218,10 @@ def sft_rows(start: AgenticWarmStart, tokenizer, episodes: Optional[int] = None,
     return rows
 
 
-def success_rate(model_dir: str, start: AgenticWarmStart, episodes: int = 128, temperature: float = 0.0,
-                 seed: int = 1) -> float:
-    """Fraction of `episodes` fresh episodes a model solves, its turns generated with transformers."""
+def evaluate(model_dir: str, start: AgenticWarmStart, episodes: int = 128, temperature: float = 0.0,
+             seed: int = 1) -> Dict[str, float]:
+    """A model on `episodes` fresh episodes, its turns generated with transformers: the fraction
+    solved, and tool calls per episode."""
     from transformers import AutoTokenizer
 
     from roll_gspo.config.schema import GeneratingArgs, RoleConfig
@@ -229,19 +231,18 @@ def success_rate(model_dir: str, start: AgenticWarmStart, episodes: int = 128, t
     role.model_args.model_name_or_path = model_dir
     strategy = HfInferStrategy(role, seed=seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    env_cfg = start.env_config()
+    gen = GeneratingArgs(max_new_tokens=start.env_config().max_tokens_per_step, temperature=temperature)
 
     def generate_for(runner):
         def generate(requests: List[TurnRequest]) -> List[TurnOutput]:
-            samples = strategy.generate([r.prompt_ids for r in requests],
-                                        GeneratingArgs(max_new_tokens=env_cfg.max_tokens_per_step,
-                                                       temperature=temperature), 1, seeds=[r.seed for r in requests])
+            samples = strategy.generate([r.prompt_ids for r in requests], gen, 1, seeds=[r.seed for r in requests])
             return [TurnOutput(list(s[0][0])[:r.max_new_tokens], list(s[0][1])[:r.max_new_tokens])
                     for s, r in zip(samples, requests)]
         return generate
 
     trajectories = play(start, tokenizer, generate_for, episodes, seed + 1_000_003)
-    return sum(t.success for t in trajectories) / len(trajectories)
+    return {"success_rate": sum(t.success for t in trajectories) / len(trajectories),
+            "tool_calls_per_episode": sum(t.tool_calls for t in trajectories) / len(trajectories)}
 
 
 # -- the builders ------------------------------------------------------------------------------------
@@ -270,8 +271,10 @@ def build_agentic_warm_start(folder: str, name: str, overrides: Sequence[str] = 
         run_sft(cfg)
         for entry in os.listdir(os.path.join(work, "sft", "final_model")):
             shutil.copy2(os.path.join(work, "sft", "final_model", entry), folder)
-    logger.info("%s warm start: %s solves %.2f of fresh episodes greedily, %.2f sampling at temperature 1",
-                name, start.tag, success_rate(folder, start), success_rate(folder, start, temperature=1.0))
+    greedy, sampled = evaluate(folder, start), evaluate(folder, start, temperature=1.0)
+    logger.info("%s warm start on fresh %s episodes: greedy %.2f solved (%.2f tool calls each), sampling at "
+                "temperature 1 %.2f solved (%.2f tool calls each)", name, start.tag, greedy["success_rate"],
+                greedy["tool_calls_per_episode"], sampled["success_rate"], sampled["tool_calls_per_episode"])
 
 
 def build_tiny_frozenlake(folder: str) -> None:

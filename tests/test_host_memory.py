@@ -25,7 +25,8 @@ def test_training_rank_arithmetic_by_zero_stage():
                                                                                            8 * p)  # 16 bytes/parameter
     per_token_layer = 8 * 64 + 2 * 32 + 4 * 128
     assert zero0["activations"] == 100 * 2 * per_token_layer * 4
-    assert zero0["logits"] == 2 * 80 * 1000 * 4  # fp32 logits and their gradient (> the scoring pass's 120 rows)
+    # fp32 logits and their gradient, and the (V, H) gradients of the head and the embedding (> the scoring pass's 120 rows)
+    assert zero0["logits"] == 2 * 80 * 1000 * 4 + 2 * 4 * 1000 * 64
     # ZeRO-2 over 2 ranks: DeepSpeed's fp32 master copy and gradient partition, halved; whole gradients in flight.
     zero2 = train_rank_memory(SMALL, dtype="fp32", zero_stage=2, world_size=2, jemalloc=False, **one)
     assert zero2["optimizer"] == (8 * p + 4 * p) / 2 and zero2["gradients"] == 4 * p / 2 + 4 * p
@@ -43,8 +44,10 @@ def test_training_rank_arithmetic_by_zero_stage():
 
 def test_rollout_rank_holds_packed_weights_kv_cache_and_a_sync():
     p = SMALL.num_parameters()
-    parts = vllm_rank_memory(SMALL, dtype="fp32", kv_cache_bytes=GIB, bucket_bytes=1 << 20, jemalloc=False)
+    parts = vllm_rank_memory(SMALL, dtype="fp32", kv_cache_bytes=GIB, bucket_bytes=1 << 20, jemalloc=False,
+                             max_num_seqs=32)
     assert parts["runtime"] == VLLM_RUNTIME and parts["weights"] == 4 * p and parts["kv_cache"] == GIB
+    assert parts["sampler"] == 4 * 32 * 1000 * 4  # fp32 vocabulary rows per sequence slot
     assert parts["packed_lm_head"] == 4 * 1000 * 64  # the LM head's oneDNN copy beside the plain embedding
     assert parts["weight_sync"] == min(1 << 20, 4 * p) + 4 * 64 * 2 * 128  # a bucket + the widest layer (gate/up)
 
@@ -65,7 +68,8 @@ def test_the_05b_recipe_fits_24_gib_and_not_12_naming_role_and_knobs():
     train = fits.process("actor_train")
     p = shape.num_parameters()
     assert train.count == 1 and train.parts["weights"] + train.parts["gradients"] + train.parts["optimizer"] == 16 * p
-    assert train.parts["logits"] == 2 * 4 * 257 * 151936 * 4  # micro-batch 4 x (256 responses + 1) positions
+    # micro-batch 4 x (256 responses + 1) positions, and the head's and embedding's (V, H) gradients
+    assert train.parts["logits"] == 2 * 4 * 257 * 151936 * 4 + 2 * 4 * 151936 * 896
     small = plan_host_memory(_example(), shape, 12 * GIB, "test")
     (problem,) = small.problems
     assert "does not fit" in problem and f"actor_train {train.each / GIB:.2f} GiB" in problem

@@ -58,6 +58,10 @@ def test_roll_defaults_and_actor_infer_derived(tmp_path, tiny_model):
     assert (cfg.actor_train.model_args.lora_alpha, cfg.actor_infer.model_args.lora_alpha) == (128, 128)
     full = lora_config(tmp_path, tiny_model, use_kl_loss=True, actor_train={"model_args": {"lora_target": None}})
     assert full.needs_reference() and not full.actor_infer.model_args.uses_lora()
+    from roll_gspo.config import load_config
+
+    example = load_config(os.path.join(os.path.dirname(__file__), "..", "examples", "example_gspo_lora.yaml"))
+    assert (example.actor_infer.model_args.lora_target, example.actor_infer.model_args.lora_rank) == ("all-linear", 8)
 
 
 def _adapter_folder(folder, tensors, config=None):
@@ -344,3 +348,27 @@ def test_lora_run_syncs_exactly_with_colocation_and_kl(tmp_path, tiny_model, ray
     adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32),
                                         os.path.join(final, "adapter"))(ids).logits
     assert torch.allclose(merged, adapter, atol=1e-4)
+
+
+@pytest.mark.e2e
+def test_roll_deepspeed_lora_recipe_trains_two_steps_on_cpu(tmp_path, session_cache):
+    """ROLL's last DeepSpeed ZeRO-3 LoRA recipe (before v0.3; `${lora_target}` anchors at the top level,
+    repeated on actor_infer) trains 2 steps on CPU with the built-in model, sizes and placement from
+    tests.test_roll_recipes; the adapter it saves is ROLL's rank and targets."""
+    import subprocess
+    import sys
+
+    from tests.test_roll_recipes import REPO, ROLL_DIR, recipe_cpu_overrides
+
+    recipe = ROLL_DIR / "recipes" / "rlvr_lora_zero3.yaml"
+    gpu_only = [f"{role}.model_args.attn_implementation=sdpa" for role in ("actor_train", "actor_infer", "reference")]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run_pipeline.py"), "--config", str(recipe.relative_to(ROLL_DIR)),
+         *recipe_cpu_overrides(recipe, tmp_path), *gpu_only],
+        cwd=ROLL_DIR, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps if m.get("step", 0) > 0] == [1, 2]
+    adapter = json.loads((tmp_path / "final_model" / "adapter" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"]) == (32, 32)
+    assert sorted(adapter["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]

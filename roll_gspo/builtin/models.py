@@ -225,13 +225,16 @@ register_builtin_model(
     config=qwen2_config_dict(QWEN25_05B_SHAPE))
 
 
+_TINY_MOE_CONFIG = {**qwen2_config_dict(MOE_MODEL_SIZES["tiny"]), "model_type": "qwen3_moe",
+                    "architectures": ["Qwen3MoeForCausalLM"], "intermediate_size": 4 * MOE_MODEL_SIZES["tiny"]["hidden_size"]}
 register_builtin_model(
     "builtin:tiny-moe-base", lambda folder: write_base_moe_model(folder, seed=0, size="tiny"),
     description="Random-init 4-layer Qwen3-MoE (hidden 128, 8 experts of width 64, top-2) with the "
-                "char-level tokenizer.")
+                "char-level tokenizer.", config=_TINY_MOE_CONFIG)
 register_builtin_model(
     "builtin:tiny-moe", None, provider="pipelines.warm_start",
-    description="builtin:tiny-moe-base after SFT on builtin:arith_easy/sft_biased (configs/sft_tiny_moe.yaml).")
+    description="builtin:tiny-moe-base after SFT on builtin:arith_easy/sft_biased (configs/sft_tiny_moe.yaml).",
+    config=_TINY_MOE_CONFIG)
 # The agentic examples' warm starts: SFT on turns a scripted agent played in the environment.
 register_builtin_model(
     "builtin:tiny-frozenlake", None, provider="pipelines.agentic_warm_start",

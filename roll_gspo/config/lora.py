@@ -235,8 +235,6 @@ def _derive_infer_keys(train: ModelArgs, infer: ModelArgs) -> List[str]:
     """actor_infer's LoRA keys: actor_train's where left out; the same where written (lora_target
     written in other words is resolved on the model at preflight)."""
     problems = []
-    if infer.uses_lora() and infer.lora_rank is None:  # written partly: its own ROLL defaults apply
-        infer.lora_rank = train.lora_rank if infer.lora_alpha is None else DEFAULT_RANK
     for key in LORA_KEYS:
         theirs, ours = getattr(train, key), getattr(infer, key)
         if ours == getattr(_DEFAULTS, key) or ours == theirs:

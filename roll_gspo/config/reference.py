@@ -91,6 +91,12 @@ the way out, and lists every problem at once:
   `tensor_parallel_size` above the rollout rank's reservation (`num_cpus_per_worker` on CPU, one
   core per TP worker; `num_gpus_per_worker` on GPUs), or with a `distributed_executor_backend`
   other than `mp`.
+- **LoRA** (docs/lora.md): `lora_rank` <= 0, `lora_alpha` <= 0, `lora_dropout` outside [0, 1); LoRA keys
+  on `actor_infer` contradicting actor_train's (or set there alone), on the reference or a reward model;
+  top-level `lora_*` anchors no role uses; `lora_sync: adapter` with hf_infer, `additional_target`, a
+  rank above 512 or `sleep_level: 2`. `--dry-run` adds, on the model: `lora_target` naming no module or
+  a non-linear one (listing the linear modules), a tied LM head, a Mixture-of-Experts policy, and an
+  `adapter_name_or_path` that is missing or does not fit the model.
 - **Keys a role never reads** (next section).
 
 And warns (logged, the run goes on):

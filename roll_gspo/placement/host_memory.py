@@ -15,13 +15,17 @@ width H, T tokens per micro-batch (rows x the longest prompt + response):
     activations  per micro-batch, what backward keeps (with gradient checkpointing each layer's
                  input, plus one layer's full activations while it is recomputed)
     logits       the fp32 (T, V) logits of the response positions and, when training, their
-                 gradient (the log-softmax runs in chunks, roll_gspo.algorithms.logprobs)
+                 gradient (the log-softmax runs in chunks, roll_gspo.algorithms.logprobs) and the
+                 two (V, H) gradients of the output projection and the embedding before they are
+                 summed into the (tied) weight's
     allocator    `memory_allocator: jemalloc` (auto on CPU) keeps freed pages: the transient
                  peak's fragments stay resident (measured ~15 % of the step's transient memory)
 * rollout rank (`actor_infer`, vLLM on CPU): runtime, the weights as vLLM holds them on CPU
   (the plain embedding and norms, the linear layers and the LM head packed for oneDNN:
-  b*(P + V*H)), the KV cache vLLM reserves (VLLM_CPU_KVCACHE_SPACE GiB, 1 unless the role's
-  `system_envs` say otherwise), and a weight sync's transient (one bucket and one layer).
+  b*(P + V*H)), the sampler's buffers (about four fp32 rows of the vocabulary per sequence of
+  `max_num_seqs`, vLLM's default 256), the KV cache vLLM reserves (VLLM_CPU_KVCACHE_SPACE GiB, 1
+  unless the role's `system_envs` say otherwise), and a weight sync's transient (one bucket and
+  one layer).
 * reference / hf_infer: runtime, weights, one scoring pass (activations of one layer, logits).
 * reward workers and the driver with Ray's own processes: measured constants.
 
@@ -42,10 +46,12 @@ from roll_gspo.placement.memory import DTYPE_BYTES, GIB, MARGIN, ModelShape
 TRAIN_RUNTIME = 0.65 * GIB
 VLLM_RUNTIME = 0.80 * GIB
 HF_RUNTIME = 0.55 * GIB
-REWARD_RUNTIME = 0.30 * GIB
+REWARD_RUNTIME = 0.35 * GIB
 DRIVER_AND_RAY = 1.30 * GIB  # the driver (config, data, batches) + GCS, raylet and Ray's agents
 JEMALLOC_RETENTION = 0.15  # of a step's transient memory, kept as fragments by jemalloc
 DEFAULT_KV_CACHE_GIB = 1  # roll_gspo.distributed.cluster.DEFAULT_WORKER_ENV["VLLM_CPU_KVCACHE_SPACE"]
+VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
+VLLM_SAMPLER_ROWS = 4  # fp32 vocabulary rows per sequence slot the sampler keeps (measured at V = 151936)
 
 
 @dataclass
@@ -82,6 +88,7 @@ class HostPlan:
     processes: List[ProcessEstimate]
     problems: List[str]
     notes: List[str]
+    estimated: bool = True  # the model roles are in the plan (their shape is known)
 
     @property
     def need(self) -> float:
@@ -98,7 +105,8 @@ class HostPlan:
         lines = [f"host memory plan (CPU run; every process on this host; peak resident memory per process, GiB; "
                  f"{self.source}):"]
         lines += [p.line() for p in self.processes]
-        verdict = "fits" if not self.problems else "DOES NOT FIT"
+        verdict = ("DOES NOT FIT" if self.problems else "fits" if self.estimated
+                   else "the model roles are not estimated (see the note)")
         lines.append(f"  total {self.need / GIB:.2f} GiB of {self.usable / GIB:.2f} usable ({MARGIN:.0%} of "
                      f"{self.host_bytes / GIB:.1f} GiB): {verdict} ({self.need / self.usable:.0%})")
         lines += [f"  note: {note}" for note in self.notes]
@@ -134,7 +142,8 @@ def train_rank_memory(shape: ModelShape, *, dtype: str, zero_stage: int, world_s
              else shape.num_layers * per_layer)
     activations = float(micro_batch_tokens * saved * b)
     vocab_row = 4.0 * shape.vocab_size  # fp32 logits
-    logits = max(2 * logit_tokens * vocab_row, score_tokens * vocab_row)
+    vocab_gradients = 2.0 * b * shape.vocab_size * shape.hidden_size
+    logits = max(2 * logit_tokens * vocab_row + vocab_gradients, score_tokens * vocab_row)
     transient = activations + logits
     parts = {"runtime": TRAIN_RUNTIME, "weights": b * params / (n if sharded else 1), "gradients": gradients,
              "optimizer": optimizer, "activations": activations, "logits": logits}
@@ -144,7 +153,7 @@ def train_rank_memory(shape: ModelShape, *, dtype: str, zero_stage: int, world_s
 
 
 def vllm_rank_memory(shape: ModelShape, *, dtype: str, kv_cache_bytes: float, bucket_bytes: float,
-                     jemalloc: bool) -> Dict[str, float]:
+                     jemalloc: bool, max_num_seqs: int = VLLM_MAX_NUM_SEQS) -> Dict[str, float]:
     """Bytes one vLLM rank on CPU holds at its peak (the weight sync)."""
     b = DTYPE_BYTES[dtype]
     h, q_dim = shape.hidden_size, shape.num_heads * shape.head_dim
@@ -152,7 +161,8 @@ def vllm_rank_memory(shape: ModelShape, *, dtype: str, kv_cache_bytes: float, bu
         shape.num_experts_per_tok or 1, 1), q_dim + 2 * shape.kv_dim)
     sync = min(bucket_bytes, b * shape.num_parameters()) + largest_layer
     parts = {"runtime": VLLM_RUNTIME, "weights": float(b * shape.num_parameters()),
-             "packed_lm_head": float(b * shape.vocab_size * h), "kv_cache": float(kv_cache_bytes),
+             "packed_lm_head": float(b * shape.vocab_size * h),
+             "sampler": float(VLLM_SAMPLER_ROWS * max_num_seqs * 4 * shape.vocab_size), "kv_cache": float(kv_cache_bytes),
              "weight_sync": float(sync)}
     if jemalloc:
         parts["allocator_headroom"] = JEMALLOC_RETENTION * sync
@@ -258,10 +268,17 @@ def _infer_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
     role = cfg.actor_infer
     seq_len = cfg.max_sequence_tokens() if hasattr(cfg, "max_sequence_tokens") else cfg.prompt_length + cfg.response_length
     if role.strategy_args.strategy_name == "vllm":
+        engine = role.strategy_args.strategy_config or {}
+        seqs = int(engine.get("max_num_seqs") or VLLM_MAX_NUM_SEQS)
         parts = vllm_rank_memory(shape, dtype=role.model_args.dtype, kv_cache_bytes=_kv_cache_bytes(cfg, role),
-                                 bucket_bytes=cfg.weight_sync_bucket_mb * (1 << 20), jemalloc=_jemalloc(cfg, role))
+                                 bucket_bytes=cfg.weight_sync_bucket_mb * (1 << 20), jemalloc=_jemalloc(cfg, role),
+                                 max_num_seqs=seqs)
+        concurrency = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1))
         knobs = ["VLLM_CPU_KVCACHE_SPACE in actor_infer.system_envs (GiB of KV cache vLLM reserves; "
                  f"whole GiB, {parts['kv_cache'] / GIB:g} now)", "weight_sync_bucket_mb lower"]
+        if seqs > concurrency:
+            knobs.insert(0, f"actor_infer.strategy_args.strategy_config.max_num_seqs: {concurrency} (the responses "
+                            f"a step generates at once; vLLM's sampler keeps vocabulary rows for {seqs})")
         return ProcessEstimate("actor_infer", f"vLLM, {role.model_args.dtype}", role.world_size, parts, knobs)
     per_rank = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1))
     parts = frozen_rank_memory(shape, dtype=role.model_args.dtype, tokens=per_rank * seq_len,
@@ -298,13 +315,13 @@ def plan_host_memory(cfg, shape: Optional[ModelShape], host_bytes: float, source
             if cfg.needs_reference():
                 processes.append(_reference_estimate(cfg, shape))
     for domain, reward in (cfg.rewards.items() if cfg.has_rollout() else []):
-        if reward.model_args.model_name_or_path if hasattr(reward, "model_args") else False:
+        if getattr(getattr(reward, "model_args", None), "model_name_or_path", None):
             notes.append(f"rewards.{domain}: its model is not estimated here")
         processes.append(ProcessEstimate(f"rewards.{domain}", "reward worker", reward.world_size,
                                          {"runtime": REWARD_RUNTIME}))
     processes.append(ProcessEstimate("driver + Ray", "the driver, GCS, raylet, Ray's agents", 1,
                                      {"runtime": DRIVER_AND_RAY}))
-    plan = HostPlan(host_bytes, source, processes, [], notes)
+    plan = HostPlan(host_bytes, source, processes, [], notes, estimated=shape is not None)
     if shape is not None and plan.need > plan.usable:
         plan.problems.append(_does_not_fit(plan))
     return plan

@@ -129,7 +129,8 @@ def adapter_weight_entries(peft_model) -> List[WeightEntry]:
     # PEFT renames what it saves (drops the adapter name, keeps additional_target's copies): ask it,
     # with an index per parameter standing in for the weights.
     saved = get_peft_model_state_dict(peft_model, state_dict={name: torch.tensor([i]) for i, (name, _) in
-                                                              enumerate(named)}, adapter_name=ADAPTER)
+                                                              enumerate(named)}, adapter_name=ADAPTER,
+                                      save_embedding_layers=False)  # adapters sit on linear layers only
     return [WeightEntry(key, (named[int(index)][1],)) for key, index in saved.items()]
 
 

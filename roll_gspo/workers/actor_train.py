@@ -54,6 +54,8 @@ def loss_mask(batch: Batch) -> torch.Tensor:
 
 
 class ActorTrainWorker(RankWorker):
+    correction: Optional[Dict[str, Any]] = None  # train_infer_correction's keywords (set in __init__ when on)
+
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any], total_optimizer_steps: int,
                  role_name: str = "actor_train"):
         super().__init__(dist_env)
