@@ -11,8 +11,8 @@ Variants:
   ranks, one micro-batch per optimizer step and rank, vLLM rollout on both cores, jemalloc in the
   model roles, old log-probs by ``old_logprob_source: auto``), in its own process, driven one
   ``step()`` at a time; at ``--sizes 0.5b`` from ``examples/example_gspo_0.5b_cpu.yaml`` (one
-  ZeRO-0 rank: two ranks of the small example do not fit 24 GiB at 0.5B) with micro-batches of 4
-  on both sides (TRL accumulates 2 of them per optimizer step). Sequentially (the default), each
+  ZeRO-0 rank: two ranks of the small example do not fit 24 GiB at 0.5B) with micro-batches of 2
+  on both sides (4 of them accumulated per optimizer step). Sequentially (the default), each
   pipeline variant runs its own Ray, gone with it; interleaved, they join one local Ray that the
   benchmark starts.
 * ``--pipeline-variant NAME:KEY=VALUE,...``: more pipeline rows, the example with those Hydra
@@ -126,9 +126,9 @@ SIZES: Dict[str, Dict[str, Any]] = {
     "smoke": {"model": "bench:qwen2-micro", "response_length": 4, "prompts": 4, "group": 4,
               "label": "micro (hidden 128, 2 layers), smoke"},
     # The smallest model users train: the 0.5B recipe (one ZeRO-0 rank; two ranks of the small
-    # example do not fit 24 GiB), micro-batches of 4 on both sides (TRL: 4 x 2 accumulated).
+    # example do not fit 24 GiB), the recipe's micro-batches of 2 on both sides (4 accumulated).
     "0.5b": {"model": "builtin:qwen2.5-0.5b-shape", "response_length": 256, "prompts": 8, "group": 4,
-             "config": "example_gspo_0.5b_cpu.yaml", "micro_batch": 4,
+             "config": "example_gspo_0.5b_cpu.yaml", "micro_batch": 2,
              "label": "Qwen2.5-0.5B shape (24 layers, hidden 896, vocabulary 151936)"},
 }
 DEFAULT_CONFIG = "example_gspo.yaml"

@@ -7,7 +7,7 @@ Two series, each setting a pipeline run of its own (its own Ray, one at a time):
 * model size 1M, 19M, ~100M and 0.5B parameters at 128 tokens.
 
 Every setting runs ``examples/example_gspo_0.5b_cpu.yaml`` (one ZeRO-0 training rank on both cores,
-vLLM rollout, old log-probs from vLLM) with 8 prompts x 4 responses, micro-batches of 4 and 4
+vLLM rollout, old log-probs from vLLM) with 8 prompts x 4 responses, micro-batches of 2 and 4
 optimizer steps per step, on Qwen2 shapes with random weights. Below 0.5B the shapes get an
 8192-entry vocabulary (the char tokenizer's ids are its first 100), so a response runs to its cap
 as at 0.5B (vocabulary 151936): a random policy picks <eos> about once in 8192 tokens, and with the
@@ -45,7 +45,7 @@ from benchmarks.bench_peers import (PROMPT_LENGTH, cycle_flops, measure_matmul_p
 from benchmarks.harness import ChildProcess, child_env, fmt, median, print_report, read_json  # noqa: E402
 
 CONFIG = "example_gspo_0.5b_cpu.yaml"
-PROMPTS, GROUP, MICRO_BATCH = 8, 4, 4
+PROMPTS, GROUP, MICRO_BATCH = 8, 4, 2
 BENCH_VOCAB = 8192
 WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 # Qwen2 shapes (head_dim 32 or 64: vLLM's CPU attention), random weights, the char tokenizer.

@@ -126,12 +126,14 @@ def test_benchmark_reads_the_rise_and_when_the_target_was_reached():
 @pytest.mark.e2e
 def test_example_agentic_trains(tmp_path, session_cache, ray_session):
     """Two steps of the learning example, smaller: multi-turn episodes, the moves alone in the loss,
-    trainer log-probs equal to vLLM's (fp32), validation's success rate logged."""
+    trainer log-probs equal to vLLM's (fp32), validation's success rate logged. On the tests' shared
+    base model, not the example's warm start: building that (an SFT run) would cost the suite minutes,
+    and the pipeline path is the same; `benchmarks/bench_agentic.py` runs the warm start itself."""
     from pipelines.agentic_pipeline import run_agentic
 
     out = tmp_path / "out"
     cfg = load_config("example_agentic.yaml", [
-        f"output_dir={out}", "track_with=none", f"render_save_dir={out}/render", "max_steps=2", "eval_steps=2",
+        f"output_dir={out}", "track_with=none", "pretrain=builtin:tiny-arith-base", f"render_save_dir={out}/render", "max_steps=2", "eval_steps=2",
         "rollout_batch_size=16", "train_env_manager.num_env_groups=4", "val_batch_size=16",
         "val_env_manager.num_env_groups=16", "actor_train.training_args.per_device_train_batch_size=8"])
     run_agentic(cfg)
@@ -146,6 +148,5 @@ def test_example_agentic_trains(tmp_path, session_cache, ray_session):
         assert math.isfinite(row["actor/pg_loss"])
     validations = [r for r in rows if "val/success_rate" in r]
     assert [r["step"] for r in validations] == [0, 2]
-    # The warm start knows the format: its moves parse, and some validation maps are solved.
-    assert validations[0]["val/env/invalid_action_frac"] < 0.2 and validations[0]["val/success_rate"] > 0
+    assert all(0 <= r["val/success_rate"] <= 1 and "val/env/invalid_action_frac" in r for r in validations)
     assert os.path.exists(out / "render" / "val_step_0.jsonl")

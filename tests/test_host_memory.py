@@ -38,6 +38,9 @@ def test_training_rank_arithmetic_by_zero_stage():
     checkpointed = train_rank_memory(SMALL, dtype="fp32", zero_stage=0, world_size=1, jemalloc=False,
                                      **{**one, "gradient_checkpointing": True})
     assert checkpointed["activations"] == 100 * (2 * 64 + per_token_layer) * 4
+    lora = train_rank_memory(SMALL, dtype="fp32", zero_stage=0, world_size=1, jemalloc=False, trainable=1000, **one)
+    assert (lora["weights"], lora["gradients"], lora["optimizer"]) == (4 * (p + 1000), 4 * 1000, 8 * 1000)
+    assert lora["logits"] == 2 * 80 * 1000 * 4  # the frozen head and embedding have no gradients
     retained = train_rank_memory(SMALL, dtype="fp32", zero_stage=0, world_size=1, jemalloc=True, **one)
     assert retained["allocator_headroom"] == pytest.approx(JEMALLOC_RETENTION * (zero0["activations"] + zero0["logits"]))
 
@@ -69,11 +72,12 @@ def test_the_05b_recipe_fits_24_gib_and_not_12_naming_role_and_knobs():
     p = shape.num_parameters()
     assert train.count == 1 and train.parts["weights"] + train.parts["gradients"] + train.parts["optimizer"] == 16 * p
     # micro-batch 4 x (256 responses + 1) positions, and the head's and embedding's (V, H) gradients
-    assert train.parts["logits"] == 2 * 4 * 257 * 151936 * 4 + 2 * 4 * 151936 * 896
+    assert train.parts["logits"] == 2 * 2 * 257 * 151936 * 4 + 2 * 4 * 151936 * 896  # micro-batch 2
+    assert fits.process("actor_infer").parts["sampler"] == 4 * 32 * 151936 * 4  # max_num_seqs 32
     small = plan_host_memory(_example(), shape, 12 * GIB, "test")
     (problem,) = small.problems
     assert "does not fit" in problem and f"actor_train {train.each / GIB:.2f} GiB" in problem
-    assert "per_device_train_batch_size below 4" in problem and "VLLM_CPU_KVCACHE_SPACE" in problem
+    assert "per_device_train_batch_size below 2" in problem and "VLLM_CPU_KVCACHE_SPACE" in problem
     # Two ZeRO-2 ranks (the small example's layout) on one host: each holds the model state.
     two = plan_host_memory(_example("actor_train.world_size=2", "actor_train.strategy_args.strategy_config."
                                     "zero_optimization.stage=2"), shape, 24 * GIB, "test")

