@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import os
 import sys
+from typing import Optional
+
 import torch
 
 from roll_gspo.config import PipelineConfig
@@ -22,14 +24,16 @@ NEXT_ROLLOUT_FILE = "next_rollout.pt"  # async: the next step's rollout, saved w
 
 
 def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, next_rollout, sampler,
-                    running_stats, old_logprobs: OldLogprobChoice) -> str:
-    """The trainer ranks' state, the rollout generated ahead (async) and the driver's state (sampler,
+                    running_stats, old_logprobs: OldLogprobChoice, critic: Optional[Cluster] = None) -> str:
+    """The trainer ranks' state (and the critic's, PPO), the rollout generated ahead (async) and the driver's state (sampler,
     running reward stats, where old log-probs come from); written to a temporary folder, fsynced,
     renamed into place (`roll_gspo.lifecycle.checkpoint`). Returns the folder."""
     output_dir = checkpoint_base(cfg)
     folder = begin_checkpoint(output_dir, step)
     try:
         actor_train.execute_all("save_checkpoint", folder)
+        if critic is not None:  # in its own subfolder (roll_gspo.workers.critic)
+            critic.execute_all("save_checkpoint", folder)
         if next_rollout is not None:  # async: its prompts are drawn already, its weights gone
             torch.save(next_rollout, os.path.join(folder, NEXT_ROLLOUT_FILE))
     except WorkerDiedError:
@@ -45,11 +49,14 @@ def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, ne
     return commit_checkpoint(folder, state, output_dir, step, cfg.save_total_limit)
 
 
-def restore_trainer_and_data(folder: str, actor_train: Cluster, sampler, running_stats) -> dict:
-    """Load the trainer ranks' state and the sampler's and running reward stats' from `folder`;
+def restore_trainer_and_data(folder: str, actor_train: Cluster, sampler, running_stats,
+                             critic: Optional[Cluster] = None) -> dict:
+    """Load the trainer ranks' state (and the critic's, PPO) and the sampler's and running reward stats' from `folder`;
     returns the driver state saved there (its `step` is the last one done)."""
     state = read_state(folder)
     actor_train.execute_all("load_checkpoint", folder)
+    if critic is not None:
+        critic.execute_all("load_checkpoint", folder)
     if sampler is not None:  # the agentic pipeline has no prompt data: its env seeds follow the step
         sampler.load_state_dict(state["sampler"])
     if running_stats is not None and state.get("running_stats"):

@@ -37,6 +37,8 @@ from roll_gspo.lifecycle.seeding import rollout_seeds
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 
 from pipelines.common import prepare_models, progress_bar
+from pipelines.rlvr_critic import (actor_trains, collect_values, critic_view, gae_advantages_and_returns,
+    start_values)
 from pipelines.rlvr_checkpoint import (announce_stop, checkpoint_due, load_next_rollout, restore_trainer_and_data,
     resumed_old_logprobs, save_final_model, write_checkpoint)
 from pipelines.rlvr_setup import (REWARD_WORKER_RESTARTS, check_domains, load_prompts, log_colocation, reward_routes,
@@ -56,7 +58,7 @@ class RLVRPipeline:
         from roll_gspo.data.prompts import PromptSampler
 
         self.cfg = cfg
-        prepare_models(cfg, ["actor_train", "actor_infer", "reference"])
+        prepare_models(cfg, ["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else []))
         self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
         self.old_logprobs = choose_old_logprob_source(
@@ -87,6 +89,7 @@ class RLVRPipeline:
         self.placement, self.actor_train, self.actor_infer = (clusters.placement, clusters.actor_train,
                                                               clusters.actor_infer)
         self.reference, self.rewards = clusters.reference, clusters.rewards
+        self.critic = clusters.critic  # PPO (adv_estimator: gae): the value model's ranks; None otherwise
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)
         elif cfg.actor_train.model_args.adapter_name_or_path:  # the rollout engine starts from the base model
@@ -102,7 +105,8 @@ class RLVRPipeline:
         3. log-probs of the responses: the reference's (a KL term) and the old policy's (the
            trainer's pass, or the rollout engine's own); the reward workers score meanwhile;
         4. rewards, then advantages (`adv_estimator`, optional KL penalty) and per-response loss weights;
-        5. train ppo_epochs x mini-batches;
+           PPO (gae): the critic's values, scored beside the log-probs, and GAE over them;
+        5. train ppo_epochs x mini-batches (PPO: the critic each step, the actor after critic_warmup steps);
         6. every model_update_frequency steps, the new weights into the rollout engine (within the
            train call when generation is synchronous; async: once the next rollout is complete);
         7. the step's metrics.
@@ -114,10 +118,14 @@ class RLVRPipeline:
             with _timed(timings, "offload"):
                 sampling_metrics.update(_mean_over_ranks(self.actor_infer.execute_all("offload_states")))
         self._add_sequence_tensors(batch)
+        value_calls = start_values(self.critic, batch) if self.critic is not None else None
         pending_rewards = self._score_log_probs(batch, pending_rewards, timings)
         with _timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
             self._collect_rewards(batch, self._rewards_started(batch, pending_rewards))
         reward_metrics = self._reward_metrics(batch)
+        if value_calls is not None:
+            with _timed(timings, "values"):  # what is left of the critic's pass
+                batch["values"] = collect_values(self.critic, value_calls)
         with _timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self._advantages(batch)
             adv_metrics.update(self._apply_sample_weights(batch))
@@ -132,13 +140,19 @@ class RLVRPipeline:
         is complete). Returns the training metrics and the sync's (`sync/*`, empty without one)."""
         cfg = self.cfg
         sync_due = step % cfg.model_update_frequency == 0
-        sync_in_train = sync_due and not cfg.async_generation_ratio
+        train_actor = actor_trains(cfg, step)  # PPO: not during critic_warmup
+        sync_in_train = sync_due and not cfg.async_generation_ratio and train_actor
         with _timed(timings, "train"):
+            critic_calls = (self.critic.dispatch_async("train_step", critic_view(batch)) if self.critic is not None
+                            else None)
             # With a sync due, the ranks send the new weights to the rollout ranks at the end of the
             # same call (one driver round trip less); its own time is the `sync` phase.
             per_rank = self.actor_train.dispatch("train_step", self._view(batch), weight_version=step,
-                                                 sync_to=self.actor_infer.workers if sync_in_train else None)
-        train_metrics, sync_metrics = _split_sync_metrics(per_rank)
+                                                 sync_to=self.actor_infer.workers if sync_in_train else None
+                                                 ) if train_actor else None
+            critic_metrics = _mean_over_ranks(self.critic.collect(critic_calls)) if critic_calls else {}
+        train_metrics, sync_metrics = _split_sync_metrics(per_rank) if per_rank else ({}, {})
+        train_metrics.update(critic_metrics)
         self._follow_logprob_gap(step, train_metrics.get("rollout/logprob_gap"))
         if ahead is not None:  # async: the rollout must be complete before the engine takes new weights
             with _timed(timings, "generate"):
@@ -364,6 +378,9 @@ class RLVRPipeline:
 
     def _advantages(self, batch: Batch):
         cfg = self.cfg
+        if self.critic is not None:  # PPO: GAE over the critic's values (adds `returns` too)
+            metrics = gae_advantages_and_returns(cfg, batch, self.running_stats)
+            return batch["advantages"], metrics
         kl = None
         if cfg.add_token_level_kl:
             kl = batch["old_log_probs"] - batch["ref_log_probs"]
@@ -421,10 +438,11 @@ class RLVRPipeline:
     def save_checkpoint(self, step: int) -> str:
         """Written to a temporary folder, fsynced, renamed into place (`roll_gspo.lifecycle.checkpoint`)."""
         return write_checkpoint(self.cfg, self.actor_train, step, next_rollout=self.next_rollout,
-                                sampler=self.sampler, running_stats=self.running_stats, old_logprobs=self.old_logprobs)
+                                sampler=self.sampler, running_stats=self.running_stats, old_logprobs=self.old_logprobs,
+                                critic=self.critic)
 
     def _load_checkpoint(self, folder: str) -> None:
-        state = restore_trainer_and_data(folder, self.actor_train, self.sampler, self.running_stats)
+        state = restore_trainer_and_data(folder, self.actor_train, self.sampler, self.running_stats, critic=self.critic)
         self.start_step = int(state["step"])
         self.old_logprobs = resumed_old_logprobs(self.old_logprobs, state, self.start_step)  # where the gap had led
         self.sync_weights(version=self.start_step)  # the rollout engine starts from `pretrain`
@@ -468,7 +486,7 @@ class RLVRPipeline:
         return last
 
     def shutdown(self) -> None:
-        clusters = [self.actor_train, self.actor_infer, self.reference, *self.rewards.values()]
+        clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
         for cluster in clusters:
             if cluster is not None:
                 cluster.shutdown()

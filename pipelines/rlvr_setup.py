@@ -71,6 +71,7 @@ class RLVRClusters:
     actor_infer: Cluster
     reference: Optional[Cluster]  # only when a KL term needs the reference's log-probs
     rewards: Dict[str, Cluster]  # reward block name -> its CPU (or GPU) scoring workers
+    critic: Optional[Cluster] = None  # PPO (adv_estimator: gae): the value model's ranks
 
 
 def start_clusters(cfg: PipelineConfig) -> RLVRClusters:
@@ -81,7 +82,8 @@ def start_clusters(cfg: PipelineConfig) -> RLVRClusters:
     from roll_gspo.workers.reference import ReferenceWorker
 
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
-             **({"reference": cfg.reference} if cfg.needs_reference() else {})}
+             **({"reference": cfg.reference} if cfg.needs_reference() else {}),
+             **({"critic": cfg.critic} if cfg.uses_critic() else {})}
     placeable = {**roles, **reward_roles(cfg)}
     cpus, gpus = resource_totals(placeable)
     init_ray(cpus, gpus)
@@ -100,6 +102,12 @@ def start_clusters(cfg: PipelineConfig) -> RLVRClusters:
                           total_optimizer_steps=total_optimizer_steps)
     actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer)
     reference = cluster("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference() else None
+    critic = None
+    if cfg.uses_critic():
+        from roll_gspo.workers.critic import CriticWorker
+
+        critic_steps = cfg.max_steps * cfg.ppo_epochs * (batch // cfg.critic_mini_batch_size())
+        critic = cluster("critic", CriticWorker, cfg.critic, total_optimizer_steps=critic_steps)
     # A reward worker that dies is restarted and its unfinished calls scored again.
     rewards = {
         name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
@@ -109,7 +117,8 @@ def start_clusters(cfg: PipelineConfig) -> RLVRClusters:
                       rank_options=placement.rank_options(f"rewards.{name}") if reward.device_mapping is not None
                       else None)
         for name, reward in cfg.rewards.items()}
-    clusters = [actor_train, actor_infer, *([reference] if reference else []), *rewards.values()]
+    clusters = [actor_train, actor_infer, *([reference] if reference else []), *([critic] if critic else []),
+                *rewards.values()]
     start = time.perf_counter()
     from roll_gspo.placement.colocation import start_rollout_first
 
@@ -117,4 +126,4 @@ def start_clusters(cfg: PipelineConfig) -> RLVRClusters:
     for group in (first, [c for c in clusters if c not in first]):
         ray.get([ref for c in group for ref in c.setup_async()])  # the roles of a group load in parallel
     logger.info("workers ready in %.1f s", time.perf_counter() - start)
-    return RLVRClusters(placement, actor_train, actor_infer, reference, rewards)
+    return RLVRClusters(placement, actor_train, actor_infer, reference, rewards, critic)

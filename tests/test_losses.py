@@ -431,7 +431,8 @@ def test_names_match_config_schema():
 
     assert list(POLICY_LOSSES) == schema.IMPORTANCE_SAMPLING_CHOICES
     assert LOSS_AGG_MODES == schema.LOSS_AGG_MODES
-    assert list(ADV_ESTIMATORS) == [e for e in schema.ADV_ESTIMATORS if e not in schema.AGENTIC_ONLY_ESTIMATORS]
+    assert list(ADV_ESTIMATORS) == [e for e in schema.ADV_ESTIMATORS
+                                  if e not in schema.AGENTIC_ONLY_ESTIMATORS + schema.CRITIC_ESTIMATORS]
     assert REWARD_NORMS == schema.REWARD_NORMS
     assert KL_ESTIMATORS == schema.KL_ESTIMATORS
 

@@ -143,7 +143,7 @@ def test_megatron_strategy_config_after_a_rename_acts_or_is_refused(in_roll_dir)
     ("is_num_return_sequences_expand=true", "samples num_return_sequences_in_group"),
     ("+rollout_mock={enable: true}", "rollout dumping/mocking is not built"),
     ("actor_train.data_args.interleave_probs='0.5,0.5'", "per-file sampling is not built"),
-    ("adv_estimator=gae", "needs a critic"),
+    ("adv_estimator=gae", "adv_estimator: gae needs a `critic` block"),
     ("actor_train.data_args.template=base", "fixed instruction text"),
     ("actor_train.model_args.model_type=trl", "a policy role is a causal LM"),
     ("checkpoint_config.type=oss", "valid values: 'file_system'"),

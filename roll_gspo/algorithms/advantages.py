@@ -43,6 +43,8 @@ __all__ = [
     "rloo_advantages",
     "whiten",
     "compute_advantages",
+    "shaped_token_rewards",
+    "finish_advantages",
 ]
 
 # Same values as roll_gspo.config.schema (a test keeps them in sync); not imported from there so
@@ -387,6 +389,25 @@ def compute_advantages(scores: torch.Tensor, response_mask: torch.Tensor, *, gro
     statistics and, with ``kl``, ``critic/kl_penalty_mean``.
     """
     estimator = get_adv_estimator(adv_estimator)
+    token_rewards, metrics = shaped_token_rewards(
+        scores, response_mask, group_size=group_size, reward_norm=reward_norm, reward_shift=reward_shift,
+        reward_scale=reward_scale, reward_clip=reward_clip, running_stats=running_stats, kl=kl, kl_coef=kl_coef,
+        eps=eps)
+    mask = _bool_mask(response_mask)
+    advantages = estimator(token_rewards, mask, group_size, eps=eps)
+    metrics["critic/returns_mean"] = float(masked_mean(advantages, mask))
+    return finish_advantages(advantages, mask, metrics, whiten_advantages=whiten_advantages,
+                             advantage_clip=advantage_clip)
+
+
+def shaped_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor, *, group_size: int,
+                         reward_norm: Optional[str] = None, reward_shift: bool = False, reward_scale: bool = False,
+                         reward_clip: Optional[float] = None, running_stats: Optional[RunningMeanStd] = None,
+                         kl: Optional[torch.Tensor] = None, kl_coef: float = 0.0,
+                         eps: float = 1e-6) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """The first steps of ``compute_advantages``: scores ``(B,)`` -> normalised, clipped rewards
+    on each response's last token, minus ``kl_coef * kl`` per token. Returns ``(token_rewards
+    (B, T), metrics)``."""
     if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
         raise ValueError(f"scores must be (batch,) and response_mask (batch, response_len), got "
                          f"{tuple(scores.shape)} and {tuple(response_mask.shape)}")
@@ -405,9 +426,14 @@ def compute_advantages(scores: torch.Tensor, response_mask: torch.Tensor, *, gro
     token_rewards = token_level_rewards(rewards, mask, kl=kl, kl_coef=kl_coef)
     if kl is not None:
         metrics["critic/kl_penalty_mean"] = float(masked_mean(kl.detach().to(rewards.dtype), mask))
+    return token_rewards, metrics
 
-    advantages = estimator(token_rewards, mask, group_size, eps=eps)
-    metrics["critic/returns_mean"] = float(masked_mean(advantages, mask))
+
+def finish_advantages(advantages: torch.Tensor, mask: torch.Tensor, metrics: Dict[str, float], *,
+                      whiten_advantages: bool = False,
+                      advantage_clip: Optional[float] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """The last steps of ``compute_advantages``: whiten, clip, and the advantage statistics added
+    to ``metrics``. advantages, mask: ``(B, T)``."""
     if whiten_advantages:
         advantages = whiten(advantages, mask)
     advantages, adv_clip_metrics = clip_advantages(advantages, mask, advantage_clip)

@@ -1,7 +1,7 @@
 """Generalised advantage estimation and the clipped value loss (PPO with a critic), in plain torch.
 
-Not wired into a pipeline yet: `adv_estimator: gae` is still refused (no critic role is built);
-these are the pieces a critic worker and the driver will call.
+`adv_estimator: gae` runs them: the driver calls `compute_gae_advantages` with the critic's
+values, the critic worker (roll_gspo.workers.critic) trains on `value_loss`.
 
 Shapes: ``B`` responses by ``T`` response positions; every tensor is ``(B, T)``; ``response_mask``
 is nonzero on the tokens the policy produced. Positions under mask 0 (padding, or tool / env
@@ -15,9 +15,10 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .advantages import RunningMeanStd, finish_advantages, shaped_token_rewards
 from .losses import LOSS_AGG_MODES, _bool_mask, aggregate_loss, masked_mean
 
-__all__ = ["gae_advantages", "value_loss"]
+__all__ = ["gae_advantages", "value_loss", "compute_gae_advantages"]
 
 
 @torch.no_grad()
@@ -93,3 +94,33 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
                    "critic/vpred_mean": float(masked_mean(v.detach(), mask)),
                    "critic/returns_mean": float(masked_mean(target, mask))}
     return loss, metrics
+
+
+def compute_gae_advantages(scores: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, *,
+                           group_size: int, gamma: float = 1.0, lambd: float = 0.95,
+                           reward_norm: Optional[str] = None, reward_shift: bool = False,
+                           reward_scale: bool = False, reward_clip: Optional[float] = None,
+                           running_stats: Optional[RunningMeanStd] = None, kl: Optional[torch.Tensor] = None,
+                           kl_coef: float = 0.0, whiten_advantages: bool = False,
+                           advantage_clip: Optional[float] = None,
+                           eps: float = 1e-6) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, float]]:
+    """PPO's advantages: ``compute_advantages``' chain with GAE over the critic's ``values`` as the
+    estimator (normalise and clip rewards -> the reward on each response's last token, minus
+    ``kl_coef * kl`` per token -> ``gae_advantages`` -> whiten -> clip advantages).
+
+    scores: ``(B,)``; values, response_mask, kl: ``(B, T)``. Returns ``(advantages, returns,
+    metrics)``: advantages and returns ``(B, T)``, 0 off the mask; the returns (the critic's
+    targets) are GAE's, before whitening and clipping, as in ROLL. metrics as compute_advantages',
+    plus ``critic/values_mean``.
+    """
+    token_rewards, metrics = shaped_token_rewards(
+        scores, response_mask, group_size=group_size, reward_norm=reward_norm, reward_shift=reward_shift,
+        reward_scale=reward_scale, reward_clip=reward_clip, running_stats=running_stats, kl=kl, kl_coef=kl_coef,
+        eps=eps)
+    mask = _bool_mask(response_mask)
+    advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lambd=lambd)
+    metrics["critic/returns_mean"] = float(masked_mean(returns, mask))
+    metrics["critic/values_mean"] = float(masked_mean(torch.where(mask, values.float(), 0.0), mask))
+    advantages, metrics = finish_advantages(advantages, mask, metrics, whiten_advantages=whiten_advantages,
+                                            advantage_clip=advantage_clip)
+    return advantages, returns.detach(), metrics

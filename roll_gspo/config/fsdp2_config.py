@@ -41,6 +41,7 @@ def parse_fsdp2_config(strategy_config: Dict[str, Any], path: str = "strategy_co
 def _fsdp2_roles(cfg: PipelineConfig):
     """(name, role) of each role that runs an FSDP2 engine in this config."""
     names = ["actor_train"] + (["reference"] if cfg.has_rollout() and cfg.needs_reference() else [])
+    names += ["critic"] if cfg.uses_critic() else []
     return [(n, getattr(cfg, n)) for n in names if getattr(cfg, n).strategy_args.strategy_name in FSDP2_STRATEGIES]
 
 
@@ -70,7 +71,7 @@ def fsdp2_notices(cfg: PipelineConfig) -> List[str]:
     """One notice per training-only key written in a frozen FSDP2 role's strategy_config."""
     notices = []
     for name, role in _fsdp2_roles(cfg):
-        if name == "actor_train":
+        if name in ("actor_train", "critic"):  # trainers: every key acts
             continue
         config = role.strategy_args.strategy_config
         for key in TRAINING_ONLY_KEYS:

@@ -37,6 +37,11 @@ ROLE_BLOCKS: Dict[str, Dict[str, Optional[str]]] = {
                            "actor_infer's temperature)",
         "data_args": "actor_train.data_args (the reference scores the responses to those prompts)",
     },
+    "critic": {
+        "model_args": READ, "training_args": READ, "strategy_args": READ,
+        "generating_args": "actor_infer.generating_args (the critic values the rollout's responses)",
+        "data_args": "actor_train.data_args (the critic values the responses to those prompts)",
+    },
 }
 
 # Single keys of a read block that a role still never reads: path -> the setting that acts instead.
@@ -92,10 +97,14 @@ def unread_key_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
     defaults = PipelineConfig()
     problems = []
     for role, blocks in ROLE_BLOCKS.items():
+        if getattr(cfg, role) is None:  # an optional role (the critic) not given
+            continue
+        # An optional role's defaults are a bare RoleConfig's.
+        role_defaults = getattr(defaults, role) or type(getattr(cfg, role))()
         for block, acts_instead in blocks.items():
             path = f"{role}.{block}"
             given = _leaves(getattr(getattr(cfg, role), block), path)
-            default = _leaves(getattr(getattr(defaults, role), block), path)
+            default = _leaves(getattr(role_defaults, block), path)
             for key, value in given.items():
                 where = acts_instead if acts_instead is not READ else UNREAD_KEYS.get(key)
                 if where is None or value == default[key] or not is_written(key, yaml_keys):

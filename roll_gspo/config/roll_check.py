@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.roll_keys import ROLL_KEY_NOTES
 
-ROLE_NAMES = ("actor_train", "actor_infer", "reference", "validation")
+ROLE_NAMES = ("actor_train", "actor_infer", "reference", "critic", "validation")
 # ROLL_KEY_NOTES entries that document a key for the reference table without a difference from
 # ROLL: such keys act as in ROLL. (A refused value of them is refused by the checks anyway.)
 SAME_AS_ROLL = ("<role>.data_args.domain_interleave_probs", "<role>.strategy_args.strategy_name",

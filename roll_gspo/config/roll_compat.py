@@ -116,9 +116,6 @@ def choice_refusal(path: str, value: Any) -> Optional[str]:
         instead, change = UNBUILT_STRATEGIES[value]
         use = f"use `strategy_name: {instead}`" if instead else "there is no counterpart"
         return f"{path}: strategy {value!r} is not built here; {use} and {change}"
-    if leaf == "adv_estimator" and value == "gae":
-        return (f"{path}: 'gae' needs a critic (value model), which is not built here; use grpo, "
-                f"rloo or reinforce (with whiten_advantages or reward_norm for a baseline)")
     if leaf in ("template", "global_template") and value in _REFUSED_TEMPLATES:
         return (f"{path}: template {value!r} is not built here ({_REFUSED_TEMPLATES[value]}); put "
                 f"that text in the data (a system turn) and use `native`, `qwen2_5` or `chatml`")
@@ -137,7 +134,7 @@ def normalise_roll_values(raw: Dict[str, Any]) -> None:
     """
     if not isinstance(raw, dict):
         return
-    blocks = [raw.get(r) for r in ("actor_train", "actor_infer", "reference", "validation")]
+    blocks = [raw.get(r) for r in ("actor_train", "actor_infer", "reference", "critic", "validation")]
     rewards = raw.get("rewards")
     if isinstance(rewards, dict):
         blocks += list(rewards.values())
@@ -285,7 +282,7 @@ def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], probl
     # data, so the copy that repeats the acting (training) template says nothing and is cleared.
     # A different one stays and is refused as never read (role_reads).
     acting = checked.get("global_template") or (checked.get("actor_train", {}).get("data_args") or {}).get("template")
-    for role in ("actor_infer", "reference"):
+    for role in ("actor_infer", "reference", "critic"):
         data = (checked.get(role) or {}).get("data_args") or {}
         if data.get("template") is not None and data.get("template") == acting:
             data["template"] = None
@@ -421,6 +418,8 @@ def roll_semantic_problems(cfg) -> List[str]:
                         f"use {frozen.replace('_infer', '_train')}")
     for role_name in ("actor_train", "reference"):
         problems += foreign_strategy_key_problems(role_name, getattr(cfg, role_name))
+    if cfg.critic is not None:
+        problems += foreign_strategy_key_problems("critic", cfg.critic)
     if not 0.0 <= cfg.difficulty_low_threshold <= cfg.difficulty_high_threshold <= 1.0 and cfg.difficulty_mask:
         problems.append(f"difficulty_low_threshold / difficulty_high_threshold = "
                         f"{cfg.difficulty_low_threshold} / {cfg.difficulty_high_threshold}: need "
@@ -523,7 +522,7 @@ def checkpoint_base(cfg) -> str:
 
 def roll_warnings(cfg) -> List[str]:
     warns = []
-    if cfg.value_clip is not None:
+    if cfg.value_clip is not None and not cfg.uses_critic():
         warns.append(f"value_clip = {cfg.value_clip} has no effect: it clips a critic's value loss and "
                      f"this run has no critic (adv_estimator {cfg.adv_estimator}); ROLL ignores it too "
                      f"without gae. Remove it to silence this warning.")

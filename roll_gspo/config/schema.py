@@ -19,7 +19,9 @@ from roll_gspo.rewards.judge import DEFAULT_JUDGE_MAX_NEW_TOKENS
 # The choice sets, named once so the loader, the algorithm library and the docs agree.
 IMPORTANCE_SAMPLING_CHOICES = ["seq", "token", "gspo-token"]
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-ADV_ESTIMATORS = ["reinforce", "grpo", "rloo", "step_reinforce"]
+ADV_ESTIMATORS = ["reinforce", "grpo", "rloo", "step_reinforce", "gae"]
+# Estimators that need a critic (the `critic` role, a value model): PPO.
+CRITIC_ESTIMATORS = ["gae"]
 # Estimators of multi-turn episodes (roll_gspo.algorithms.trajectory_advantages), not in the RLVR registry.
 AGENTIC_ONLY_ESTIMATORS = ["step_reinforce"]
 REWARD_NORMS = [None, "group", "batch", "running"]
@@ -114,7 +116,8 @@ class ModelArgs:
         None, "ROLL's model head: null is a causal LM (every policy role). `trl` / "
               "`auto_sequence_classification` / `auto_token_classification` are reward-model heads "
               "read by model-based reward workers; a policy role with a non-null model_type is "
-              "refused.", MODEL_TYPES)
+              "refused. The critic accepts null, `trl` and `auto_token_classification`: each loads "
+              "the same value model (the body with a scalar head per token).", MODEL_TYPES)
     ulysses_size: int = _refused_unless(
         1, "ROLL's DeepSpeed-Ulysses sequence-parallel group size.",
         "sequence parallelism is not built here; with 1 every rank holds whole sequences (same "
@@ -826,7 +829,9 @@ class PipelineConfig:
                 "`reinforce` (reward-to-go; pair with reward_norm or whitening for a baseline). `pipeline: "
                 "agentic`: `grpo` / `reinforce` give every agent token of a trajectory its normalised "
                 "trajectory reward (reward_normalization), `step_reinforce` gives each turn's tokens its "
-                "normalised discounted return (step_reward_gamma); step_reinforce is agentic only.",
+                "normalised discounted return (step_reward_gamma); step_reinforce is agentic only. `gae`: "
+                "PPO with a critic (the `critic` block, a value model): generalised advantage estimation "
+                "per token (gamma, lambd), needs importance_sampling token or gspo-token; rlvr only.",
         ADV_ESTIMATORS)
     importance_sampling: str = _f(
         "seq", "`seq`: GSPO's length-normalised sequence ratio; `token`: PPO/GRPO per-token ratio; "
@@ -1025,9 +1030,16 @@ class PipelineConfig:
                "mean 1 over the rollout batch (ROLL normalises per micro-batch, which makes its "
                "weights depend on per_device_train_batch_size).")
     value_clip: Optional[float] = _f(
-        None, "ROLL's clip of the critic's value loss. No critic is built (adv_estimator gae is "
-              "refused), so it has no effect, as in ROLL with a critic-free estimator; a warning "
-              "says so.")
+        None, "`adv_estimator: gae`: clip of the critic's value loss, 0.5 * max((V - R)^2, (clip(V, V_old "
+              "- c, V_old + c) - R)^2) (null: the plain squared error). Without a critic it has no effect, "
+              "as in ROLL, and a warning says so.")
+    gamma: float = _f(1.0, "`adv_estimator: gae`: discount of later tokens' rewards, in [0, 1] (ROLL's default 1: "
+                           "the response's reward is undiscounted).")
+    lambd: float = _f(0.95, "`adv_estimator: gae`: GAE's lambda, in [0, 1]: 1 is the Monte-Carlo return minus "
+                            "the value (unbiased, high variance), 0 the one-step TD error (biased by the critic).")
+    critic_warmup: int = _f(0, "`adv_estimator: gae`: steps at the start in which only the critic trains (the "
+                               "actor's update waits for values worth using); the actor trains from step "
+                               "critic_warmup + 1. Must be below max_steps.")
     global_template: Optional[str] = _f(
         None, "ROLL: one chat template for every role's data (training and validation prompts); "
               "a role's data_args.template that differs is an error.", CHAT_TEMPLATES)
@@ -1126,6 +1138,13 @@ class PipelineConfig:
         default_factory=lambda: RoleConfig(strategy_args=StrategyArgs(strategy_name="deepspeed_train")),
         metadata={"help": "Frozen reference model; started only when use_kl_loss or "
                           "add_token_level_kl needs it."})
+    critic: Optional[RoleConfig] = field(
+        default=None,
+        metadata={"help": "`adv_estimator: gae` (PPO): the value model's ranks, ROLL's `critic` block with the "
+                          "keys of actor_train (model_args, training_args, strategy_args `deepspeed_train` or "
+                          "`fsdp2_train`, world_size, device_mapping, infer_batch_size). The model is the folder's "
+                          "causal LM body with a new scalar head (model_name_or_path, null: `pretrain`). Required "
+                          "by gae, refused without it."})
     rewards: Dict[str, RewardConfig] = field(
         default_factory=lambda: {"math_rule": RewardConfig()},
         metadata={"help": "Reward workers per data domain (`rewards.<domain>.*`)."})
@@ -1144,6 +1163,16 @@ class PipelineConfig:
         """A reference model is started: a KL term needs its log-probs, and the policy is not LoRA-trained
         (then actor_train scores them with its adapter disabled)."""
         return self.needs_reference_log_probs() and not self.actor_train.model_args.uses_lora()
+
+    def uses_critic(self) -> bool:
+        """PPO: a critic role is started (adv_estimator gae; validation refuses gae without a `critic`
+        block and a critic block without gae)."""
+        return self.adv_estimator in CRITIC_ESTIMATORS and self.critic is not None
+
+    def critic_mini_batch_size(self) -> int:
+        """Sequences per critic optimizer step, across the critic's ranks."""
+        args = self.critic.training_args
+        return args.per_device_train_batch_size * args.gradient_accumulation_steps * self.critic.world_size
 
     def needs_reference_log_probs(self) -> bool:
         """A KL term needs the reference's log-probs (from the reference role, or LoRA's base model)."""

@@ -18,6 +18,7 @@ from roll_gspo.config.rollout_logprobs import (choose_old_logprob_source, correc
     rollout_correction_problems, rollout_logprobs_bias, vllm_dtype_name)
 from roll_gspo.config.fsdp2_config import fsdp2_notices, fsdp2_problems
 from roll_gspo.config.lora import lora_problems, lora_warnings
+from roll_gspo.config.critic_checks import critic_problems, fill_critic_defaults
 from roll_gspo.config.schema import AGENTIC_ONLY_ESTIMATORS, FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
 from roll_gspo.placement.device_mapping import device_mapping_problems, tensor_parallel_problems
 
@@ -509,6 +510,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     placement_problems = device_mapping_problems(cfg)  # derives world_size before the batch arithmetic
     placement_problems += roll_compat.pipeline_grad_norm_problems(cfg, yaml_keys)
     _fill_derived(cfg)
+    critic_notices = fill_critic_defaults(cfg, yaml_keys)
     problems = placement_problems + _positive(cfg) + _range_problems(cfg)
     if cfg.has_rollout():
         problems += _sampling_problems(cfg)
@@ -520,6 +522,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     problems += roll_compat.roll_semantic_problems(cfg)
     problems += fsdp2_problems(cfg)
     problems += lora_problems(cfg)
+    problems += critic_problems(cfg)
     if not placement_problems:  # colocation and weight routes read the parsed device mappings
         from roll_gspo.placement.cluster_plan import weight_route_problems
         from roll_gspo.placement.colocation import colocation_problems, fill_gpu_memory_utilization
@@ -533,7 +536,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     warns = _warn_traps(cfg) + ignored_key_notices(cfg, yaml_keys) + _no_validation_notice(cfg) \
         if cfg.pipeline == "rlvr" else _warn_traps(cfg) + agentic_notices(cfg, yaml_keys) \
         if cfg.pipeline == "agentic" else []
-    warns += roll_compat.roll_warnings(cfg) + fsdp2_notices(cfg) + pipeline_notices + lora_warnings(cfg)
+    warns += roll_compat.roll_warnings(cfg) + fsdp2_notices(cfg) + pipeline_notices + lora_warnings(cfg) + critic_notices
     for message in warns:
         logger.warning(message)
     return warns

@@ -210,6 +210,8 @@ def gpu_roles(cfg) -> Dict[str, Any]:
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
     if cfg.needs_reference():
         roles["reference"] = cfg.reference
+    if getattr(cfg, "uses_critic", lambda: False)():
+        roles["critic"] = cfg.critic
     return roles
 
 
@@ -425,7 +427,9 @@ def _occupant(cfg, name: str, role, rank: int, tp_rank: int, tp: int, shape: Opt
     zero = int((engine.get("zero_optimization") or {}).get("stage", 0)) if isinstance(engine, dict) else 0
     if strategy.startswith("fsdp2"):  # weights, gradients and Adam's states sharded: ZeRO-3's memory
         zero = 3
-    if name == "actor_train":
+    # The critic is counted as a trainer of the policy's size (its scalar head replaces the LM
+    # head: slightly less, so an upper bound).
+    if name in ("actor_train", "critic"):
         occupant = Occupant(name, rank, f"{'FSDP2' if strategy.startswith('fsdp2') else f'ZeRO-{zero}'}, "
                                         f"{_ranks(role.world_size)}")
         if shape is not None:
@@ -567,6 +571,9 @@ def _remedies(roles) -> str:
                      "on separate GPUs")
     if "reference" in roles:
         hints.append("reference: ZeRO-3 over more ranks or a smaller infer_batch_size")
+    if "critic" in roles:
+        hints.append("critic: a higher strategy_config.zero_optimization.stage or more ranks, a smaller "
+                     "training_args.per_device_train_batch_size, model_args.gradient_checkpointing")
     return "; to fit: " + "; ".join(hints) if hints else ""
 
 

@@ -137,8 +137,10 @@ def reward_roles(cfg) -> Dict[str, Any]:
 
 
 def mapped_roles(cfg) -> Dict[str, Any]:
-    """Everything a device_mapping can place: the three roles and the reward blocks."""
-    return {**{name: getattr(cfg, name) for name in GPU_ROLES}, **reward_roles(cfg)}
+    """Everything a device_mapping can place: the three roles, the critic (when there is one) and
+    the reward blocks."""
+    critic = {"critic": cfg.critic} if getattr(cfg, "critic", None) is not None else {}
+    return {**{name: getattr(cfg, name) for name in GPU_ROLES}, **critic, **reward_roles(cfg)}
 
 
 def _reward_mapping_problem(name: str, reward) -> Optional[str]:

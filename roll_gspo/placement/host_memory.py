@@ -190,7 +190,8 @@ def frozen_rank_memory(shape: ModelShape, *, dtype: str, tokens: int, logit_toke
 def uses_gpus(cfg) -> bool:
     """Whether any model role of the run has a GPU (then the device plan applies, not this one)."""
     roles = [cfg.actor_train] + ([cfg.actor_infer] if cfg.has_rollout() else []) + (
-        [cfg.reference] if cfg.has_rollout() and cfg.needs_reference() else [])
+        [cfg.reference] if cfg.has_rollout() and cfg.needs_reference() else []) + (
+        [cfg.critic] if getattr(cfg, "uses_critic", lambda: False)() else [])
     return any(r.num_gpus_per_worker or r.device_mapping is not None for r in roles)
 
 
@@ -230,8 +231,11 @@ def _zero_stage(role) -> int:
         return 0
 
 
-def _train_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
-    role = cfg.actor_train
+def _train_estimate(cfg, shape: ModelShape, name: str = "actor_train") -> ProcessEstimate:
+    """A training rank's estimate: actor_train's, or (`name` critic) the critic's, counted as a trainer
+    of the policy's shape whose output is one value per token instead of vocabulary-wide logits."""
+    role = getattr(cfg, name)
+    critic = name == "critic"
     strategy = role.strategy_args.strategy_name
     fsdp = strategy.startswith("fsdp2")
     zero = 3 if fsdp else _zero_stage(role)
@@ -246,27 +250,32 @@ def _train_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
                  if hasattr(args, "uses_lora") and args.uses_lora() else None)
     parts = train_rank_memory(
         shape, dtype=role.model_args.dtype, zero_stage=zero, world_size=role.world_size,
-        micro_batch_tokens=rows * seq_len, logit_tokens=rows * (response + 1), score_tokens=score_rows * (response + 1),
+        micro_batch_tokens=rows * seq_len, logit_tokens=0 if critic else rows * (response + 1),
+        score_tokens=0 if critic else score_rows * (response + 1),
         gradient_checkpointing=role.model_args.gradient_checkpointing, jemalloc=_jemalloc(cfg, role), fsdp=fsdp,
         trainable=trainable)
     engine = ("FSDP2" if fsdp else f"DeepSpeed ZeRO-{zero}") + (", LoRA" if trainable is not None else "")
     knobs = []
     if role.world_size > 1:
-        knobs.append(f"actor_train.world_size: 1 (each of the {role.world_size} ranks on this host holds "
+        knobs.append(f"{name}.world_size: 1 (each of the {role.world_size} ranks on this host holds "
                      f"{'a shard' if zero >= 3 else 'all'} of the weights and the gradients"
                      + ("" if zero >= 1 else " and optimizer states") + ")")
     if not fsdp and zero in (1, 2) and role.world_size == 1:
-        knobs.append("actor_train.strategy_args.strategy_config.zero_optimization.stage: 0 (one rank: ZeRO-1/2 "
+        knobs.append(f"{name}.strategy_args.strategy_config.zero_optimization.stage: 0 (one rank: ZeRO-1/2 "
                      "shard nothing but add a fp32 master copy and gradient partition, 8 bytes per parameter)")
-    knobs.append(f"actor_train.training_args.per_device_train_batch_size below {rows} (with more "
-                 f"gradient_accumulation_steps: the logits are micro-batch x response x {shape.vocab_size} x 4 bytes, "
-                 f"twice when training)" if rows > 1 else
-                 "a shorter response_length (the logits are response x vocabulary x 4 bytes, twice when training)")
+    if critic:
+        knobs.append(f"critic.training_args.per_device_train_batch_size below {rows} (activations)" if rows > 1
+                     else "a shorter response_length")
+    else:
+        knobs.append(f"{name}.training_args.per_device_train_batch_size below {rows} (with more "
+                     f"gradient_accumulation_steps: the logits are micro-batch x response x {shape.vocab_size} x 4 "
+                     f"bytes, twice when training)" if rows > 1 else
+                     "a shorter response_length (the logits are response x vocabulary x 4 bytes, twice when training)")
     if not role.model_args.gradient_checkpointing:
-        knobs.append("actor_train.model_args.gradient_checkpointing: true")
-    if score_rows > 1:
-        knobs.append(f"actor_train.infer_batch_size below {score_rows} (the old-log-prob pass's logits)")
-    return ProcessEstimate("actor_train", f"{engine}, {role.model_args.dtype}, micro-batch {rows} x {seq_len} tokens",
+        knobs.append(f"{name}.model_args.gradient_checkpointing: true")
+    if score_rows > 1 and not critic:
+        knobs.append(f"{name}.infer_batch_size below {score_rows} (the old-log-prob pass's logits)")
+    return ProcessEstimate(name, f"{engine}, {role.model_args.dtype}, micro-batch {rows} x {seq_len} tokens",
                            role.world_size, parts, knobs)
 
 
@@ -320,6 +329,8 @@ def plan_host_memory(cfg, shape: Optional[ModelShape], host_bytes: float, source
             processes.append(_infer_estimate(cfg, shape))
             if cfg.needs_reference():
                 processes.append(_reference_estimate(cfg, shape))
+            if getattr(cfg, "uses_critic", lambda: False)():
+                processes.append(_train_estimate(cfg, shape, "critic"))
     for domain, reward in (cfg.rewards.items() if cfg.has_rollout() else []):
         if getattr(getattr(reward, "model_args", None), "model_name_or_path", None):
             notes.append(f"rewards.{domain}: its model is not estimated here")

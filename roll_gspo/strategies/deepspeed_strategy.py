@@ -98,7 +98,7 @@ class DeepSpeedStrategy(TrainEngineStrategy):
     `offload`: its states may move to CPU between phases (`offloader`; roll_gspo.placement.colocation)."""
 
     def __init__(self, role: RoleConfig, *, train: bool, total_optimizer_steps: int = 1, seed: int = 0,
-                 offload: bool = False):
+                 offload: bool = False, value_model: bool = False):
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
@@ -127,7 +127,7 @@ class DeepSpeedStrategy(TrainEngineStrategy):
             from transformers.integrations import HfDeepSpeedConfig
 
             self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
-        model, self.model_config = load_policy_model(role, train, role.model_args.dtype)
+        model, self.model_config = load_policy_model(role, train, role.model_args.dtype, value_model)
         if train:
             optimizer, scheduler = build_optimizer(model.parameters(), role, total_optimizer_steps)
             self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -176,10 +176,17 @@ class DeepSpeedStrategy(TrainEngineStrategy):
         if boundary is not None:
             self.engine.set_gradient_accumulation_boundary(boundary)
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+        if self.zero_stage == 0 and self.train and self.engine.is_gradient_accumulation_boundary():
+            # Stage 0 with a client optimizer records no global norm: measured here, on the
+            # (reduced) gradients the step is about to apply.
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            self._stage0_grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
         self.engine.step()
 
     def grad_norm(self) -> float:
         norm = self.engine.get_global_grad_norm()
+        if norm is None:
+            norm = getattr(self, "_stage0_grad_norm", None)
         return float(norm) if norm is not None else float("nan")
 
     # -- weights -----------------------------------------------------------------------------

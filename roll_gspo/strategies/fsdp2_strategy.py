@@ -37,7 +37,7 @@ class FSDP2Strategy(TrainEngineStrategy):
     `offload`: its states may move to CPU between phases (`offloader`; roll_gspo.placement.colocation)."""
 
     def __init__(self, role: RoleConfig, *, train: bool, total_optimizer_steps: int = 1, seed: int = 0,
-                 offload: bool = False):
+                 offload: bool = False, value_model: bool = False):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
         self.role, self.train = role, train
@@ -56,7 +56,8 @@ class FSDP2Strategy(TrainEngineStrategy):
 
         self.compute_dtype = TORCH_DTYPES[role.model_args.dtype]
         # Training loads fp32 master weights; the saved config names the dtype the weights are saved in.
-        model, self.model_config = load_policy_model(role, train, "fp32" if train else role.model_args.dtype)
+        model, self.model_config = load_policy_model(role, train, "fp32" if train else role.model_args.dtype,
+                                                     value_model)
         self.model_config.dtype = self.compute_dtype
         if train:
             reduce = self.options.reduce_dtype or ("fp32" if self.options.enable_mix_precision else role.model_args.dtype)

@@ -44,11 +44,17 @@ def use_cpu_threads() -> None:
     torch.set_num_threads(max(1, int(float(os.environ.get("OMP_NUM_THREADS", "1")))))
 
 
-def load_policy_model(role: RoleConfig, train: bool, dtype: str):
+def load_policy_model(role: RoleConfig, train: bool, dtype: str, value_model: bool = False):
     """The role's causal LM in `dtype`, as RL scores it: gradient checkpointing when the role
     trains with it, dropout off, wrapped by PEFT when it trains a LoRA adapter (model_args.lora_target;
-    roll_gspo.strategies.lora). Returns (model, the config as loaded, for saving)."""
-    model = load_causal_lm(role.model_args.model_name_or_path, dtype, role.model_args.attn_implementation)
+    roll_gspo.strategies.lora). `value_model`: the critic's instead, the same body with a scalar head
+    (roll_gspo.models.value_model). Returns (model, the config as loaded, for saving)."""
+    if value_model:
+        from roll_gspo.models.value_model import load_value_model
+
+        model = load_value_model(role.model_args.model_name_or_path, dtype, role.model_args.attn_implementation)
+    else:
+        model = load_causal_lm(role.model_args.model_name_or_path, dtype, role.model_args.attn_implementation)
     if train and role.model_args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model_config = copy.deepcopy(model.config)  # saved as loaded, dropout included

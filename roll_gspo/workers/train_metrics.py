@@ -14,7 +14,7 @@ from collections import defaultdict
 from typing import Callable, Dict, List
 
 # Values a micro-batch reports as its share of the mini-batch loss (see aggregate_loss).
-LOSS_SHARE_KEYS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy_loss"})
+LOSS_SHARE_KEYS = frozenset({"actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "critic/vf_loss"})
 
 
 def _is_extreme(key: str) -> bool:
