@@ -98,6 +98,7 @@ class AgenticPipeline(RLVRPipeline):
         self.placement, self.actor_train, self.actor_infer = (clusters.placement, clusters.actor_train,
                                                               clusters.actor_infer)
         self.reference, self.rewards = clusters.reference, clusters.rewards
+        self.critic = clusters.critic  # None: gae is refused for agentic runs (RLVRPipeline's steps read it)
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)
 
