@@ -149,10 +149,12 @@ def test_vllm_sigterm_then_kill9_then_older_resume_match_an_uninterrupted_run(tm
 FSDP2 = {"strategy_args": {"strategy_name": "fsdp2_train", "strategy_config": None}}
 
 
-@pytest.mark.parametrize("trainer", [{}, FSDP2], ids=["deepspeed", "fsdp2"])
+@pytest.mark.parametrize("trainer", [FSDP2], ids=["fsdp2"])
 def test_hf_infer_kill9_resume_matches_an_uninterrupted_run(tmp_path, tiny_model, ray_session, trainer):
     """kill -9 after step 3, resume from step 2's checkpoint: the metrics and the final weights
-    equal an uninterrupted run's, bit for bit, with DeepSpeed's and FSDP2's checkpoints alike."""
+    equal an uninterrupted run's, bit for bit, with FSDP2's checkpoints and the hf_infer rollout
+    (DeepSpeed's checkpoints go through the same kill -9 in the vLLM test above; a DeepSpeed
+    variant here added a minute to the suite and no path)."""
     reference = uninterrupted(tmp_path, tiny_model, actor_infer=HF_INFER, actor_train=trainer)
     cfg, path = config(tmp_path, tiny_model, "interrupted", actor_infer=HF_INFER, actor_train=trainer)
     kill_driver_after_step(cfg, path, tmp_path, 3)
