@@ -75,6 +75,22 @@ def role_micro_batches(batch: Batch, role, phase: str) -> List[MicroBatch]:
     return fixed_micro_batches(batch, size)
 
 
+def ppo_mini_batches(batch: Batch, role, ppo_epochs: int,
+                     generator: torch.Generator) -> List[Tuple[Batch, List[MicroBatch]]]:
+    """ppo_epochs shuffles of `batch` (order drawn from `generator`, which the caller seeds from
+    the optimizer step so a resumed run draws the same), each cut into mini-batches of
+    per_device_train_batch_size x gradient_accumulation_steps rows, each with its micro-batches."""
+    args = role.training_args
+    per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    mini_batches = []
+    for _ in range(ppo_epochs):
+        order = torch.randperm(len(batch), generator=generator).tolist()
+        for start in range(0, len(batch), per_rank_mini):
+            mini = batch.select(order[start:start + per_rank_mini])
+            mini_batches.append((mini, role_micro_batches(mini, role, "train")))
+    return mini_batches
+
+
 def token_budget_micro_batches(batch: Batch, max_tokens: int, round_to: int = 1,
                                key: str = "max_tokens_per_microbatch") -> List[MicroBatch]:
     """Rows sorted by length (ties in row order), packed greedily: a row joins the current

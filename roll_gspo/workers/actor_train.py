@@ -16,7 +16,7 @@ from roll_gspo.placement.colocation import memory_gb
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.distributed.micro_batching import MicroBatch, role_micro_batches, scatter_rows, take
+from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, role_micro_batches, scatter_rows, take
 from roll_gspo.models.causal_lm import (num_micro_batches, padding_pass, padding_passes,
     response_token_log_probs, score_micro_batches)
 from roll_gspo.lifecycle.seeding import trainer_seed
@@ -137,20 +137,14 @@ class ActorTrainWorker(RankWorker):
         loss is the mini-batch loss, averaged over mini-batches; token metrics are means over all
         tokens); with `sync_to` (the rollout workers), the new weights are then sent to them,
         stamped `weight_version`, and the `sync/*` metrics added."""
-        cfg, args = self.cfg, self.role.training_args
-        per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        cfg = self.cfg
         metrics = SplitInvariantMetrics()
         self.strategy.offloader.reload()
         # Mini-batch order and the torch RNG (dropout) are functions of the optimizer step, which
         # checkpoints restore, so a resumed run draws what an uninterrupted one does.
         generator = torch.Generator().manual_seed(cfg.seed + self.strategy.global_steps)
         torch.manual_seed(trainer_seed(cfg.seed, self.strategy.global_steps, self.rank))
-        mini_batches = []
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch), generator=generator).tolist()
-            for start in range(0, len(batch), per_rank_mini):
-                mini = batch.select(order[start:start + per_rank_mini])
-                mini_batches.append((mini, role_micro_batches(mini, self.role, "train")))
+        mini_batches = ppo_mini_batches(batch, self.role, cfg.ppo_epochs, generator)
         passes = self._passes_per_mini_batch([len(plans) for _, plans in mini_batches])
         for index, ((mini, plans), count) in enumerate(zip(mini_batches, passes)):
             self._train_mini_batch(mini, plans, count, metrics, before_any_update=index == 0)

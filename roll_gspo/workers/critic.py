@@ -16,7 +16,7 @@ from roll_gspo.algorithms.gae import value_loss
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.distributed.micro_batching import MicroBatch, role_micro_batches, scatter_rows, take
+from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, role_micro_batches, scatter_rows, take
 from roll_gspo.lifecycle.seeding import trainer_seed
 from roll_gspo.models.value_model import response_values, value_padding_pass
 from roll_gspo.workers.actor_train import NonFiniteLossError, train_strategy_class
@@ -67,18 +67,12 @@ class CriticWorker(RankWorker):
         """Value-function update on this rank's shard. Needs input_ids, attention_mask,
         prompt_lengths, response_mask, values (the critic's before the update: value_clip's
         anchor) and returns (GAE's targets). Returns `critic/*` metrics over all ranks."""
-        cfg, args = self.cfg, self.role.training_args
-        per_rank_mini = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        cfg = self.cfg
         metrics = SplitInvariantMetrics()
         # Mini-batch order is a function of the optimizer step, which checkpoints restore.
         generator = torch.Generator().manual_seed(cfg.seed + 1 + self.strategy.global_steps)
         torch.manual_seed(trainer_seed(cfg.seed + 1, self.strategy.global_steps, self.rank))
-        mini_batches = []
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch), generator=generator).tolist()
-            for start in range(0, len(batch), per_rank_mini):
-                mini = batch.select(order[start:start + per_rank_mini])
-                mini_batches.append((mini, role_micro_batches(mini, self.role, "train")))
+        mini_batches = ppo_mini_batches(batch, self.role, cfg.ppo_epochs, generator)
         passes = self.strategy.max_over_ranks([len(plans) for _, plans in mini_batches])
         for (mini, plans), count in zip(mini_batches, passes):
             self._train_mini_batch(mini, plans, count, metrics)
