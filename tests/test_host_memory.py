@@ -84,6 +84,25 @@ def test_the_05b_recipe_fits_24_gib_and_not_12_naming_role_and_knobs():
     assert two.process("actor_train").count == 2 and "actor_train.world_size: 1" in two.problems[0]
 
 
+def test_jemalloc_headroom_matches_the_measured_05b_peak_and_its_refusal_names_the_allocator():
+    """The 0.5B recipe with jemalloc ran out of memory beside vLLM on this 23.5 GiB machine (its
+    training rank reached 15.95 GiB in step 2, against 12.28 with the system allocator): the plan
+    must now be within 25% of that peak and refuse the run, naming `memory_allocator: system`."""
+    from roll_gspo.cli import model_shape_for
+
+    shape = model_shape_for(_example())
+    system = plan_host_memory(_example(), shape, 23.5 * GIB, "test")
+    assert not system.problems and "allocator_headroom" not in system.process("actor_train").parts
+    assert 0.75 <= 12.28 / (system.process("actor_train").each / GIB) <= 1.25
+    jemalloc = plan_host_memory(_example("memory_allocator=auto"), shape, 23.5 * GIB, "test")
+    train = jemalloc.process("actor_train")
+    transient = train.parts["activations"] + train.parts["logits"]
+    assert train.parts["allocator_headroom"] == pytest.approx(JEMALLOC_RETENTION * transient)
+    assert 0.75 <= 15.95 / (train.each / GIB) <= 1.25
+    (problem,) = jemalloc.problems
+    assert "does not fit" in problem and "memory_allocator: system" in problem
+
+
 def test_dry_run_prints_the_host_plan_without_building_the_model(tmp_path, monkeypatch, capsys):
     from roll_gspo.cli import main
 

@@ -18,8 +18,11 @@ width H, T tokens per micro-batch (rows x the longest prompt + response):
                  gradient (the log-softmax runs in chunks, roll_gspo.algorithms.logprobs) and the
                  two (V, H) gradients of the output projection and the embedding before they are
                  summed into the (tied) weight's
-    allocator    `memory_allocator: jemalloc` (auto on CPU) keeps freed pages: the transient
-                 peak's fragments stay resident (measured ~15 % of the step's transient memory)
+    allocator    `memory_allocator: jemalloc` (auto on CPU) never returns freed pages
+                 (roll_gspo.distributed.allocator), and from the second step on a training rank
+                 holds about one more copy of the step's transient memory (activations + logits)
+                 beside the one in use: measured at 0.5B, 3.67 GiB over the system allocator's
+                 peak for 3.14 GiB of transient (the `system` allocator needs no such term)
 * rollout rank (`actor_infer`, vLLM on CPU): runtime, the weights as vLLM holds them on CPU
   (the plain embedding and norms, the linear layers and the LM head packed for oneDNN:
   b*(P + V*H)), the sampler's buffers (about four fp32 rows of the vocabulary per sequence of
@@ -48,7 +51,11 @@ VLLM_RUNTIME = 0.80 * GIB
 HF_RUNTIME = 0.55 * GIB
 REWARD_RUNTIME = 0.35 * GIB
 DRIVER_AND_RAY = 1.30 * GIB  # the driver (config, data, batches) + GCS, raylet and Ray's agents
-JEMALLOC_RETENTION = 0.15  # of a step's transient memory, kept as fragments by jemalloc
+# jemalloc (no decay): resident memory beyond the peak, as a fraction of a step's transient memory.
+# Measured at 0.5B, second step (docs/benchmarks.md, "Host memory at 0.5B"): the training rank's peak
+# 15.95 GiB with jemalloc, 12.28 with the system allocator, 3.14 GiB of activations + logits: 1.17.
+# The vLLM rank's weight sync: 5.36 GiB measured, 5.05 planned without this term.
+JEMALLOC_RETENTION = 1.15
 DEFAULT_KV_CACHE_GIB = 1  # roll_gspo.distributed.cluster.DEFAULT_WORKER_ENV["VLLM_CPU_KVCACHE_SPACE"]
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 VLLM_SAMPLER_ROWS = 4  # fp32 vocabulary rows per sequence slot the sampler keeps (measured at V = 151936)
@@ -273,6 +280,9 @@ def _train_estimate(cfg, shape: ModelShape, name: str = "actor_train") -> Proces
                      "a shorter response_length (the logits are response x vocabulary x 4 bytes, twice when training)")
     if not role.model_args.gradient_checkpointing:
         knobs.append(f"{name}.model_args.gradient_checkpointing: true")
+    if "allocator_headroom" in parts:
+        knobs.append(f"memory_allocator: system (jemalloc keeps ~{parts['allocator_headroom'] / GIB:.2f} GiB of freed "
+                     "activations and logits resident; the training phase ran ~25% slower without it at 0.5B)")
     if score_rows > 1 and not critic:
         knobs.append(f"{name}.infer_batch_size below {score_rows} (the old-log-prob pass's logits)")
     return ProcessEstimate(name, f"{engine}, {role.model_args.dtype}, micro-batch {rows} x {seq_len} tokens",
