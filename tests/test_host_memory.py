@@ -173,6 +173,23 @@ def test_memory_kill_message_names_the_rank_and_its_memory():
     assert unknown.startswith("role actor_infer rank 0 (ActorTrainWorker.train_step, pid 4331) was killed")
 
 
+def test_memory_kill_of_several_workers_pairs_each_pid_with_its_own_memory():
+    """Ray >= 2.56 may kill several workers at once and lists each with its memory: the line must
+    not give the failed rank another process's figure (it once said "actor_train ... holding 0.01GB",
+    the reward worker's)."""
+    from roll_gspo.distributed.cluster import describe_memory_kill
+
+    text = ("Task was killed due to the node running low on memory. (actor ID: 8cf3af, name=ActorTrainWorker.train_step, "
+            "pid=28467) Ray killed 3 worker(s) based on the killing policy\nSelected to kill: (Actor(2f3f27): "
+            "task name=MathRuleRewardWorker.__init__, pid=28589, actual memory used=0.01GB, worker ID=4f17)\n"
+            "Selected to kill: (Actor(f16e4c): task name=ActorInferWorker.__init__, pid=28508, actual memory "
+            "used=5.20GB, worker ID=f3f0)\nSelected to kill: (Actor(8cf3af): task name=ActorTrainWorker.__init__, "
+            "pid=28467, actual memory used=15.01GB, worker ID=fae6)")
+    line = describe_memory_kill(text, {28467: "role actor_train rank 0", 28508: "role actor_infer rank 0"})
+    assert "\n" not in line and line.startswith("role actor_train rank 0 was killed for memory by Ray holding 15.01GB; "
+                                               "Ray also killed pid 28589 (0.01GB), role actor_infer rank 0 (5.20GB)")
+
+
 def test_gather_turns_rays_out_of_memory_error_into_one_line(monkeypatch):
     import ray
 

@@ -166,12 +166,20 @@ def describe_memory_kill(text: str, ranks: Optional[Dict[int, str]] = None, fall
         match = re.search(pattern, text)
         return match.group(1) if match else None
 
-    pid, used, task = find(r"\bpid=(\d+)"), find(r"memory used=([\d.]+\s*[KMGT]?B)"), find(r"\bname=([\w.<>-]+)")
+    pid, task = find(r"\bpid=(\d+)"), find(r"\bname=([\w.<>-]+)")
+    # Each killed process's pid with its own memory figure: Ray >= 2.56 may kill several workers and
+    # lists each ("pid=N, actual memory used=X"); the first pid in the text is the failed call's.
+    used_by = {int(p): u for p, u in re.findall(r"\bpid=(\d+), (?:actual )?memory used=([\d.]+\s*[KMGT]?B)", text)}
+    used = used_by.get(int(pid)) if pid else None
     host = re.search(r"was running was ([\d.]+\s*[KMGT]?B) / ([\d.]+\s*[KMGT]?B)", text)
     threshold = find(r"memory usage threshold of (\d+(?:\.\d+)?)")
     who = (ranks or {}).get(int(pid)) if pid else None
     who = who or (f"{fallback} ({task}, pid {pid})" if task and pid else fallback)
     held = f" holding {used}" if used else ""
+    others = [f"{(ranks or {}).get(other) or f'pid {other}'} ({figure})" for other, figure in used_by.items()
+              if str(other) != pid]
+    if others:
+        held += f"; Ray also killed {', '.join(others)}"
     where = (f" when the host's memory use reached {host.group(1)} of {host.group(2)}"
              + (f" (Ray's threshold: {threshold})" if threshold else "")) if host else ""
     return (f"{who} was killed for memory by Ray{held}{where}. `run_pipeline.py --config ... --dry-run` prints each "
