@@ -292,13 +292,13 @@ def measure_role(cfg, name: str, args, workdir: str) -> List[Dict[str, Any]]:
 
 
 def host_plan(cfg, host_gib: Optional[float]):
-    from roll_gspo.cli import model_shape_for
+    from roll_gspo.placement.memory import policy_shape
     from roll_gspo.placement.host_memory import plan_host_memory
 
     import psutil
 
     host = host_gib * GIB if host_gib else float(psutil.virtual_memory().total)
-    return plan_host_memory(cfg, model_shape_for(cfg), host, "--host-memory-gb" if host_gib else "this machine")
+    return plan_host_memory(cfg, policy_shape(cfg), host, "--host-memory-gb" if host_gib else "this machine")
 
 
 def format_report(cfg, measured: Dict[str, List[Dict[str, Any]]], plan) -> str:

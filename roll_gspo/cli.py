@@ -148,23 +148,10 @@ def _placement_plan_fits(cfg, args) -> bool:
     return not plan.problems
 
 
-def model_shape_for(cfg):
-    """The policy's shape for the memory plans: its folder's config.json, or a built-in's
-    registered config (known before it is built); None when neither says."""
-    from roll_gspo.placement.memory import ModelShape, shape_of_model_folder
-
-    name = cfg.actor_train.model_args.model_name_or_path or ""
-    if name.startswith("builtin:"):
-        from roll_gspo.builtin.models import builtin_model_config
-
-        config = builtin_model_config(name)
-        return ModelShape.from_hf_config(config) if config else None
-    return shape_of_model_folder(name)
-
-
 def _host_plan_fits(cfg, args) -> bool:
     """Print the host-memory plan of a CPU run and its problems (GPU runs: nothing)."""
     from roll_gspo.placement.host_memory import plan_host_memory
+    from roll_gspo.placement.memory import policy_shape
 
     if args.host_memory_gb is not None:
         host, source = args.host_memory_gb * (1 << 30), "--host-memory-gb"
@@ -174,7 +161,7 @@ def _host_plan_fits(cfg, args) -> bool:
         memory = psutil.virtual_memory()
         host = float(memory.total)
         source = f"this machine; {memory.available / (1 << 30):.1f} GiB available now"
-    plan = plan_host_memory(cfg, model_shape_for(cfg), host, source)
+    plan = plan_host_memory(cfg, policy_shape(cfg), host, source)
     if plan is None:
         if args.host_memory_gb is not None:
             print("error: --host-memory-gb: a role of this config uses a GPU; the device plan (--device-memory-gb) "

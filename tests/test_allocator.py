@@ -22,6 +22,26 @@ def test_choices_and_what_each_sets(tmp_path):
         allocator_env("tcmalloc", on_gpu=False)
 
 
+def test_auto_keeps_the_system_malloc_for_a_large_policy_on_cpu(tmp_path, monkeypatch):
+    """jemalloc without decay grew a 0.5B training rank without bound (docs/benchmarks.md): `auto`
+    picks it only below AUTO_JEMALLOC_MAX_PARAMETERS; an explicit `jemalloc` is the user's (and the
+    host plan refuses it at that size, tests/test_host_memory.py)."""
+    from roll_gspo.placement.host_memory import AUTO_JEMALLOC_MAX_PARAMETERS
+
+    library = str(tmp_path / "libjemalloc.so")
+    wanted = {"LD_PRELOAD": library, "MALLOC_CONF": JEMALLOC_CONF}
+    big, small = AUTO_JEMALLOC_MAX_PARAMETERS, AUTO_JEMALLOC_MAX_PARAMETERS - 1
+    assert allocator_env("auto", on_gpu=False, library=library, inherited_preload="", parameters=big) == {}
+    assert allocator_env("auto", on_gpu=False, library=library, inherited_preload="", parameters=small) == wanted
+    assert allocator_env("jemalloc", on_gpu=False, library=library, inherited_preload="", parameters=big) == wanted
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    if bundled_jemalloc() is None:
+        pytest.skip("this Ray wheel bundles no libjemalloc.so")
+    cfg = load_config("example_gspo_0.5b_cpu.yaml", ["memory_allocator=auto"])  # the built-in 0.5B shape, not built
+    assert "LD_PRELOAD" not in worker_env(cfg, cfg.actor_train)
+    assert worker_env(load_config("example_gspo.yaml"), cfg.actor_train)["LD_PRELOAD"] == bundled_jemalloc()
+
+
 def test_a_preload_the_user_set_is_kept(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="roll_gspo.allocator"):
         env = allocator_env("jemalloc", on_gpu=False, library=str(tmp_path / "j.so"),

@@ -18,6 +18,8 @@ import logging
 import os
 from typing import Dict, Optional
 
+from roll_gspo.placement.host_memory import auto_uses_jemalloc
+
 logger = logging.getLogger("roll_gspo.allocator")
 
 # Freed pages stay with the process (no purge, no page fault when they are used again).
@@ -43,16 +45,19 @@ def bundled_jemalloc() -> Optional[str]:
 
 
 def allocator_env(choice: str, on_gpu: bool, library: Optional[str] = None,
-                  inherited_preload: Optional[str] = None) -> Dict[str, str]:
+                  inherited_preload: Optional[str] = None, parameters: Optional[int] = None) -> Dict[str, str]:
     """Environment variables that give a model role's worker its allocator.
 
-    `choice`: `auto` (jemalloc for CPU roles, the system malloc for GPU roles, where the gain was
-    not measured), `jemalloc` or `system`. `library`: the jemalloc to preload (default: Ray's).
-    `inherited_preload`: the driver's own LD_PRELOAD (default: os.environ's); a user who preloads
-    an allocator themselves keeps it."""
+    `choice`: `auto` (auto_uses_jemalloc), `jemalloc` or `system`. `library`: the jemalloc to
+    preload (default: Ray's). `inherited_preload`: the driver's own LD_PRELOAD (default:
+    os.environ's); a user who preloads an allocator themselves keeps it. `parameters`: the
+    policy's size, for `auto`."""
     if choice not in CHOICES:
         raise ValueError(f"memory_allocator={choice!r}: one of {', '.join(CHOICES)}")
-    if choice == "system" or (choice == "auto" and on_gpu):
+    if choice == "auto" and not on_gpu and not auto_uses_jemalloc(on_gpu, parameters):
+        _say_once(logging.INFO, "memory_allocator=auto: the system malloc for a policy of %.0fM parameters (jemalloc "
+                  "without decay grew without bound at 0.5B)", parameters / 1e6)
+    if choice == "system" or (choice == "auto" and not auto_uses_jemalloc(on_gpu, parameters)):
         return {}
     inherited = os.environ.get("LD_PRELOAD") if inherited_preload is None else inherited_preload
     if inherited:

@@ -27,8 +27,8 @@ width H, T tokens per micro-batch (rows x the longest prompt + response):
   (the plain embedding and norms, the linear layers and the LM head packed for oneDNN:
   b*(P + V*H)), the sampler's buffers (about four fp32 rows of the vocabulary per sequence of
   `max_num_seqs`, vLLM's default 256), the KV cache vLLM reserves (VLLM_CPU_KVCACHE_SPACE GiB, 1
-  unless the role's `system_envs` say otherwise), and a weight sync's transient (one bucket and
-  one layer).
+  unless the role's `system_envs` say otherwise), and a weight sync's transient (a bucket, at
+  least the embedding, mapped and copied out, and one layer).
 * reference / hf_infer: runtime, weights, one scoring pass (activations of one layer, logits).
 * reward workers and the driver with Ray's own processes: measured constants.
 
@@ -56,6 +56,12 @@ DRIVER_AND_RAY = 1.30 * GIB  # the driver (config, data, batches) + GCS, raylet 
 # 15.95 GiB with jemalloc, 12.28 with the system allocator, 3.14 GiB of activations + logits: 1.17.
 # The vLLM rank's weight sync: 5.36 GiB measured, 5.05 planned without this term.
 JEMALLOC_RETENTION = 1.15
+# `memory_allocator: auto` (roll_gspo.distributed.allocator) keeps the system malloc from this policy
+# size on. Measured at 0.5B (docs/benchmarks.md, "Host memory at 0.5B"): with jemalloc without decay
+# a training rank grew by ~1 GiB per micro-batch and never stopped (6.6 -> 19.5 GiB over 12
+# micro-batches of 1 x 192 tokens, then Ray killed it). jemalloc's speed gain was measured at 19M;
+# between 19M and 0.5B nothing was measured: the line is drawn below 0.5B.
+AUTO_JEMALLOC_MAX_PARAMETERS = 200_000_000
 DEFAULT_KV_CACHE_GIB = 1  # roll_gspo.distributed.cluster.DEFAULT_WORKER_ENV["VLLM_CPU_KVCACHE_SPACE"]
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 VLLM_SAMPLER_ROWS = 4  # fp32 vocabulary rows per sequence slot the sampler keeps (measured at V = 151936)
@@ -168,7 +174,12 @@ def vllm_rank_memory(shape: ModelShape, *, dtype: str, kv_cache_bytes: float, bu
     h, q_dim = shape.hidden_size, shape.num_heads * shape.head_dim
     largest_layer = b * h * max(2 * shape.active_ffn_size() * max(shape.num_experts, 1) // max(
         shape.num_experts_per_tok or 1, 1), q_dim + 2 * shape.kv_dim)
-    sync = min(bucket_bytes, b * shape.num_parameters()) + largest_layer
+    # A bucket holds at least its largest tensor (the embedding, V x H, travels alone when it is larger
+    # than weight_sync_bucket_mb); the rank maps the bucket (shared memory or Ray's object store) and
+    # copies each tensor out, since vLLM keeps a layer's tensors until the layer is complete. Measured
+    # at 0.5B through shared memory: 0.52 GiB mapped + 0.5-0.8 GiB more anonymous memory at the sync.
+    bucket = max(min(bucket_bytes, b * shape.num_parameters()), b * shape.vocab_size * h)
+    sync = 2 * bucket + largest_layer
     parts = {"runtime": VLLM_RUNTIME, "weights": float(b * shape.num_parameters()),
              "packed_lm_head": float(b * shape.vocab_size * h),
              "sampler": float(VLLM_SAMPLER_ROWS * max_num_seqs * 4 * shape.vocab_size), "kv_cache": float(kv_cache_bytes),
@@ -202,15 +213,39 @@ def uses_gpus(cfg) -> bool:
     return any(r.num_gpus_per_worker or r.device_mapping is not None for r in roles)
 
 
+def auto_uses_jemalloc(on_gpu: bool, parameters: Optional[int]) -> bool:
+    """What `auto` picks: jemalloc for CPU roles of a policy below AUTO_JEMALLOC_MAX_PARAMETERS
+    (or of unknown size); the system malloc on GPUs (the gain was not measured there) and for
+    larger policies on CPU."""
+    return not on_gpu and (parameters is None or parameters < AUTO_JEMALLOC_MAX_PARAMETERS)
+
+
 def _role_env(cfg, role) -> Dict[str, str]:
     return {**(getattr(cfg, "system_envs", None) or {}), **(getattr(role, "system_envs", None) or {})}
 
 
-def _jemalloc(cfg, role) -> bool:
+def _jemalloc(cfg, role, shape: Optional[ModelShape] = None) -> bool:
+    """Whether the role's workers run jemalloc (roll_gspo.distributed.allocator decides the same way)."""
     env = _role_env(cfg, role)
     if "LD_PRELOAD" in env:
         return "jemalloc" in env["LD_PRELOAD"]
-    return getattr(cfg, "memory_allocator", "auto") in ("auto", "jemalloc")
+    choice = getattr(cfg, "memory_allocator", "auto")
+    return choice == "jemalloc" or (choice == "auto" and auto_uses_jemalloc(
+        False, shape.num_parameters() if shape is not None else None))
+
+
+def _unbounded_jemalloc(cfg, role, shape: ModelShape) -> Optional[str]:
+    """A training rank of a large policy on jemalloc without decay: its growth has no bound to plan."""
+    if not _jemalloc(cfg, role, shape) or shape.num_parameters() < AUTO_JEMALLOC_MAX_PARAMETERS:
+        return None
+    if "decay_ms" in _role_env(cfg, role).get("MALLOC_CONF", "").replace("decay_ms:-1", ""):
+        return None  # the user's own finite decay: freed pages go back, the headroom term holds
+    return (f"host memory: memory_allocator: jemalloc (no decay) with a policy of "
+            f"{shape.num_parameters() / 1e6:.0f}M parameters: measured at 0.5B, a training rank grew by ~1 GiB per "
+            f"micro-batch without a bound (6.6 -> 19.5 GiB over 12 micro-batches, then Ray killed it), so no plan holds. "
+            f"Use memory_allocator: system (or auto, which picks it from "
+            f"{AUTO_JEMALLOC_MAX_PARAMETERS / 1e6:.0f}M parameters on), or give jemalloc a decay: "
+            f"system_envs.MALLOC_CONF: dirty_decay_ms:1000,muzzy_decay_ms:0 (measured: 9.73 GiB peak at that setting)")
 
 
 def _kv_cache_bytes(cfg, role) -> float:
@@ -259,7 +294,7 @@ def _train_estimate(cfg, shape: ModelShape, name: str = "actor_train") -> Proces
         shape, dtype=role.model_args.dtype, zero_stage=zero, world_size=role.world_size,
         micro_batch_tokens=rows * seq_len, logit_tokens=0 if critic else rows * (response + 1),
         score_tokens=0 if critic else score_rows * (response + 1),
-        gradient_checkpointing=role.model_args.gradient_checkpointing, jemalloc=_jemalloc(cfg, role), fsdp=fsdp,
+        gradient_checkpointing=role.model_args.gradient_checkpointing, jemalloc=_jemalloc(cfg, role, shape), fsdp=fsdp,
         trainable=trainable)
     engine = ("FSDP2" if fsdp else f"DeepSpeed ZeRO-{zero}") + (", LoRA" if trainable is not None else "")
     knobs = []
@@ -296,7 +331,7 @@ def _infer_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
         engine = role.strategy_args.strategy_config or {}
         seqs = int(engine.get("max_num_seqs") or VLLM_MAX_NUM_SEQS)
         parts = vllm_rank_memory(shape, dtype=role.model_args.dtype, kv_cache_bytes=_kv_cache_bytes(cfg, role),
-                                 bucket_bytes=cfg.weight_sync_bucket_mb * (1 << 20), jemalloc=_jemalloc(cfg, role),
+                                 bucket_bytes=cfg.weight_sync_bucket_mb * (1 << 20), jemalloc=_jemalloc(cfg, role, shape),
                                  max_num_seqs=seqs)
         concurrency = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1))
         knobs = ["VLLM_CPU_KVCACHE_SPACE in actor_infer.system_envs (GiB of KV cache vLLM reserves; "
@@ -349,6 +384,10 @@ def plan_host_memory(cfg, shape: Optional[ModelShape], host_bytes: float, source
     processes.append(ProcessEstimate("driver + Ray", "the driver, GCS, raylet, Ray's agents", 1,
                                      {"runtime": DRIVER_AND_RAY}))
     plan = HostPlan(host_bytes, source, processes, [], notes, estimated=shape is not None)
+    if shape is not None:
+        unbounded = _unbounded_jemalloc(cfg, cfg.actor_train, shape)
+        if unbounded:
+            plan.problems.append(unbounded)
     if shape is not None and plan.need > plan.usable:
         plan.problems.append(_does_not_fit(plan))
     return plan
