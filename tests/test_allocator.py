@@ -26,7 +26,7 @@ def test_auto_keeps_the_system_malloc_for_a_large_policy_on_cpu(tmp_path, monkey
     """jemalloc without decay grew a 0.5B training rank without bound (docs/benchmarks.md): `auto`
     picks it only below AUTO_JEMALLOC_MAX_PARAMETERS; an explicit `jemalloc` is the user's (and the
     host plan refuses it at that size, tests/test_host_memory.py)."""
-    from roll_gspo.placement.host_memory import AUTO_JEMALLOC_MAX_PARAMETERS
+    from roll_gspo.utils.allocator_choice import AUTO_JEMALLOC_MAX_PARAMETERS
 
     library = str(tmp_path / "libjemalloc.so")
     wanted = {"LD_PRELOAD": library, "MALLOC_CONF": JEMALLOC_CONF}

@@ -9,7 +9,8 @@ import pytest
 
 from roll_gspo.placement.host_memory import (JEMALLOC_RETENTION, TRAIN_RUNTIME, VLLM_RUNTIME, plan_host_memory,
                                              train_rank_memory, vllm_rank_memory)
-from roll_gspo.placement.memory import GIB, ModelShape, policy_shape
+from roll_gspo.config.model_shape import policy_shape
+from roll_gspo.placement.memory import GIB, ModelShape
 
 QWEN25_05B = json.loads((Path(__file__).resolve().parent / "data" / "model_configs" / "Qwen2.5-0.5B.json").read_text())
 # A small shape with every term nonzero: 2 layers, hidden 64, vocabulary 1000, tied embeddings.

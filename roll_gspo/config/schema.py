@@ -1153,6 +1153,17 @@ class PipelineConfig:
     validation: ValidationConfig = _sub(ValidationConfig, "Held-out evaluation every eval_steps.")
 
     # --- facts derived from the keys (no key of their own) ---
+    def policy_parameters(self) -> Optional[int]:
+        """The policy's parameter count when its config.json (or a built-in's registered config)
+        says; None otherwise (for `memory_allocator: auto`)."""
+        from roll_gspo.config.model_shape import policy_shape
+
+        try:
+            shape = policy_shape(self)
+        except Exception:  # noqa: BLE001  (an unreadable config: the size is unknown, auto keeps its CPU default)
+            return None
+        return shape.num_parameters() if shape else None
+
     def has_rollout(self) -> bool:
         """An RL pipeline: a rollout engine, its weight sync and the policy loss (rlvr, agentic)."""
         return self.pipeline in ("rlvr", "agentic")

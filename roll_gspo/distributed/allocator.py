@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Dict, Optional
 
-from roll_gspo.placement.host_memory import auto_uses_jemalloc
+from roll_gspo.utils.allocator_choice import auto_uses_jemalloc
 
 logger = logging.getLogger("roll_gspo.allocator")
 

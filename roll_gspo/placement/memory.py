@@ -165,15 +165,3 @@ def shape_of_model_folder(folder: str) -> Optional[ModelShape]:
     with open(path) as handle:
         config = json.load(handle)
     return ModelShape.from_hf_config(config.get("text_config", config))
-
-
-def policy_shape(cfg) -> Optional[ModelShape]:
-    """The policy's shape (actor_train's model): its folder's config.json, or a built-in's
-    registered config (known before it is built); None when neither says."""
-    name = cfg.actor_train.model_args.model_name_or_path or ""
-    if name.startswith("builtin:"):
-        from roll_gspo.builtin.models import builtin_model_config
-
-        config = builtin_model_config(name)
-        return ModelShape.from_hf_config(config) if config else None
-    return shape_of_model_folder(name)

@@ -1,0 +1,19 @@
+"""The policy's shape, read from its config before anything is built (the memory plans and
+`memory_allocator: auto` use it)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from roll_gspo.placement.memory import ModelShape, shape_of_model_folder
+
+
+def policy_shape(cfg) -> Optional[ModelShape]:
+    """The policy's shape (actor_train's model): its folder's config.json, or a built-in's
+    registered config (known before it is built); None when neither says."""
+    name = cfg.actor_train.model_args.model_name_or_path or ""
+    if name.startswith("builtin:"):
+        from roll_gspo.builtin.models import builtin_model_config
+
+        config = builtin_model_config(name)
+        return ModelShape.from_hf_config(config) if config else None
+    return shape_of_model_folder(name)
