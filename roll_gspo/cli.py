@@ -150,8 +150,8 @@ def _placement_plan_fits(cfg, args) -> bool:
 
 def _host_plan_fits(cfg, args) -> bool:
     """Print the host-memory plan of a CPU run and its problems (GPU runs: nothing)."""
-    from roll_gspo.placement.host_memory import plan_host_memory
     from roll_gspo.config.model_shape import policy_shape
+    from roll_gspo.placement.host_memory import plan_host_memory
 
     if args.host_memory_gb is not None:
         host, source = args.host_memory_gb * (1 << 30), "--host-memory-gb"
