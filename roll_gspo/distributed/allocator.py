@@ -54,10 +54,11 @@ def allocator_env(choice: str, on_gpu: bool, library: Optional[str] = None,
     policy's size, for `auto`."""
     if choice not in CHOICES:
         raise ValueError(f"memory_allocator={choice!r}: one of {', '.join(CHOICES)}")
-    if choice == "auto" and not on_gpu and not auto_uses_jemalloc(on_gpu, parameters):
+    wanted = choice == "jemalloc" or (choice == "auto" and auto_uses_jemalloc(on_gpu, parameters))
+    if choice == "auto" and not on_gpu and not wanted:
         _say_once(logging.INFO, "memory_allocator=auto: the system malloc for a policy of %.0fM parameters (jemalloc "
                   "without decay grew without bound at 0.5B)", parameters / 1e6)
-    if choice == "system" or (choice == "auto" and not auto_uses_jemalloc(on_gpu, parameters)):
+    if not wanted:
         return {}
     inherited = os.environ.get("LD_PRELOAD") if inherited_preload is None else inherited_preload
     if inherited:

@@ -22,7 +22,8 @@ width H, T tokens per micro-batch (rows x the longest prompt + response):
                  (roll_gspo.distributed.allocator), and from the second step on a training rank
                  holds about one more copy of the step's transient memory (activations + logits)
                  beside the one in use: measured at 0.5B, 3.67 GiB over the system allocator's
-                 peak for 3.14 GiB of transient (the `system` allocator needs no such term)
+                 peak for 3.14 GiB of transient (the `system` allocator needs no such term).
+                 From 200M parameters on, jemalloc without decay grew without bound: refused
 * rollout rank (`actor_infer`, vLLM on CPU): runtime, the weights as vLLM holds them on CPU
   (the plain embedding and norms, the linear layers and the LM head packed for oneDNN:
   b*(P + V*H)), the sampler's buffers (about four fp32 rows of the vocabulary per sequence of
@@ -39,6 +40,7 @@ ranks on one host each hold the weights, so on one machine fewer ranks need less
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -226,7 +228,7 @@ def _unbounded_jemalloc(cfg, role, shape: ModelShape) -> Optional[str]:
     """A training rank of a large policy on jemalloc without decay: its growth has no bound to plan."""
     if not _jemalloc(cfg, role, shape) or shape.num_parameters() < AUTO_JEMALLOC_MAX_PARAMETERS:
         return None
-    if "decay_ms" in _role_env(cfg, role).get("MALLOC_CONF", "").replace("decay_ms:-1", ""):
+    if re.search(r"dirty_decay_ms:\d", _role_env(cfg, role).get("MALLOC_CONF", "")):
         return None  # the user's own finite decay: freed pages go back, the headroom term holds
     return (f"host memory: memory_allocator: jemalloc (no decay) with a policy of "
             f"{shape.num_parameters() / 1e6:.0f}M parameters: measured at 0.5B, a training rank grew by ~1 GiB per "

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-# `memory_allocator: auto` keeps the system malloc from this policy size on. Measured at 0.5B (docs/benchmarks.md, "Host memory at 0.5B"): with jemalloc without decay
-# a training rank grew by ~1 GiB per micro-batch and never stopped (6.6 -> 19.5 GiB over 12
-# micro-batches of 1 x 192 tokens, then Ray killed it). jemalloc's speed gain was measured at 19M;
-# between 19M and 0.5B nothing was measured: the line is drawn below 0.5B.
+# `memory_allocator: auto` keeps the system malloc from this policy size on. Measured at 0.5B
+# (docs/benchmarks.md, "Host memory at 0.5B"): with jemalloc without decay a training rank grew by
+# ~1 GiB per micro-batch and never stopped (6.6 -> 19.5 GiB over 12 micro-batches of 1 x 192 tokens,
+# then Ray killed it). jemalloc's speed gain was measured at 19M; between 19M and 0.5B nothing was
+# measured: the line is drawn below 0.5B.
 AUTO_JEMALLOC_MAX_PARAMETERS = 200_000_000
 
 
