@@ -3,6 +3,7 @@ placement on a simulated two-node Ray cluster (`ray start --head` + `ray start -
 declared with --num-gpus on a CPU machine)."""
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -107,36 +108,68 @@ def _ray_start(args, log_path, env):
                             start_new_session=True)
 
 
-def _node_ports():
+_WORKER_PORT_BASE = 11000 + random.randrange(0, 200) * 100
+
+
+def _node_ports(node_index):
+    """Free ports for one node. The worker range lies in 11000-31100: below Linux's ephemeral range, where
+    free_port()'s picks fall, and above Ray's default client-server port 10001 (CI once drew 10000-10060)."""
+    base = _WORKER_PORT_BASE + node_index * 100
     return [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
             f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-            f"--min-worker-port={(base := free_port() // 100 * 100 % 50000 + 10000)}", f"--max-worker-port={base + 60}"]
+            f"--min-worker-port={base}", f"--max-worker-port={base + 60}"]
+
+
+class _NodeExited(RuntimeError):
+    """A `ray start --block` process ended while its node was starting (it ends when one of its parts dies)."""
+
+
+def _start_two_nodes(logs, env, temp_dirs):
+    """Start a head and a second node; return (address, processes). Ports are picked free but can be
+    taken by another process's connection before Ray binds them: then the node exits (_NodeExited)."""
+    address = f"127.0.0.1:{free_port()}"
+    head = _ray_start(["--head", f"--port={address.rsplit(':', 1)[1]}", "--node-ip-address=127.0.0.1",
+                       "--include-dashboard=false", f"--ray-client-server-port={free_port()}",
+                       "--num-cpus=2", f"--num-gpus={GPUS_PER_NODE}", f"--temp-dir={temp_dirs[0]}", *_node_ports(0)],
+                      logs / "head.log", env)
+    processes = [head]
+    try:
+        _wait_for_nodes(address, 1, env, logs / "head.log", processes)
+        processes.append(_ray_start([f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+                                     f"--num-gpus={GPUS_PER_NODE}", f"--temp-dir={temp_dirs[1]}", *_node_ports(1)],
+                                    logs / "node2.log", env))
+        _wait_for_nodes(address, 2, env, logs / "node2.log", processes)
+    except BaseException:
+        _stop(processes)
+        raise
+    return address, processes
 
 
 @pytest.fixture(scope="module")
 def two_node_cluster(tmp_path_factory):
-    """A head and a second node on this machine, each with 4 fake GPUs and 2 CPUs; started once."""
-    logs = tmp_path_factory.mktemp("two_nodes")
-    temp_dirs = [tempfile.mkdtemp(prefix="rg_pl", dir="/tmp") for _ in range(2)]
+    """A head and a second node on this machine, each with 4 fake GPUs and 2 CPUs; started once
+    (up to three tries, each with fresh ports, when a node exits while starting)."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("RAY_ADDRESS", None)
-    address = f"127.0.0.1:{free_port()}"
-    head = _ray_start(["--head", f"--port={address.rsplit(':', 1)[1]}", "--node-ip-address=127.0.0.1",
-                       "--include-dashboard=false", f"--ray-client-server-port={free_port()}",
-                       f"--num-cpus=2", f"--num-gpus={GPUS_PER_NODE}", f"--temp-dir={temp_dirs[0]}", *_node_ports()],
-                      logs / "head.log", env)
-    processes = [head]
+    temp_dirs = []
     try:
-        _wait_for_nodes(address, 1, env, logs / "head.log")
-        second = _ray_start([f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-                             f"--num-gpus={GPUS_PER_NODE}", f"--temp-dir={temp_dirs[1]}", *_node_ports()],
-                            logs / "node2.log", env)
-        processes.append(second)
-        _wait_for_nodes(address, 2, env, logs / "node2.log")
-        yield {"address": address, "env": env}
+        for attempt in range(3):
+            logs = tmp_path_factory.mktemp(f"two_nodes_try{attempt}")
+            temp_dirs = [tempfile.mkdtemp(prefix="rg_pl", dir="/tmp") for _ in range(2)]
+            try:
+                address, processes = _start_two_nodes(logs, env, temp_dirs)
+                break
+            except _NodeExited:
+                if attempt == 2:
+                    raise
+                for folder in temp_dirs:
+                    shutil.rmtree(folder, ignore_errors=True)
+        try:
+            yield {"address": address, "env": env}
+        finally:
+            _stop(processes)
     finally:
-        _stop(processes)
         for folder in temp_dirs:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -160,14 +193,18 @@ def _stop(processes, grace_s=10):
             process.wait(timeout=30)
 
 
-def _wait_for_nodes(address, count, env, log_path, timeout_s=300):
+def _wait_for_nodes(address, count, env, log_path, processes, timeout_s=300):
     deadline = time.time() + timeout_s
     probe = ("import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
              "print(sum(1 for n in ray.nodes() if n['Alive']))")
     while time.time() < deadline:
+        exited = [p for p in processes if p.poll() is not None]
+        if exited:
+            raise _NodeExited(f"a Ray node exited while starting (rc {exited[0].returncode}):\n" + "\n".join(
+                f"{log.name}: {log.read_text()[-3000:]}" for log in sorted(Path(log_path).parent.glob("*.log"))))
         try:
             out = subprocess.run([sys.executable, "-c", probe, address], env=env, capture_output=True, text=True,
-                                 timeout=max(deadline - time.time(), 1))
+                                 timeout=max(min(deadline - time.time(), 60), 1))
         except subprocess.TimeoutExpired:  # a loaded machine: the deadline decides
             continue
         if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
