@@ -227,10 +227,10 @@ class Cluster:
         # env_vars with a job's own runtime_env).
         env = {k: str(v) for k, v in (env or {}).items()}
         self.workers: List[Any] = []
-        master_addr, master_port = None, None
+        rendezvous = None  # rank 0's (address, port), as a future: the driver does not wait for it
         for rank in range(world_size):
             dist_env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": 0,
-                        "MASTER_ADDR": master_addr, "MASTER_PORT": master_port,
+                        "MASTER_ADDR": None, "MASTER_PORT": None, RENDEZVOUS_KEY: rendezvous,
                         "ROLL_GSPO_ROLE": f"{name}-{rank}", **_log_dir_env()}
             options = rank_options[rank] if rank_options is not None else dict(
                 num_cpus=num_cpus, num_gpus=num_gpus,
@@ -241,9 +241,11 @@ class Cluster:
                                         max_restarts=max_restarts, max_task_retries=max_restarts).remote(
                 *init_args, dist_env=dist_env, **init_kwargs)
             if rank == 0:
-                # The rendezvous lives where rank 0 landed (another node on a real cluster).
-                master_addr, master_port = ray.get(worker.rendezvous_address.remote())
+                # The rendezvous lives where rank 0 landed (another node on a real cluster). The other
+                # ranks wait for it in their own __init__, so every role's processes start at once.
+                rendezvous = worker.rendezvous_address.remote()
             self.workers.append(worker)
+        self._rendezvous = rendezvous  # held: a restarted rank > 0 reads it again
         # Where each rank lives, asked now so that a rank's death can be reported with it.
         self._whereabouts = [w.whereabouts.remote() for w in self.workers]
         _CLUSTERS.add(self)
@@ -332,10 +334,13 @@ class Cluster:
             self.placement_group = None
 
 
+RENDEZVOUS_KEY = "_RENDEZVOUS"  # in a rank's dist_env: the future of rank 0's (address, port)
+
+
 class RankWorker:
     """Base of every role's worker: rank identity and torch.distributed rendezvous.
 
-    `__init__` stays light (the driver waits on it to learn rank 0's address); subclasses build
+    `__init__` stays light (ranks > 0 wait on rank 0's to learn its address); subclasses build
     their engines in `setup()`.
     """
 
@@ -344,7 +349,11 @@ class RankWorker:
             os.environ.setdefault(key, value)
         self.rank = int(dist_env["RANK"])
         self.world_size = int(dist_env["WORLD_SIZE"])
-        if dist_env["MASTER_ADDR"] is None:  # rank 0 picks the rendezvous
+        dist_env = dict(dist_env)
+        rendezvous = dist_env.pop(RENDEZVOUS_KEY, None)
+        if rendezvous is not None:  # ranks > 0: rank 0's address, once its __init__ has run
+            dist_env["MASTER_ADDR"], dist_env["MASTER_PORT"] = ray.get(rendezvous)
+        elif dist_env["MASTER_ADDR"] is None:  # rank 0 picks the rendezvous
             dist_env = {**dist_env, "MASTER_ADDR": node_address(), "MASTER_PORT": free_port()}
         self._master = (dist_env["MASTER_ADDR"], int(dist_env["MASTER_PORT"]))
         os.environ.update({k: str(v) for k, v in dist_env.items()})
