@@ -99,12 +99,15 @@ class TransportSink:
         from roll_gspo.sync.collective import CollectiveBucket
 
         tensors = (self.collective.receive(bucket) if isinstance(bucket, CollectiveBucket)
-                   else receive_bucket(bucket, self.shared))
+                   else receive_bucket(bucket, self.shared, copy=False))  # copied below, as vLLM's direct loads do
         for name, tensor in tensors:
             if name not in self.weights:
                 self.weights[name] = torch.empty_like(tensor)
             self.weights[name].copy_(tensor)
             self.received_bytes += tensor.numel() * tensor.element_size()
+        del tensors
+        if last:
+            self.shared.close()  # as a rollout rank does after a sync
 
 
 def measure(weights, transport: str, receivers: int, bucket_mb: float, repeats: int) -> Dict[str, float]:

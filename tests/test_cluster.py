@@ -40,6 +40,26 @@ def test_a_failing_rank_stops_the_role_instead_of_hanging(ray_session):
     assert cluster.workers == []
 
 
+def test_shared_memory_views_and_a_closed_sync_leave_no_mapping():
+    """`copy=False` hands out views of the segment (no copy of the bucket: loaders that copy at once
+    use them); once the sync's last bucket is loaded, writer and reader close it and no process
+    keeps the memory mapped."""
+    from roll_gspo.sync.broadcast import SharedSegmentReader, SharedSegmentWriter
+
+    writer, reader = SharedSegmentWriter(), SharedSegmentReader()
+    shared = writer.write([("w", torch.zeros(64, 64))])
+    (_, view), = reader.read(shared, copy=False)
+    (_, copied), = reader.read(shared, copy=True)
+    writer.write([("w", torch.ones(64, 64))])  # the next bucket, written into the same segment
+    assert torch.equal(view, torch.ones(64, 64)) and torch.equal(copied, torch.zeros(64, 64))
+    writer.delivered()
+    del view
+    writer.close()
+    reader.close()
+    with open("/proc/self/maps") as maps:
+        assert shared.segment.lstrip("/") not in maps.read()
+
+
 def test_shared_memory_weight_buckets_round_trip_and_leave_nothing_behind():
     """Writer -> reader through one reused segment: every dtype and shape comes back bit-exact,
     a bigger bucket gets a new segment, and once delivered no name is left in /dev/shm."""

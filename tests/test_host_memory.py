@@ -53,8 +53,12 @@ def test_rollout_rank_holds_packed_weights_kv_cache_and_a_sync():
     assert parts["runtime"] == VLLM_RUNTIME and parts["weights"] == 4 * p and parts["kv_cache"] == GIB
     assert parts["sampler"] == 4 * 32 * 1000 * 4  # fp32 vocabulary rows per sequence slot
     assert parts["packed_lm_head"] == 4 * 1000 * 64  # the LM head's oneDNN copy beside the plain embedding
-    # a bucket (at least the embedding) mapped and copied out + the widest layer (gate/up)
-    assert parts["weight_sync"] == 2 * max(min(1 << 20, 4 * p), 4 * 1000 * 64) + 4 * 64 * 2 * 128
+    # a bucket (at least the embedding) mapped + the widest layer (gate/up); copied out as well by layerwise reloads
+    bucket = max(min(1 << 20, 4 * p), 4 * 1000 * 64)
+    assert parts["weight_sync"] == bucket + 4 * 64 * 2 * 128
+    layerwise = vllm_rank_memory(SMALL, dtype="fp32", kv_cache_bytes=GIB, bucket_bytes=1 << 20, jemalloc=False,
+                                 max_num_seqs=32, copies_bucket=True)
+    assert layerwise["weight_sync"] == 2 * bucket + 4 * 64 * 2 * 128
 
 
 def _example(*overrides):

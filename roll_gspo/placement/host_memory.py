@@ -29,7 +29,8 @@ width H, T tokens per micro-batch (rows x the longest prompt + response):
   b*(P + V*H)), the sampler's buffers (about four fp32 rows of the vocabulary per sequence of
   `max_num_seqs`, vLLM's default 256), the KV cache vLLM reserves (VLLM_CPU_KVCACHE_SPACE GiB, 1
   unless the role's `system_envs` say otherwise), and a weight sync's transient (a bucket, at
-  least the embedding, mapped and copied out, and one layer).
+  least the embedding, mapped, and one layer; copied out as well under `vllm_weight_update:
+  layerwise`).
 * reference / hf_infer: runtime, weights, one scoring pass (activations of one layer, logits).
 * reward workers and the driver with Ray's own processes: measured constants.
 
@@ -165,18 +166,21 @@ def train_rank_memory(shape: ModelShape, *, dtype: str, zero_stage: int, world_s
 
 
 def vllm_rank_memory(shape: ModelShape, *, dtype: str, kv_cache_bytes: float, bucket_bytes: float,
-                     jemalloc: bool, max_num_seqs: int = VLLM_MAX_NUM_SEQS) -> Dict[str, float]:
-    """Bytes one vLLM rank on CPU holds at its peak (the weight sync)."""
+                     jemalloc: bool, max_num_seqs: int = VLLM_MAX_NUM_SEQS,
+                     copies_bucket: bool = False) -> Dict[str, float]:
+    """Bytes one vLLM rank on CPU holds at its peak (the weight sync). `copies_bucket`: the update
+    mode keeps tensors past a load (`vllm_weight_update: layerwise`), so each bucket is copied out."""
     b = DTYPE_BYTES[dtype]
     h, q_dim = shape.hidden_size, shape.num_heads * shape.head_dim
     largest_layer = b * h * max(2 * shape.active_ffn_size() * max(shape.num_experts, 1) // max(
         shape.num_experts_per_tok or 1, 1), q_dim + 2 * shape.kv_dim)
     # A bucket holds at least its largest tensor (the embedding, V x H, travels alone when it is larger
-    # than weight_sync_bucket_mb); the rank maps the bucket (shared memory or Ray's object store) and
-    # copies each tensor out, since vLLM keeps a layer's tensors until the layer is complete. Measured
-    # at 0.5B through shared memory: 0.52 GiB mapped + 0.5-0.8 GiB more anonymous memory at the sync.
+    # than weight_sync_bucket_mb); the rank maps the bucket (shared memory or Ray's object store), and
+    # the direct update copies each tensor from it into its parameter, one layer's plain weight at a
+    # time. Measured at 0.5B through shared memory: 0.51 GiB mapped + 0.47 GiB more anonymous memory
+    # (the tied embedding's re-pack) over the 4.55 GiB held while generating, 5.12 GiB in all.
     bucket = max(min(bucket_bytes, b * shape.num_parameters()), b * shape.vocab_size * h)
-    sync = 2 * bucket + largest_layer
+    sync = (2 if copies_bucket else 1) * bucket + largest_layer
     parts = {"runtime": VLLM_RUNTIME, "weights": float(b * shape.num_parameters()),
              "packed_lm_head": float(b * shape.vocab_size * h),
              "sampler": float(VLLM_SAMPLER_ROWS * max_num_seqs * 4 * shape.vocab_size), "kv_cache": float(kv_cache_bytes),
@@ -322,7 +326,7 @@ def _infer_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
         seqs = int(engine.get("max_num_seqs") or VLLM_MAX_NUM_SEQS)
         parts = vllm_rank_memory(shape, dtype=role.model_args.dtype, kv_cache_bytes=_kv_cache_bytes(cfg, role),
                                  bucket_bytes=cfg.weight_sync_bucket_mb * (1 << 20), jemalloc=_jemalloc(cfg, role, shape),
-                                 max_num_seqs=seqs)
+                                 max_num_seqs=seqs, copies_bucket=cfg.vllm_weight_update == "layerwise")
         concurrency = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1))
         knobs = ["VLLM_CPU_KVCACHE_SPACE in actor_infer.system_envs (GiB of KV cache vLLM reserves; "
                  f"whole GiB, {parts['kv_cache'] / GIB:g} now)", "weight_sync_bucket_mb lower"]

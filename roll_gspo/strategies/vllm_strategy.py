@@ -157,10 +157,14 @@ class VllmStrategy:
         else:  # one in-process worker: tensors are handed over by reference
             from roll_gspo.sync.broadcast import receive_bucket
 
-            self.load_weights(receive_bucket(payload, reader))
+            # Direct updates copy each tensor into its parameter at once: views of the segment do.
+            self.load_weights(receive_bucket(payload, reader, copy=self.update_mode != "direct"))
 
     def finish_weight_update(self) -> None:
         self.llm.collective_rpc("roll_gspo_finish_weight_update")
+        if self.tensor_parallel_size > 1:  # its workers mapped the buckets' segments themselves
+            self.llm.collective_rpc("roll_gspo_close_shared_bucket")
+            self.relay.close()
         self.sleeper.weights_loaded()
         self.sleeper.wake_all()
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

@@ -134,16 +134,20 @@ class WeightSender:
         ray.get(calls)
         if self.segment is not None:
             self.segment.delivered()
+            if last:  # the receivers unmap it too: between syncs no segment holds a bucket of the node's memory
+                self.segment.close()
 
 
 def _place(node: str, gpu: Optional[str]) -> DevicePlace:
     return DevicePlace(node, gpu, f"GPU {gpu}" if gpu else "CPU")
 
 
-def receive_bucket(payload, reader: "SharedSegmentReader") -> List[Tuple[str, torch.Tensor]]:
-    """A rollout rank's tensors of one bucket, whichever transport brought it."""
+def receive_bucket(payload, reader: "SharedSegmentReader", copy: bool = True) -> List[Tuple[str, torch.Tensor]]:
+    """A rollout rank's tensors of one bucket, whichever transport brought it. `copy=False`: a
+    shared-memory bucket's tensors are views of the segment, valid until the call that loads them
+    returns (the sender writes the next bucket only then)."""
     if isinstance(payload, SharedBucket):
-        return reader.read(payload)
+        return reader.read(payload, copy=copy)
     return [(name, from_wire(array, tag)) for name, array, tag in payload]
 
 
@@ -168,7 +172,8 @@ def shared_memory_available(min_free_bytes: int) -> bool:
 
 
 class SharedSegmentWriter:
-    """One shared-memory segment, reused by every sync and replaced only when a bucket outgrows it.
+    """One shared-memory segment, reused by every bucket of a sync and replaced only when a bucket
+    outgrows it; closed after the sync's last bucket (`close`), made again by the next sync.
 
     Its name is unlinked once the receivers have opened it: the memory then lives exactly as long
     as the processes that map it, so nothing is left in /dev/shm whatever way they end.
@@ -214,27 +219,36 @@ class SharedSegmentWriter:
 
 
 class SharedSegmentReader:
-    """A rollout rank's open segment (one at a time)."""
+    """A rollout rank's open segment (one at a time), unmapped after a sync's last bucket (`close`)."""
 
     def __init__(self):
         self.name: Optional[str] = None
         self.segment: Optional[shared_memory.SharedMemory] = None
 
-    def read(self, bucket: SharedBucket) -> List[Tuple[str, torch.Tensor]]:
+    def read(self, bucket: SharedBucket, copy: bool = True) -> List[Tuple[str, torch.Tensor]]:
+        """The bucket's tensors. `copy=True` copies them out: a loader that keeps a tensor past the
+        call (vLLM's layerwise reload buffers a layer's tensors until the layer is complete) would
+        otherwise see the next bucket's bytes. Loaders that copy at once take views (`copy=False`):
+        no transient copy of the bucket, which holds a whole embedding at 0.5B (0.5 GB)."""
         if bucket.segment != self.name:
             self._open(bucket.segment, owned_here=bucket.writer_pid == os.getpid())
         out = []
         for name, offset, nbytes, shape, dtype_name in bucket.layout:
-            # Copied out: loaders may keep a tensor past this call (vLLM buffers a layer's
-            # tensors until the layer is complete) while the next bucket overwrites the segment.
-            raw = (torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=nbytes, offset=offset).clone()
-                   if nbytes else torch.empty(0, dtype=torch.uint8))
+            view = torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=nbytes, offset=offset) if nbytes else None
+            raw = (view.clone() if copy else view) if nbytes else torch.empty(0, dtype=torch.uint8)
             out.append((name, raw.view(getattr(torch, dtype_name)).view(shape)))
         return out
 
-    def _open(self, name: str, owned_here: bool) -> None:
+    def close(self) -> None:
         if self.segment is not None:
-            self.segment.close()
+            try:
+                self.segment.close()
+            except BufferError:  # a view handed out earlier is still referenced: unmapped once it goes
+                pass
+        self.segment, self.name = None, None
+
+    def _open(self, name: str, owned_here: bool) -> None:
+        self.close()
         self.segment = shared_memory.SharedMemory(name=name)
         if not owned_here:
             # Python < 3.13 registers an opened segment for removal at this process's exit; the

@@ -36,9 +36,14 @@ class WorkerBucketRelay:
         else:
             if self.segment is None:
                 self.segment = SharedSegmentWriter()
-            shared = self.segment.write(receive_bucket(payload, reader))
+            shared = self.segment.write(receive_bucket(payload, reader, copy=False))  # copied into ours here
             self.llm.collective_rpc("roll_gspo_load_shared_bucket", args=(shared,))
             self.segment.delivered()
+
+    def close(self) -> None:
+        """After a sync: its segment goes (the next sync makes one)."""
+        if self.segment is not None:
+            self.segment.close()
 
     def gpu_identities(self) -> list:
         """Each vLLM worker's GPU UUID (None on CPU), in worker (TP rank) order."""
@@ -59,7 +64,13 @@ class WorkerBucketLoading:
 
         if getattr(self, "_roll_gspo_shared_reader", None) is None:
             self._roll_gspo_shared_reader = SharedSegmentReader()
-        self.roll_gspo_load_weights(self._roll_gspo_shared_reader.read(bucket))
+        direct = getattr(self, "_roll_gspo_packed", None) is not None  # loaders copy at once: views do
+        self.roll_gspo_load_weights(self._roll_gspo_shared_reader.read(bucket, copy=not direct))
+
+    def roll_gspo_close_shared_bucket(self) -> None:
+        """After a sync's last bucket: unmap the trainer's segment (it frees it then)."""
+        if getattr(self, "_roll_gspo_shared_reader", None) is not None:
+            self._roll_gspo_shared_reader.close()
 
     def roll_gspo_gpu_identity(self):
         from roll_gspo.sync.cuda_ipc import gpu_identity

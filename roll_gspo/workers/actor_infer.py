@@ -130,6 +130,7 @@ class ActorInferWorker(RankWorker):
             self.strategy.load_weights(receive_bucket(bucket, self.shared_weights))
         if last:
             self.strategy.finish_weight_update()
+            self.shared_weights.close()  # the trainer frees the segment after the sync's last bucket
             if version is not None:
                 self.weight_version = version
 
