@@ -10,7 +10,8 @@ roll_gspo's own sync path, `weight_sync.broadcast_weights` with a `WeightSender`
 process (playing training rank 0) to `--receivers` Ray actors on this node (playing rollout
 ranks), for every transport:
 
-* `shared_memory` (`auto` on CPU): one reused /dev/shm segment; receivers copy the bucket out;
+* `shared_memory` (`auto` on CPU): one /dev/shm segment per sync, reused by its buckets and freed
+  after the last (so each sync makes and faults one in); receivers read its tensors in place;
 * `object_store`: `ray.put` of each bucket, receivers fetch it;
 * `collective`: the weight-sync group (gloo here, NCCL on GPUs), one broadcast per bucket.
 
@@ -18,7 +19,7 @@ Receivers take each bucket as a rollout rank does (`receive_bucket` / `Collectiv
 copy every tensor into a weight buffer of their own, as an engine's weight loader would (the
 object store hands out zero-copy views of its shared memory, so without that copy it would be
 measured doing less work than the others). The engine's own load (vLLM's loaders, re-packing) is
-not measured: it is the same for all transports. The first sync of each transport (group set-up, segment creation) is a warm-up and
+not measured: it is the same for all transports. The first sync of each transport (group set-up, first imports) is a warm-up and
 not counted. GB/s is the model's bytes over the median sync time (per receiver, not summed).
 """
 from __future__ import annotations
