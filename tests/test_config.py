@@ -975,3 +975,11 @@ def test_model_max_positions_reads_the_folder_and_rope_scaling(tmp_path):
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     assert model_max_positions(str(tmp_path)) is None
     assert model_max_positions("builtin:tiny-arith") == 256
+
+
+def test_system_envs_take_yaml_integers_as_strings_and_refuse_booleans():
+    """`OMP_NUM_THREADS: 2` is what users write (YAML reads an int; Ray's env_vars want strings)."""
+    cfg = load_config("example_gspo.yaml", ["+system_envs.MALLOC_ARENA_MAX=2", "actor_infer.system_envs.OMP_NUM_THREADS=1"])
+    assert cfg.system_envs["MALLOC_ARENA_MAX"] == "2" and cfg.actor_infer.system_envs["OMP_NUM_THREADS"] == "1"
+    with pytest.raises(ConfigError, match=r"system_envs.VERBOSE: expected str, got bool True"):
+        load_config("example_gspo.yaml", ["+system_envs.VERBOSE=true"])

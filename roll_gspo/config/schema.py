@@ -398,7 +398,8 @@ class RoleConfig:
     # --- ROLL's keys (roll_gspo.config.roll_compat) ---
     system_envs: Dict[str, str] = _f(
         {}, "Environment variables set in this role's workers before they build anything, over "
-            "the top-level `system_envs`.")
+            "the top-level `system_envs`. Values are strings; a YAML integer (`OMP_NUM_THREADS: 2`) is "
+            "taken as its digits.")
     use_dynamic_batching_in_train: bool = _f(
         False, "ROLL's dynamic batching in training (actor_train): each mini-batch's rows are sorted by "
                "length and packed into micro-batches of at most max_tokens_per_microbatch_in_train tokens "
@@ -786,7 +787,8 @@ class PipelineConfig:
         CheckpointConfig, "ROLL's checkpoint destination (`type: file_system`, `output_dir`).")
     system_envs: Dict[str, str] = _f(
         {}, "Environment variables set in every worker (all roles, rewards included) before it "
-            "builds anything; a role's own `system_envs` wins. The driver keeps its environment.")
+            "builds anything; a role's own `system_envs` wins. The driver keeps its environment. "
+            "Values are strings; a YAML integer is taken as its digits.")
     memory_allocator: str = _f(
         "auto", "malloc of the model roles' workers (actor_train, actor_infer, reference). `jemalloc`: "
                 "Ray's bundled libjemalloc preloaded, freed pages kept for the next pass instead of "

@@ -105,6 +105,8 @@ def _walk(value: Any, tp: Any, path: str, problems: List[str], choices: Optional
             problems.append(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
             return value
         _, value_type = typing.get_args(inner)
+        if value_type is str:  # environment values: YAML reads `OMP_NUM_THREADS: 2` as an int, Ray wants "2"
+            value = {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in value.items()}
         return {k: _walk(v, value_type, f"{path}.{k}", problems) for k, v in value.items()}
     if origin is list:
         (item_type,) = typing.get_args(inner)
