@@ -937,7 +937,7 @@ class PipelineConfig:
         "auto", "How weight buckets reach the rollout ranks (decided per rollout worker, printed by "
                 "`--dry-run`). auto: on GPUs, CUDA IPC to workers on the sending trainer rank's own GPU "
                 "(colocated; NCCL refuses two members on one GPU) and one NCCL group with the workers on "
-                "other GPUs (one per GPU); on CPU, one reused shared-memory segment to ranks on the "
+                "other GPUs (one per GPU); on CPU, a shared-memory segment (one per sync, freed after it) to ranks on the "
                 "trainer's node (needs /dev/shm room for 2 buckets; falls back with a warning) and Ray's "
                 "object store to the others. object_store: always the object store (slower on one "
                 "node; for debugging or a small /dev/shm). collective: a torch.distributed group of its "

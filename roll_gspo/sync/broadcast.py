@@ -5,7 +5,8 @@ to each rollout worker by the route `roll_gspo.placement.weight_routes` picks fo
 both sit (the decision `--dry-run` prints):
 
 * shared memory, to CPU rollout ranks on its own node: the bucket is copied into one segment that
-  is reused every sync, and the receivers copy it out. No Ray object store (a put of a few MB
+  every bucket of a sync reuses and that is freed after the sync; the receivers load from it (in
+  place, or copied out where the loader keeps tensors). No Ray object store (a put of a few MB
   costs 1-20 ms of raylet round trips on a busy CPU box, against 0.1 ms for the copy);
 * Ray's object store, to CPU rollout ranks on other nodes (and to all of them with
   `weight_sync_transport: object_store`), as numpy arrays;
