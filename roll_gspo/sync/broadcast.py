@@ -235,8 +235,11 @@ class SharedSegmentReader:
             self._open(bucket.segment, owned_here=bucket.writer_pid == os.getpid())
         out = []
         for name, offset, nbytes, shape, dtype_name in bucket.layout:
-            view = torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=nbytes, offset=offset) if nbytes else None
-            raw = (view.clone() if copy else view) if nbytes else torch.empty(0, dtype=torch.uint8)
+            if not nbytes:
+                raw = torch.empty(0, dtype=torch.uint8)
+            else:
+                raw = torch.frombuffer(self.segment.buf, dtype=torch.uint8, count=nbytes, offset=offset)
+                raw = raw.clone() if copy else raw
             out.append((name, raw.view(getattr(torch, dtype_name)).view(shape)))
         return out
 
