@@ -1,14 +1,17 @@
 """Rollout correction (train_infer_correction / verl's rollout_correction): the importance weights and
 rejection masks against hand values, the corrected policy loss (values and gradients) against an
-independent per-row reference, its metrics, the config checks, and one e2e run whose rollout engine
-(vLLM in bf16) differs from the fp32 trainer on purpose."""
+independent per-row reference, rejection as if the rejected tokens had never been sampled (the loss
+normalisers count kept tokens only, in the loss functions and in the trainer's micro-batch loop),
+its metrics, the config checks, and one e2e run whose rollout engine (vLLM in bf16) differs from the
+fp32 trainer on purpose."""
 import json
 import math
 
 import pytest
 import torch
 
-from roll_gspo.algorithms import LOSS_AGG_MODES, RejectionRule, policy_loss, rollout_correction
+from roll_gspo.algorithms import (LOSS_AGG_MODES, RejectionRule, kept_mask, kl_loss, loss_normalisers, policy_loss,
+                                  rollout_correction)
 from roll_gspo.algorithms.rollout_correction import SEQUENCE_MEAN_METRICS
 from roll_gspo.config import ConfigError, load_config
 from roll_gspo.config.rollout_logprobs import choose_old_logprob_source, correction_arguments
@@ -96,20 +99,24 @@ def reference_corrected_loss(logp, old, rollout, adv, mask, *, importance_sampli
     """Row by row, scalar by scalar: weight w (level, truncated), token kept unless its level's weight
     is outside `reject` = (level, low, high); loss_t = w * max(-A r, -A clip(r)) with GSPO's r the
     geometric mean over the kept tokens; a row's token mean over its kept tokens; the normalisers
-    N_seqs / N_tokens of the unmasked batch (rejection leaves them, as ROLL's do)."""
+    N_seqs / N_tokens count kept responses / kept tokens only (as verl's and ROLL's recompute path:
+    a rejected token is as if never sampled)."""
     rows, width = mask.shape
     total = logp.new_zeros(())
     lengths = [int(mask[i].sum()) for i in range(rows)]
-    n_seqs = sum(1 for n in lengths if n > 0)
-    n_tokens = sum(lengths)
+    kept_per_row = []
     for i in range(rows):
         n = lengths[i]
-        if n == 0:
-            continue
         gaps = [float(old[i, t] - rollout[i, t]) for t in range(n)]
-        level_logs = [{"token": gaps[t], "geometric": sum(gaps) / n, "sequence": sum(gaps)} for t in range(n)]
+        level_logs = [{"token": gaps[t], "geometric": sum(gaps) / max(n, 1), "sequence": sum(gaps)}
+                      for t in range(n)]
         kept = [t for t in range(n)
                 if reject is None or reject[1] <= math.exp(level_logs[t][reject[0]]) <= reject[2]]
+        kept_per_row.append((kept, level_logs))
+    n_seqs = sum(1 for kept, _ in kept_per_row if kept)
+    n_tokens = sum(len(kept) for kept, _ in kept_per_row)
+    for i in range(rows):
+        kept, level_logs = kept_per_row[i]
         if not kept:
             continue
         if importance_sampling == "seq":
@@ -145,8 +152,8 @@ def test_corrected_loss_and_gradient_match_reference(agg, importance_sampling, l
     clip = dict(clip_low=0.2, clip_high=0.28) if importance_sampling == "token" else dict(clip_low=3e-3, clip_high=4e-3)
     rules = [RejectionRule(reject[0], reject[1], reject[2])] if reject else []
     correction, _ = rollout_correction(old, rollout, mask, is_level=level, is_threshold=threshold, rejections=rules)
-    kept = mask * correction.keep.to(DT)
-    n_seqs, n_tokens = float((mask.sum(-1) > 0).sum()), float(mask.sum())  # normalisers of the unmasked batch
+    kept = kept_mask(mask, correction.keep)
+    n_seqs, n_tokens = loss_normalisers(kept)  # kept responses / tokens only
     loss, _ = policy_loss(logp, old, adv, kept, importance_sampling=importance_sampling, loss_agg_mode=agg,
                           num_seqs=n_seqs, num_tokens=n_tokens, token_weights=correction.weights, **clip)
     expected = reference_corrected_loss(logp, old, rollout, adv, mask, importance_sampling=importance_sampling,
@@ -170,6 +177,149 @@ def test_weights_of_one_leave_the_loss_unchanged():
     corrected, _ = policy_loss(logp, old, adv, mask * correction.keep.to(DT), token_weights=correction.weights)
     torch.testing.assert_close(base, corrected)
     assert metrics["rollout_correction/kl"] == 0.0 and metrics["rollout_correction/chi2_seq"] == 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Rejection: as if the rejected tokens had never been sampled (normalisers of the kept tokens)
+# --------------------------------------------------------------------------------------------
+def test_loss_normalisers_count_kept_rows_and_tokens():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]], dtype=DT)
+    keep = torch.tensor([[True, False, True, True], [False, False, True, True], [True] * 4, [True] * 4])
+    assert loss_normalisers(mask) == (3.0, 6.0)
+    kept = kept_mask(mask, keep)
+    assert kept.dtype == mask.dtype and kept.tolist() == [[1, 0, 1, 0], [0, 0, 0, 0], [0] * 4, [1, 0, 0, 0]]
+    assert loss_normalisers(kept) == (2.0, 3.0)  # row 1 lost every token: out of N_seqs too
+    assert loss_normalisers(kept > 0) == (2.0, 3.0)
+    with pytest.raises(ValueError, match="differ in shape"):
+        kept_mask(mask, keep[:, :3])
+
+
+def compacted(tensors, keep, width):
+    """The batch the rejected tokens were never part of: each row's kept tokens moved to its front
+    (NaN after them), rows with none left out. Returns the tensors and, per kept row, (row, columns)."""
+    index = [(i, keep[i].nonzero().flatten().tolist()) for i in range(len(keep)) if bool(keep[i].any())]
+    out = []
+    for tensor in tensors:
+        rows = torch.full((len(index), width), float("nan"), dtype=tensor.dtype)
+        for j, (i, cols) in enumerate(index):
+            rows[j, :len(cols)] = tensor[i, cols].detach()
+        out.append(rows)
+    mask = torch.zeros(len(index), width, dtype=DT)
+    for j, (_, cols) in enumerate(index):
+        mask[j, :len(cols)] = 1
+    return out, mask, index
+
+
+@pytest.mark.parametrize("agg", LOSS_AGG_MODES)
+@pytest.mark.parametrize("importance_sampling", ["seq", "token"])
+def test_rejected_tokens_leave_the_normalisers_as_if_never_sampled(agg, importance_sampling):
+    """The trainer's accounting in pure functions: normalisers of the whole mini-batch on the kept
+    mask, the loss summed over micro-batches. Its value and gradient on the kept tokens are those of
+    the batch the rejected tokens and responses were never part of (plain losses, default
+    normalisers); the normalisers of the unmasked batch would shrink the step by the kept fraction."""
+    logp, old, rollout, adv, mask = batch(lengths=(3, 5, 1, 4, 6, 2, 5, 4), width=6, seed=13, gap=0.25)
+    ref = old + 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1), dtype=DT)
+    correction, metrics = rollout_correction(old, rollout, mask, is_level="token", is_threshold=1.3,
+                                             rejections=[RejectionRule("token", 0.8, 1.25),
+                                                         RejectionRule("geometric", 0.85, 1.18)])
+    keep = correction.keep
+    assert 0.15 < metrics["rollout_correction/masked_fraction"] < 0.6  # a real rejection ...
+    assert 0 < metrics["rollout_correction/masked_seq_fraction"] < 1   # ... of whole responses too
+    assert keep.any()
+    clip = dict(clip_low=0.2, clip_high=0.28) if importance_sampling == "token" else dict(clip_low=3e-3, clip_high=4e-3)
+    width = mask.shape[1]
+    loss_args = dict(loss_agg_mode=agg, norm_length=width)
+
+    def step_loss(normaliser_mask):
+        """Micro-batches of rows [0, 3), [3, 5), [5, 8) summed; the normalisers of `normaliser_mask`."""
+        n_seqs, n_tokens = loss_normalisers(normaliser_mask)
+        total = logp.new_zeros(())
+        for rows in (slice(0, 3), slice(3, 5), slice(5, 8)):
+            kept = kept_mask(mask[rows], keep[rows])
+            pg, _ = policy_loss(logp[rows], old[rows], adv[rows], kept, importance_sampling=importance_sampling,
+                                num_seqs=n_seqs, num_tokens=n_tokens, token_weights=correction.weights[rows],
+                                **clip, **loss_args)
+            kl, _ = kl_loss(logp[rows], ref[rows], kept, num_seqs=n_seqs, num_tokens=n_tokens, **loss_args)
+            total = total + pg + 0.1 * kl
+        return total
+
+    loss = step_loss(kept_mask(mask, keep))
+    (grad,) = torch.autograd.grad(loss, logp)
+    # The batch without the rejected tokens, from scratch.
+    (c_logp, c_old, c_adv, c_ref, c_weights), c_mask, index = compacted(
+        [logp, old, adv, ref, correction.weights], keep, width)
+    c_logp.requires_grad_()
+    pg, _ = policy_loss(c_logp, c_old, c_adv, c_mask, importance_sampling=importance_sampling,
+                        token_weights=c_weights, **clip, **loss_args)
+    kl, _ = kl_loss(c_logp, c_ref, c_mask, **loss_args)
+    expected = pg + 0.1 * kl
+    (expected_grad,) = torch.autograd.grad(expected, c_logp)
+    torch.testing.assert_close(loss, expected)
+    for j, (i, cols) in enumerate(index):
+        torch.testing.assert_close(grad[i, cols], expected_grad[j, :len(cols)])
+    assert float(grad[~keep].abs().max()) == 0.0  # rejected tokens get no gradient
+    # Counting the rejected tokens as well (what the trainer did) shrinks the step.
+    if agg != "seq-mean-token-sum-norm" or len(index) < int((mask.sum(-1) > 0).sum()):
+        (shrunk,) = torch.autograd.grad(step_loss(mask), logp)
+        assert float(shrunk.norm()) < 0.95 * float(grad.norm())
+
+
+def test_trainer_step_with_rejection_equals_the_step_without_the_rejected_tokens(tiny_model):
+    """The trainer's own micro-batch loop (ActorTrainWorker.train_step on the micro model, a one-rank
+    strategy standing in for DeepSpeed): with the rollout correction rejecting ~1/4 of the tokens
+    (some responses whole), every mini-batch's gradient, and the logged losses, equal those of the
+    same step where the rejected tokens were never in the loss (`loss_mask`, no correction), for
+    every loss_agg_mode. Before the normalisers counted kept tokens only, the step shrank by the kept
+    fraction (token-mean: N_kept / N_all)."""
+    from roll_gspo.config.schema import PipelineConfig
+    from roll_gspo.distributed.batch import Batch
+    from roll_gspo.models.causal_lm import load_causal_lm
+    from roll_gspo.workers.actor_train import ActorTrainWorker
+    from tests.test_dynamic_batching import OneRankStrategy, sequences
+
+    data = sequences(12, seed=21)
+    mask = data["response_mask"].bool()
+    g = torch.Generator().manual_seed(5)
+    rejected = mask & (torch.rand(mask.shape, generator=g) < 0.15)
+    rejected[[2, 7]] = mask[[2, 7]]  # two whole responses
+    # A token band [0.8, 1.25] on w = exp(old - rollout): w = e on the rejected tokens, 1 elsewhere.
+    data["rollout_log_probs"] = data["old_log_probs"] - rejected.float()
+    keep = mask & ~rejected
+    fraction = float(rejected.sum() / mask.sum())
+    whole = float((mask.any(-1) & ~keep.any(-1)).sum() / mask.any(-1).sum())
+    assert 0.2 < fraction < 0.35 and whole >= 2 / 12
+
+    def step(correction, batch_tensors, mode):
+        cfg = PipelineConfig()
+        cfg.loss_agg_mode, cfg.loss_norm_length, cfg.use_kl_loss, cfg.kl_loss_coef = mode, 12, True, 0.1
+        cfg.entropy_loss_coef, cfg.ppo_epochs, cfg.pg_clip_low, cfg.pg_clip_high = 0.01, 1, 0.02, 0.03
+        role = cfg.actor_train
+        role.training_args.per_device_train_batch_size, role.training_args.gradient_accumulation_steps = 3, 2
+        model = load_causal_lm(tiny_model)
+        worker = ActorTrainWorker.__new__(ActorTrainWorker)  # the rank without its Ray/DeepSpeed set-up
+        worker.cfg, worker.role, worker.rank, worker.temperature = cfg, role, 0, 0.7
+        worker.moe, worker.offload, worker.correction = None, False, correction
+        worker.engine, worker.strategy = model, OneRankStrategy(model)
+        metrics = worker.train_step(Batch(dict(batch_tensors)))
+        return worker.strategy.step_grads, metrics
+
+    rule = {"is_level": None, "is_threshold": None, "rejections": [RejectionRule("token", 0.8, 1.25)]}
+    without = dict(data.tensors, loss_mask=keep.to(data["response_mask"].dtype))
+    scales = {}
+    for mode in LOSS_AGG_MODES:
+        got_grads, got = step(rule, data.tensors, mode)
+        want_grads, want = step(None, without, mode)
+        assert len(got_grads) == len(want_grads) == 2  # two mini-batches of 6 rows
+        for got_step, want_step in zip(got_grads, want_grads):
+            for name in want_step:
+                torch.testing.assert_close(got_step[name], want_step[name], rtol=1e-4, atol=1e-7, msg=name)
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "actor/clipfrac", "actor/kl_mean"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-8), (mode, key)
+        assert got["rollout_correction/masked_fraction"] == pytest.approx(fraction)
+        assert got["rollout_correction/masked_seq_fraction"] == pytest.approx(whole)
+        norm = lambda grads: sum(float(g.square().sum()) for s in grads for g in s.values()) ** 0.5  # noqa: E731
+        scales[mode] = norm(got_grads) / norm(want_grads)
+    assert all(s == pytest.approx(1.0, rel=1e-4) for s in scales.values()), scales
 
 
 # --------------------------------------------------------------------------------------------

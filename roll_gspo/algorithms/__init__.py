@@ -34,6 +34,7 @@ from .losses import (
     gspo_token_log_ratio,
     kl_loss,
     kl_penalty,
+    loss_normalisers,
     masked_mean,
     masked_sum,
     policy_loss,
@@ -46,6 +47,7 @@ from .rollout_correction import (
     SEQUENCE_MEAN_METRICS,
     RejectionRule,
     RolloutCorrection,
+    kept_mask,
     rollout_correction,
 )
 
@@ -54,12 +56,13 @@ __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "POLICY_LOSSES", "SurrogateTerms", "aggregate_loss",
     "clipped_surrogate", "compute_importance_ratio", "compute_log_ratio", "entropy_from_logits",
     "get_policy_loss", "gspo_token_log_ratio", "kl_loss", "kl_penalty", "masked_mean", "masked_sum",
-    "policy_loss", "register_policy_loss", "seq_log_ratio", "token_log_ratio",
+    "loss_normalisers", "policy_loss", "register_policy_loss", "seq_log_ratio", "token_log_ratio",
     # advantages
     "ADV_ESTIMATORS", "REWARD_NORMS", "RunningMeanStd", "clip_advantages", "clip_rewards",
     "compute_advantages", "get_adv_estimator", "grpo_advantages", "normalize_rewards",
     "register_adv_estimator", "reinforce_advantages", "rloo_advantages", "token_level_rewards",
     "whiten",
     # rollout correction (train-inference mismatch)
-    "CORRECTION_LEVELS", "SEQUENCE_MEAN_METRICS", "RejectionRule", "RolloutCorrection", "rollout_correction",
+    "CORRECTION_LEVELS", "SEQUENCE_MEAN_METRICS", "RejectionRule", "RolloutCorrection", "kept_mask",
+    "rollout_correction",
 ]

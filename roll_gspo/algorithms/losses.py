@@ -41,6 +41,7 @@ __all__ = [
     "compute_importance_ratio",
     "clipped_surrogate",
     "aggregate_loss",
+    "loss_normalisers",
     "policy_loss",
     "kl_penalty",
     "kl_loss",
@@ -296,6 +297,21 @@ def _denominator(local: torch.Tensor, given: Optional[Count], name: str) -> torc
     if bool((value < 0).any()):
         raise ValueError(f"{name} must be >= 0, got {given}")
     return value.clamp(min=1)
+
+
+def loss_normalisers(response_mask: torch.Tensor) -> Tuple[float, float]:
+    """``(N_seqs, N_tokens)`` of a ``(B, T)`` mask: rows with a valid token, and valid tokens.
+
+    What ``aggregate_loss`` counts on its own; a trainer sums these over the micro-batches of a
+    mini-batch and over data-parallel ranks and passes them as ``num_seqs`` / ``num_tokens``. Count
+    on the mask the loss sees: with the rollout correction's rejection, the kept tokens
+    (``rollout_correction.kept_mask``), so that rejected tokens and responses leave the normalisers
+    as well as the numerators and the step size does not move with the rejection rate.
+    """
+    mask = _bool_mask(response_mask)
+    if mask.dim() != 2:
+        raise ValueError(f"expected a (batch, response_len) mask, got shape {tuple(mask.shape)}")
+    return float(mask.any(-1).sum()), float(mask.sum())
 
 
 def aggregate_loss(loss_mat: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str, *,

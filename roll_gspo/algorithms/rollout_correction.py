@@ -35,6 +35,7 @@ __all__ = [
     "SEQUENCE_MEAN_METRICS",
     "RejectionRule",
     "RolloutCorrection",
+    "kept_mask",
     "level_log_ratio",
     "level_prob_diff",
     "rollout_correction",
@@ -46,7 +47,8 @@ CORRECTION_LEVELS: List[str] = ["token", "geometric", "sequence"]
 SAFETY_BOUND = 20.0
 # Metrics that are means over responses (not tokens): a caller averaging over micro-batches
 # weights these by the number of responses with a valid token, the others by valid tokens.
-SEQUENCE_MEAN_METRICS = frozenset({"rollout_correction/chi2_seq", "rollout_correction/log_ppl_diff"})
+SEQUENCE_MEAN_METRICS = frozenset({"rollout_correction/chi2_seq", "rollout_correction/log_ppl_diff",
+                                   "rollout_correction/masked_seq_fraction"})
 
 
 class RejectionRule(NamedTuple):
@@ -70,6 +72,20 @@ class RolloutCorrection(NamedTuple):
 
     weights: torch.Tensor  # importance weight per token (its response's at sequence levels), 1 off the mask
     keep: torch.Tensor     # bool: the token stays in the loss (False off the mask and where rejected)
+
+
+def kept_mask(response_mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The tokens the loss sees once the rejection is applied: ``response_mask`` where ``keep``.
+
+    response_mask: ``(B, T)`` (any dtype, nonzero = valid); keep: ``(B, T)`` bool (``RolloutCorrection.keep``).
+    Returns ``(B, T)`` in ``response_mask``'s dtype. It is the mask of the loss's numerators AND of its
+    normalisers (``N_tokens``, ``N_seqs``, counted over the whole mini-batch: ``losses.loss_normalisers``),
+    so a rejected token or response is as if it had never been sampled: the rejection changes which
+    tokens train, not the size of the step.
+    """
+    if tuple(keep.shape) != tuple(response_mask.shape):
+        raise ValueError(f"keep {tuple(keep.shape)} and response_mask {tuple(response_mask.shape)} differ in shape")
+    return response_mask * keep.to(response_mask.dtype)
 
 
 def _check_level(level: str) -> None:
@@ -141,11 +157,13 @@ def rollout_correction(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
     * ``rollout_correction/weight_mean`` / ``weight_max``: the applied (truncated) weights;
     * ``rollout_correction/clipped_fraction``: tokens whose weight was truncated;
     * ``rollout_correction/masked_fraction``: tokens left out by the rejection rules;
+    * ``rollout_correction/masked_seq_fraction``: responses left with no token (a response mean);
     * the gap, as verl logs it: ``kl`` = mean(rollout - old) (estimates KL(pi_rollout || pi_old)),
       ``k3_kl`` = mean(w - log w - 1) of token weights, ``chi2_token`` = mean(w^2) - 1,
       ``chi2_seq`` = mean over responses of exp(2 sum log w) - 1, ``log_ppl_diff`` = mean over
-      responses of (mean rollout - mean old); the last two are response means
-      (``SEQUENCE_MEAN_METRICS``). Log-weights are clamped to +-SAFETY_BOUND in all of them.
+      responses of (mean rollout - mean old); the last two are response means, as is
+      ``masked_seq_fraction`` (``SEQUENCE_MEAN_METRICS``). Log-weights are clamped to
+      +-SAFETY_BOUND in all of them.
     """
     shapes = {tuple(t.shape) for t in (old_log_probs, rollout_log_probs, response_mask)}
     if len(shapes) != 1 or len(next(iter(shapes))) != 2:
@@ -199,6 +217,7 @@ def rollout_correction(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
         "rollout_correction/weight_max": float(weights[mask].max()) if has_tokens else 1.0,
         "rollout_correction/clipped_fraction": token_mean(clipped.to(dtype)),
         "rollout_correction/masked_fraction": token_mean((mask & ~keep).to(dtype)),
+        "rollout_correction/masked_seq_fraction": float((rows & ~keep.any(-1)).to(dtype).sum() / n_rows),
         "rollout_correction/kl": token_mean(-log_ratio),
         "rollout_correction/k3_kl": token_mean(rho - log_ratio - 1.0),
         "rollout_correction/chi2_token": token_mean(rho.square()) - 1.0 if has_tokens else 0.0,

@@ -703,9 +703,10 @@ class TrainInferISWeightConfig:
 @dataclass
 class TrainInferFilterConfig:
     enabled: bool = _f(False, "Apply this rejection rule: tokens (agg_type token) or whole responses outside "
-                              "the band are left out of the loss (policy, KL and entropy terms; the loss keeps "
-                              "the mini-batch's normalisers, as ROLL). Counted in "
-                              "`rollout_correction/masked_fraction`.")
+                              "the band are left out of the loss (policy, KL and entropy terms) and of its "
+                              "normalisers (as verl and ROLL's recompute path: the step size does not move "
+                              "with the rejection rate). Counted in `rollout_correction/masked_fraction` "
+                              "(tokens) and `masked_seq_fraction` (whole responses).")
     agg_type: str = _f("token", "Level tested: `token`, `geometric` (the response's length-normalised "
                                 "weight / mean difference), `sequence` (its product weight / summed "
                                 "difference). `segment` is refused: not built.",

@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from roll_gspo.algorithms import SEQUENCE_MEAN_METRICS, aggregate_loss, kl_loss, policy_loss, rollout_correction
+from roll_gspo.algorithms import (SEQUENCE_MEAN_METRICS, aggregate_loss, kept_mask, kl_loss, loss_normalisers,
+                                  policy_loss, rollout_correction)
 from roll_gspo.config.rollout_logprobs import correction_arguments, correction_enabled
 from roll_gspo.placement.colocation import memory_gb
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
@@ -51,6 +52,13 @@ def loss_mask(batch: Batch) -> torch.Tensor:
     """The tokens the loss sees: `loss_mask` when the driver masked responses out (ROLL's
     max_len_mask / difficulty_mask / error_max_len_clip), else the response mask."""
     return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
+
+
+def kept_loss_mask(batch: Batch) -> torch.Tensor:
+    """`loss_mask` less the tokens the rollout correction rejects (`rollout_is_keep`, when on):
+    the mask of every term of the policy update and of its normalisers."""
+    mask = loss_mask(batch)
+    return kept_mask(mask, batch["rollout_is_keep"]) if "rollout_is_keep" in batch else mask
 
 
 class ActorTrainWorker(RankWorker):
@@ -190,22 +198,25 @@ class ActorTrainWorker(RankWorker):
         """One optimizer step on the mini-batch, one forward/backward per micro-batch of `plans`,
         then padding passes up to `passes`."""
         cfg = self.cfg
-        mask = loss_mask(mini)
+        if self.correction is not None:  # on the whole mini-batch: its rejection enters the normalisers
+            self._apply_rollout_correction(mini, metrics)
         # Normalisers of the whole mini-batch over all ranks, so the gradient does not depend on
-        # the number of ranks or micro-batches.
-        num_seqs, num_tokens = self.strategy.all_reduce_sum(
-            [float((mask.sum(-1) > 0).sum()), float(mask.sum())])
+        # the number of ranks or micro-batches; counted on the kept tokens, so a rollout-correction
+        # rejection changes which tokens train, not the step size (verl, ROLL's recompute path).
+        # The MoE aux loss is shared by the responses of the loss mask, rejected or not.
+        num_seqs, num_tokens = loss_normalisers(kept_loss_mask(mini))
+        num_seqs, num_tokens, aux_seqs = self.strategy.all_reduce_sum(
+            [num_seqs, num_tokens, loss_normalisers(loss_mask(mini))[0]])
         real, computed = float(mini["attention_mask"].sum()), 0.0
         for index, plan in enumerate(plans):
-            micro = take(mini, plan)
+            micro = take(mini, plan)  # `take` cuts rollout_is_weights / _keep with the response tensors
             computed += plan.padded_tokens()
-            if self.correction is not None:
-                self._apply_rollout_correction(micro, metrics)
             replay = micro["routed_experts"] if cfg.router_replay else None
             # Held through backward: gradient checkpointing re-runs each layer's forward there, routers
             # included, and a recomputed layer must route as the first pass did.
             with self._routing(replay):
-                loss, micro_metrics, token_count = self._micro_loss(micro, num_seqs, num_tokens, before_any_update)
+                loss, micro_metrics, token_count = self._micro_loss(micro, num_seqs, num_tokens, before_any_update,
+                                                                    aux_seqs)
                 self._check_finite(loss, micro_metrics)
                 self.strategy.backward_and_step(loss, boundary=index == passes - 1)
             metrics.add_micro(micro_metrics, token_count)
@@ -217,26 +228,27 @@ class ActorTrainWorker(RankWorker):
         metrics.end_mini_batch()
         metrics.add_step({"actor/grad_norm": self.strategy.grad_norm(), "actor/lr": self.strategy.learning_rate()})
 
-    def _apply_rollout_correction(self, micro: Batch, metrics: SplitInvariantMetrics) -> None:
+    def _apply_rollout_correction(self, mini: Batch, metrics: SplitInvariantMetrics) -> None:
         """Store the rollout correction's importance weights (`rollout_is_weights`) and kept tokens
-        (`rollout_is_keep`) on `micro` for `_micro_loss`; add its metrics (token means weighted by
-        the micro-batch's tokens, response means by its responses, so they are split-invariant)."""
-        mask = loss_mask(micro)
-        correction, values = rollout_correction(micro["old_log_probs"], micro["rollout_log_probs"], mask,
+        (`rollout_is_keep`) on the mini-batch, for its normalisers and `_micro_loss` (the correction
+        is row by row, so the micro-batches' share is theirs); add its metrics (token means weighted
+        by the mini-batch's tokens, response means by its responses, so they are split-invariant)."""
+        mask = loss_mask(mini)
+        correction, values = rollout_correction(mini["old_log_probs"], mini["rollout_log_probs"], mask,
                                                 **self.correction)
-        micro["rollout_is_weights"], micro["rollout_is_keep"] = correction.weights, correction.keep
-        metrics.add_micro({k: v for k, v in values.items() if k not in SEQUENCE_MEAN_METRICS}, float(mask.sum()))
-        metrics.add_micro({k: v for k, v in values.items() if k in SEQUENCE_MEAN_METRICS},
-                          float((mask.sum(-1) > 0).sum()))
+        mini["rollout_is_weights"], mini["rollout_is_keep"] = correction.weights, correction.keep
+        responses, tokens = loss_normalisers(mask)
+        metrics.add_micro({k: v for k, v in values.items() if k not in SEQUENCE_MEAN_METRICS}, tokens)
+        metrics.add_micro({k: v for k, v in values.items() if k in SEQUENCE_MEAN_METRICS}, responses)
 
-    def _micro_loss(self, micro: Batch, num_seqs: float, num_tokens: float,
-                    before_any_update: bool) -> "tuple[torch.Tensor, Dict[str, float], float]":
+    def _micro_loss(self, micro: Batch, num_seqs: float, num_tokens: float, before_any_update: bool,
+                    aux_seqs: Optional[float] = None) -> "tuple[torch.Tensor, Dict[str, float], float]":
         """The loss of one micro-batch (policy loss, KL, MoE aux, entropy bonus), normalised by the
-        mini-batch's `num_seqs` / `num_tokens` over all ranks; its metrics and their weight (tokens)."""
+        mini-batch's `num_seqs` / `num_tokens` over all ranks (of the kept tokens; the MoE aux loss
+        by `aux_seqs`, default `num_seqs`); its metrics and their weight (kept tokens)."""
         cfg = self.cfg
-        micro_mask = full_mask = loss_mask(micro)
-        if "rollout_is_keep" in micro:  # tokens the rollout correction rejects leave every term of the loss
-            micro_mask = full_mask * micro["rollout_is_keep"].to(full_mask.dtype)
+        full_mask = loss_mask(micro)
+        micro_mask = kept_loss_mask(micro)  # tokens the rollout correction rejects leave every term of the loss
         log_probs, entropy = forward_log_probs(self.engine, micro, self.temperature, with_entropy=True,
                                                entropy_grad=cfg.entropy_loss_coef > 0)
         loss, pg_metrics = policy_loss(
@@ -253,7 +265,7 @@ class ActorTrainWorker(RankWorker):
             loss = loss + cfg.kl_loss_coef * kl_value
             pg_metrics = {**pg_metrics, **kl_metrics}
         if self.moe is not None:
-            aux_term, moe_metrics = self.moe.train_forward_extras(micro, num_seqs)
+            aux_term, moe_metrics = self.moe.train_forward_extras(micro, num_seqs if aux_seqs is None else aux_seqs)
             loss = loss if aux_term is None else loss + aux_term
             pg_metrics = {**pg_metrics, **moe_metrics}
         if cfg.entropy_loss_coef > 0:  # entropy bonus, aggregated like the policy loss
