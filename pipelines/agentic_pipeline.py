@@ -32,6 +32,7 @@ from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.lifecycle.checkpoint import resolve_resume
+from roll_gspo.lifecycle.seeding import rollout_seeds
 from roll_gspo.models.moe_routing import folder_is_moe
 
 from pipelines.common import prepare_models
@@ -101,6 +102,8 @@ class AgenticPipeline(RLVRPipeline):
         self.critic = clusters.critic  # None: gae is refused for agentic runs (RLVRPipeline's steps read it)
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)
+        elif cfg.actor_train.model_args.adapter_name_or_path:  # the rollout engine starts from the base model
+            self.sync_weights(version=0)
 
     # -- one step -----------------------------------------------------------------------------------
     def step(self, step: int) -> Dict[str, float]:
@@ -112,7 +115,7 @@ class AgenticPipeline(RLVRPipeline):
         with _timed(timings, "generate"):
             trajectories = self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train", self.train_gen,
                                       self.train_runner)
-        batch = self._samples(trajectories)
+        batch = self._samples(trajectories, step)
         metrics: Dict[str, float] = {}
         self.health.check(step, trajectories)
         if not batch["loss_mask"].sum():  # no generated token at all (every opening too long, every reset failed)
@@ -148,36 +151,48 @@ class AgenticPipeline(RLVRPipeline):
                 t.prompt_ids = [self.pad_id]
         return trajectories
 
-    def _samples(self, trajectories: List[Trajectory]) -> Batch:
-        """Trainer tensors plus the rows' meta: a sample per trajectory, or per turn (step-wise)."""
+    def _samples(self, trajectories: List[Trajectory], step: int) -> Batch:
+        """Trainer tensors plus the rows' meta: a sample per trajectory, or per turn (step-wise).
+        `turn_returns`: per row, {turn: G_t} of the turns it trains on, so that each turn is one value
+        of its normalisation set however many rows share its episode."""
         cfg = self.cfg
         sets = set_ids(trajectories, cfg.reward_normalization.grouping)
         if not self.step_wise:
             tensors = trajectory_tensors(trajectories, self.pad_id)
             rows = [(t, i) for i, t in enumerate(trajectories)]
-            returns = [discounted_turn_returns([t.step_rewards], cfg.step_reward_gamma)[0] for t in trajectories]
+            returns = [dict(enumerate(discounted_turn_returns([t.step_rewards], cfg.step_reward_gamma)[0]))
+                       for t in trajectories]
         else:
-            samples = _adjust(turn_samples(trajectories), cfg)
+            samples = _adjust(turn_samples(trajectories), cfg, step)
             tensors = turn_sample_tensors(samples, self.pad_id)
             index = {id(t): i for i, t in enumerate(trajectories)}
             rows = [(s.trajectory, index[id(s.trajectory)]) for s in samples]
-            returns = [discounted_turn_returns([s.trajectory.step_rewards], cfg.step_reward_gamma)[0] for s in samples]
+            returns = [{s.turn: discounted_turn_returns([s.trajectory.step_rewards], cfg.step_reward_gamma)[0][s.turn]}
+                       for s in samples]
         batch = Batch(tensors)
         batch["scores"] = torch.tensor([t.reward for t, _ in rows], dtype=torch.float32)
         batch["set_id"] = torch.tensor([int(sets[i]) for _, i in rows], dtype=torch.long)
         batch["turn_returns"] = returns
+        batch["started"] = torch.tensor([t.opened for t, _ in rows], dtype=torch.bool)
         batch["weight_version"] = [t.weight_version for t, _ in rows]
         batch["finished"] = [t.stop_reason in ("terminated", "truncated", "max_turns") for t, _ in rows]
         return batch
 
     def _agentic_advantages(self, batch: Batch):
+        """ROLL's agentic chain: normalise in sets (episodes whose env never started in none),
+        reward_clip, the token-level KL penalty (add_token_level_kl), whiten, advantage_clip."""
         cfg = self.cfg
-        common = dict(method=cfg.reward_normalization.method, whiten_advantages=cfg.whiten_advantages,
+        kl = batch["old_log_probs"] - batch["ref_log_probs"] if cfg.add_token_level_kl else None
+        common = dict(method=cfg.reward_normalization.method, valid=batch["started"], reward_clip=cfg.reward_clip,
+                      kl=kl, kl_coef=cfg.init_kl_coef, whiten_advantages=cfg.whiten_advantages,
                       advantage_clip=cfg.advantage_clip)
         if cfg.adv_estimator == "step_reinforce":
-            return step_advantages(batch["turn_returns"], batch["turn_index"], batch["loss_mask"], batch["set_id"],
-                                   batch["scores"], **common)
-        return trajectory_advantages(batch["scores"], batch["loss_mask"], batch["set_id"], **common)
+            advantages, metrics = step_advantages(batch["turn_returns"], batch["turn_index"], batch["loss_mask"],
+                                                  batch["set_id"], batch["scores"], **common)
+        else:
+            advantages, metrics = trajectory_advantages(batch["scores"], batch["loss_mask"], batch["set_id"], **common)
+        metrics["critic/unstarted_samples"] = float((~batch["started"]).sum())
+        return advantages, metrics
 
     def _agentic_step_metrics(self, step: int, batch: Batch, timings: Dict[str, float]) -> Dict[str, float]:
         step_seconds = sum(timings.values())
@@ -208,8 +223,10 @@ class AgenticPipeline(RLVRPipeline):
         return {**metrics, "val/samples": float(len(trajectories)), "time/validation_s": time.perf_counter() - start}
 
 
-def _adjust(samples: list, cfg: PipelineConfig) -> list:
-    """Step-wise samples to a multiple of the mini-batch (batch_adjust_mode)."""
+def _adjust(samples: list, cfg: PipelineConfig, step: int) -> list:
+    """Step-wise samples to a multiple of the mini-batch (batch_adjust_mode), as ROLL: the samples
+    copied or dropped are drawn at random (never a fixed position: the tail holds the last group's
+    final turns, which carry the terminal reward), from a generator of (seed, step) for exact resume."""
     mini = cfg.mini_batch_size()
     extra = len(samples) % mini
     if not extra:
@@ -217,14 +234,18 @@ def _adjust(samples: list, cfg: PipelineConfig) -> list:
     mode = cfg.batch_adjust_mode
     if mode == "auto":
         mode = "delete" if extra < mini - extra and len(samples) > extra else "copy"
+    generator = torch.Generator().manual_seed(rollout_seeds(cfg.seed, step, 1, "batch-adjust")[0])
     if mode == "copy" or len(samples) <= extra:
         missing = mini - extra
-        return samples + [samples[i % len(samples)] for i in range(missing)]
-    if mode == "random_sample":
-        generator = torch.Generator().manual_seed(cfg.seed + len(samples))
-        keep = sorted(torch.randperm(len(samples), generator=generator)[:len(samples) - extra].tolist())
-        return [samples[i] for i in keep]
-    return samples[:len(samples) - extra]
+        if missing <= len(samples):  # distinct samples while there are enough
+            picks = torch.randperm(len(samples), generator=generator)[:missing]
+        else:
+            picks = torch.randint(len(samples), (missing,), generator=generator)
+        return samples + [samples[i] for i in picks.tolist()]
+    # delete / random_sample: drop `extra` samples drawn at random (ROLL's random_sample keeps only
+    # one mini-batch; here it keeps the most whole mini-batches, as delete does)
+    keep = sorted(torch.randperm(len(samples), generator=generator)[:len(samples) - extra].tolist())
+    return [samples[i] for i in keep]
 
 
 def run_agentic(cfg: PipelineConfig) -> Dict[str, float]:

@@ -212,8 +212,8 @@ def test_step_advantages_credit_each_turn_its_discounted_return():
     assert returns == [[0.25, 0.5, 1.0], [0.4, 1.0]]
     turn_index = torch.tensor([[0, 0, 1, 1, 2, 2], [0, 0, 1, 1, -1, -1]])
     mask = torch.tensor([[1, 0, 1, 0, 1, 0], [1, 0, 1, 0, 0, 0]]).float()
-    adv, _ = step_advantages(returns, turn_index, mask, torch.tensor([0, 0]), torch.tensor([1.0, 0.9]),
-                             method="identity")
+    adv, _ = step_advantages([dict(enumerate(r)) for r in returns], turn_index, mask, torch.tensor([0, 0]),
+                             torch.tensor([1.0, 0.9]), method="identity")
     assert torch.allclose(adv, torch.tensor([[0.25, 0, 0.5, 0, 1.0, 0], [0.4, 0, 1.0, 0, 0, 0]]))
 
 
@@ -270,12 +270,12 @@ def test_step_wise_samples_and_batch_adjustment(tok):
     cfg.actor_train.training_args.per_device_train_batch_size = 4
     pipeline = AgenticPipeline.__new__(AgenticPipeline)
     pipeline.cfg, pipeline.step_wise, pipeline.pad_id = cfg, True, 0
-    batch = pipeline._samples(trajectories)  # 2 episodes x 3 turns = 6 samples -> copy up to 8
+    batch = pipeline._samples(trajectories, 1)  # 2 episodes x 3 turns = 6 samples -> copy up to 8
     assert len(batch) == 8 and batch["loss_mask"].sum(-1).tolist() == [2.0] * 8
     advantages, _ = AgenticPipeline._agentic_advantages(pipeline, batch)
     first_turn, last_turn = float(advantages[0, 0]), float(advantages[2, 0])
     assert first_turn > last_turn  # returns G_0 = 1.75 > G_1 = 1.5 > G_2 = 1 (reward 1 a turn, gamma 0.5)
     samples = list(range(6))
     for mode, expected in (("delete", 4), ("copy", 8), ("auto", 8), ("random_sample", 4)):
-        assert len(_adjust(samples, SimpleNamespace(mini_batch_size=lambda: 4, batch_adjust_mode=mode, seed=0))) \
+        assert len(_adjust(samples, SimpleNamespace(mini_batch_size=lambda: 4, batch_adjust_mode=mode, seed=0), 1)) \
             == expected

@@ -251,6 +251,7 @@ class EpisodeRunner:
         t.append_context(ids)
 
     def _open(self, t: Trajectory, observation: str, info: dict) -> None:
+        t.opened = True
         setup = self.setups[t.spec.tag]
         first = self._user_turn(t, observation, info)
         instruction = info.get("env_instruction")

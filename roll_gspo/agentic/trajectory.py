@@ -40,6 +40,7 @@ class Trajectory:
     env_metrics: Dict[str, float] = dataclasses.field(default_factory=dict)
     weight_version: int = 0
     error: Optional[str] = None  # the env's exception or timeout, when it ended the episode
+    opened: bool = False  # the env's reset gave an opening (False: it raised or timed out)
 
     @property
     def turns(self) -> int:

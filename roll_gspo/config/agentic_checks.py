@@ -82,6 +82,23 @@ def fill_agentic_defaults(cfg: PipelineConfig) -> None:
     cfg.response_length = min(cfg.response_length, cfg.sequence_length)  # read by length checks only
 
 
+def fill_agentic_ratio(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
+    """In place: `step_reinforce` on whole-trajectory samples with importance_sampling not written
+    takes ROLL's default ratio, `token` (this project's default, `seq`, is refused there:
+    `agentic_problems`). Returns the notice to log."""
+    if (cfg.pipeline != "agentic" or not _turn_credit_in_one_sample(cfg) or cfg.importance_sampling != "seq"
+            or yaml_keys is None or "importance_sampling" in yaml_keys):
+        return []
+    cfg.importance_sampling = "token"
+    return ["notice: adv_estimator: step_reinforce on whole-trajectory samples with importance_sampling not set: "
+            "token (ROLL's per-token ratio); this project's default, seq, is refused there"]
+
+
+def _turn_credit_in_one_sample(cfg: PipelineConfig) -> bool:
+    """step_reinforce with trajectory-wise samples: turns of one sample carry different advantages."""
+    return cfg.adv_estimator == "step_reinforce" and env_manager_kind(cfg) == "traj"
+
+
 def agentic_keys_in_other_pipelines(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
     """The agentic blocks written in an rlvr / sft config act nowhere: refused."""
     if cfg.pipeline == "agentic" or yaml_keys is None:
@@ -101,6 +118,14 @@ def agentic_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] 
                         f"{', '.join(AGENTIC_ADV_ESTIMATORS)}")
     if not 0 <= cfg.step_reward_gamma <= 1:
         problems.append(f"step_reward_gamma: must be in [0, 1], got {cfg.step_reward_gamma}")
+    if _turn_credit_in_one_sample(cfg) and cfg.importance_sampling == "seq":
+        # One sequence ratio moves every turn of the trajectory together, so each turn is pushed by
+        # the mean of all turns' advantages: a bad first move followed by a good one is pushed up.
+        problems.append("importance_sampling: seq with adv_estimator: step_reinforce on whole-trajectory samples "
+                        "is refused: each turn has its own advantage, and one sequence ratio over the trajectory "
+                        "pushes every turn by the mean of them (a bad move before a good one is reinforced). Use "
+                        "importance_sampling: gspo-token (the sequence ratio with per-token advantages) or token, "
+                        "or env_manager_cls: step (a sample per turn, each its own sequence ratio)")
     if cfg.async_generation_ratio:
         problems.append("async_generation_ratio: the agentic pipeline plays its episodes synchronously (environments "
                         "already step while the engine generates); generating a step ahead is not built, use 0")
@@ -219,6 +244,15 @@ def agentic_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     for path, instead in ignored.items():
         if yaml_keys is not None and path in yaml_keys:
             notices.append(f"notice: {path} is ignored by the agentic pipeline; what acts is {instead}")
+    # ROLL's defaults differ from GRPO's z-score: say which acted when the YAML leaves them out (a
+    # block written whole as one interpolation has no leaves here and counts as written).
+    unset = [k for k in ("grouping", "method") if yaml_keys is not None and f"reward_normalization.{k}" not in yaml_keys]
+    if unset and not (len(unset) == 2 and "reward_normalization" in yaml_keys):
+        norm = cfg.reward_normalization
+        notices.append(f"notice: reward_normalization.{' and '.join(unset)} not set: ROLL's default "
+                       f"(grouping: {norm.grouping}, method: {norm.method}"
+                       f"{': raw rewards, no baseline' if norm.method == 'identity' else ''}); for GRPO's group "
+                       f"z-score write reward_normalization: {{grouping: traj_group_id, method: mean_std}}")
     if env_manager_kind(cfg) == "traj" and is_written("batch_adjust_mode", yaml_keys) and yaml_keys is not None \
             and "batch_adjust_mode" in yaml_keys and cfg.batch_adjust_mode != defaults.batch_adjust_mode:
         notices.append("notice: batch_adjust_mode is ignored with trajectory-wise env managers (a step is always "

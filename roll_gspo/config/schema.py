@@ -749,11 +749,14 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class RewardNormalizationConfig:
-    grouping: str = _f("traj_group_id", "Sets over which trajectory rewards are normalised: `traj_group_id` "
-                                        "(the group_size episodes of one env seed: GRPO's group), `tags` (per "
-                                        "env tag), `batch`.", REWARD_GROUPINGS)
-    method: str = _f("mean_std", "`mean_std`: z-score (a set whose rewards are all equal becomes 0); `mean`: "
-                                 "subtract the mean; `identity`: raw rewards.", REWARD_NORM_METHODS)
+    grouping: str = _f("batch", "Sets over which trajectory (or turn) rewards are normalised: `traj_group_id` "
+                                "(the group_size episodes of one env seed: GRPO's group), `tags` (per env tag), "
+                                "`batch`. Default `batch`, ROLL's; a config that leaves the block out gets a notice.",
+                       REWARD_GROUPINGS)
+    method: str = _f("identity", "`mean_std`: z-score (a set whose rewards are all equal becomes 0); `mean`: "
+                                 "subtract the mean; `identity`: raw rewards. Default `identity`, ROLL's (no "
+                                 "baseline: write `grouping: traj_group_id` and `method: mean_std` for GRPO's "
+                                 "group z-score).", REWARD_NORM_METHODS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1114,9 +1117,10 @@ class PipelineConfig:
              "G_t = r_t + gamma * G_{t+1}, in [0, 1].")
     batch_adjust_mode: str = _f(
         "copy", "`env_manager_cls: step` (a sample per turn, so the count varies): make the samples a "
-                "multiple of the mini-batch by `copy` (repeat samples, deterministically), `delete` (drop the "
-                "last ones), `auto` (whichever changes fewer) or `random_sample` (delete at random, seeded). "
-                "Trajectory-wise managers always give rollout_batch_size samples.",
+                "multiple of the mini-batch by `copy` (repeat samples drawn at random), `delete` (drop samples "
+                "drawn at random), `auto` (whichever changes fewer) or `random_sample` (keep a random subset: "
+                "the same as delete here; ROLL's keeps a single mini-batch of them). The draws are a function of "
+                "seed and step (exact resume). Trajectory-wise managers always give rollout_batch_size samples.",
         ["copy", "delete", "auto", "random_sample"])
     ratio_type: str = _refused_unless(
         "token", "ROLL's importance ratio unit for agentic runs (`segment`: per turn).",

@@ -11,7 +11,7 @@ from typing import AbstractSet, List, Optional
 
 from roll_gspo.config import roll_compat
 from roll_gspo.config.agentic_checks import (AGENTIC_TEMPLATE_KEYS, agentic_notices, agentic_problems,
-    agentic_keys_in_other_pipelines, fill_agentic_defaults, infer_agentic_pipeline)
+    agentic_keys_in_other_pipelines, fill_agentic_defaults, fill_agentic_ratio, infer_agentic_pipeline)
 from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.role_reads import ignored_key_notices, unread_key_problems
 from roll_gspo.config.rollout_logprobs import (choose_old_logprob_source, correction_enabled,
@@ -19,6 +19,7 @@ from roll_gspo.config.rollout_logprobs import (choose_old_logprob_source, correc
 from roll_gspo.config.fsdp2_config import fsdp2_notices, fsdp2_problems
 from roll_gspo.config.lora import lora_problems, lora_warnings
 from roll_gspo.config.critic_checks import critic_problems, fill_critic_defaults
+from roll_gspo.config.vllm_prefill import prompt_split_problems
 from roll_gspo.config.schema import AGENTIC_ONLY_ESTIMATORS, FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
 from roll_gspo.placement.device_mapping import device_mapping_problems, tensor_parallel_problems
 
@@ -181,6 +182,9 @@ def _model_and_engine_problems(cfg: PipelineConfig) -> List[str]:
         problems.append(f"{key}.max_model_len = {engine['max_model_len']} is less than prompt_length + "
                         f"response_length = {cfg.prompt_length} + {cfg.response_length} = {needed}: vLLM would "
                         f"refuse long prompts or cut responses short; raise it to {needed} or drop it (the default)")
+    if not (infer.num_gpus_per_worker or infer.device_mapping is not None):  # vLLM on CPU: prompts admitted whole
+        length = engine["max_model_len"] if isinstance(engine.get("max_model_len"), int) else needed
+        problems += prompt_split_problems(engine, length, key)
     if engine.get("generation_config", "vllm") != "vllm" or engine.get("override_generation_config"):
         problems.append(f"{key}.generation_config / override_generation_config: sampling comes from "
                         f"actor_infer.generating_args only (roll_gspo sets generation_config: vllm so nothing is "
@@ -269,6 +273,11 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
             problems.append(f"rewards.{domain}.reward_fn: FunctionRewardWorker needs an import path "
                             f"`pkg.module:function`")
         problems += _reward_problems(domain, reward)
+        if reward.strategy_args.strategy_name == "vllm" and not (reward.num_gpus_per_worker
+                                                                  or reward.device_mapping is not None):
+            engine = reward.strategy_args.strategy_config or {}
+            length = engine["max_model_len"] if isinstance(engine.get("max_model_len"), int) else 2048  # the judge's
+            problems += prompt_split_problems(engine, length, f"rewards.{domain}.strategy_args.strategy_config")
     problems += _model_and_engine_problems(cfg)
     problems += [p for p in unread_key_problems(cfg, yaml_keys)
                  if rlvr or not AGENTIC_TEMPLATE_KEYS.match(p)]  # agentic: checked by agentic_checks
@@ -510,7 +519,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     placement_problems = device_mapping_problems(cfg)  # derives world_size before the batch arithmetic
     placement_problems += roll_compat.pipeline_grad_norm_problems(cfg, yaml_keys)
     _fill_derived(cfg)
-    critic_notices = fill_critic_defaults(cfg, yaml_keys)
+    critic_notices = fill_critic_defaults(cfg, yaml_keys) + fill_agentic_ratio(cfg, yaml_keys)
     problems = placement_problems + _positive(cfg) + _range_problems(cfg)
     if cfg.has_rollout():
         problems += _sampling_problems(cfg)

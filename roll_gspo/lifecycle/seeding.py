@@ -11,7 +11,9 @@ import numpy as np
 
 STREAMS = {"train": 0, "validation": 1,
            # The agentic pipeline: env seeds of a step's groups, sampling seeds of its turns.
-           "train-env": 2, "validation-env": 3, "train-turns": 4, "validation-turns": 5}
+           "train-env": 2, "validation-env": 3, "train-turns": 4, "validation-turns": 5,
+           # Which step-wise samples batch_adjust_mode copies or drops.
+           "batch-adjust": 6}
 
 
 def stream_id(stream: str) -> int:
