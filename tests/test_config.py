@@ -983,3 +983,25 @@ def test_system_envs_take_yaml_integers_as_strings_and_refuse_booleans():
     assert cfg.system_envs["MALLOC_ARENA_MAX"] == "2" and cfg.actor_infer.system_envs["OMP_NUM_THREADS"] == "1"
     with pytest.raises(ConfigError, match=r"system_envs.VERBOSE: expected str, got bool True"):
         load_config("example_gspo.yaml", ["+system_envs.VERBOSE=true"])
+
+
+ENGINE = "actor_infer.strategy_args.strategy_config"
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ([f"+{ENGINE}.enable_chunked_prefill=true"], f"{ENGINE}.enable_chunked_prefill = true: a batch whose prompts"),
+    ([f"+{ENGINE}.max_num_batched_tokens=4096"], f"{ENGINE}.max_num_batched_tokens = 4096 is less than "
+                                                 f"max_model_len = 6144"),
+    ([f"+{ENGINE}.long_prefill_token_threshold=512"], f"{ENGINE}.long_prefill_token_threshold = 512: vLLM cuts"),
+])
+def test_vllm_keys_that_would_split_a_prompt_on_cpu_are_refused(tmp_path, overrides, expected):
+    """vLLM on CPU cannot split a prompt over steps under seeded sampling (vllm_prefill): keys
+    that would are refused, naming themselves and the crash."""
+    message = problems(tmp_path, overrides=overrides)
+    assert expected in message and "CPU Generator does not use offset" in message, message
+
+
+def test_vllm_budgets_that_keep_prompts_whole_on_cpu_are_accepted(tmp_path):
+    load(tmp_path, overrides=[f"+{ENGINE}.max_num_batched_tokens=32768"])  # the issue's workaround
+    load(tmp_path, overrides=[f"+{ENGINE}.enable_chunked_prefill=true", f"+{ENGINE}.max_num_seqs=2",
+                              f"+{ENGINE}.max_num_batched_tokens=12288"])  # 2 x 6144: nothing ever split

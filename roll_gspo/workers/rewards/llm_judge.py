@@ -70,7 +70,8 @@ class LLMJudgeRewardWorker(RewardWorker):
 
             max_len = int(cfg.strategy_args.strategy_config.get("max_model_len", 2048))
             self.engine = VllmStrategy(role, max_model_len=max_len, seed=1234 + self.rank,
-                                       sleep_level=self.sleep_level)
+                                       sleep_level=self.sleep_level,
+                                       config_key=f"rewards.{self.domain}.strategy_args.strategy_config")
             self.max_context = max_len
         else:
             from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
