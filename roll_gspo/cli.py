@@ -101,11 +101,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        from roll_gspo.distributed.cluster import describe_memory_kill, is_memory_kill, known_rank_pids
+        from roll_gspo.distributed.cluster import (describe_memory_kill, describe_worker_error, is_memory_kill,
+                                                   known_rank_pids)
 
-        if not is_memory_kill(exc):  # Ray's memory monitor, where no cluster's gather saw it: one line too
+        if is_memory_kill(exc):  # Ray's memory monitor, where no cluster's gather saw it: one line too
+            print(f"error: {describe_memory_kill(str(exc), known_rank_pids())}", file=sys.stderr)
+            return 1
+        # An exception raised in a rank's method: one line naming the rank and the log file that holds
+        # its trace (Ray's 100-line remote traceback goes to the driver's log file, not the console).
+        message = describe_worker_error(exc)
+        if message is None:
             raise
-        print(f"error: {describe_memory_kill(str(exc), known_rank_pids())}", file=sys.stderr)
+        import traceback
+
+        from roll_gspo.utils.logging import trace_to_log_file
+
+        trace_to_log_file("".join(traceback.format_exception(exc)).rstrip())
+        print(f"error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # a second SIGINT/SIGTERM, or Ctrl-C before the step loop
         print(f"stopped at once ({exc or 'interrupted'}); resume from the last complete checkpoint with "

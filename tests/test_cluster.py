@@ -34,10 +34,15 @@ def test_dispatch_splits_and_reassembles_in_order(ray_session):
 def test_a_failing_rank_stops_the_role_instead_of_hanging(ray_session):
     cluster = Cluster("failing", EchoWorker, world_size=2, num_cpus=0.1, num_gpus=0)
     start = time.time()
-    with pytest.raises(Exception, match="rank 1 failed on purpose"):
+    with pytest.raises(Exception, match="rank 1 failed on purpose") as error:
         cluster.execute_all("wait_or_fail")
     assert time.time() - start < 60
     assert cluster.workers == []
+    # What the command line prints of it: one line naming the rank (no log folder here: no trace file).
+    from roll_gspo.distributed.cluster import describe_worker_error
+
+    assert describe_worker_error(error.value) == ("role failing rank 1: FloatingPointError: rank 1 failed on purpose "
+                                                  "(raised in EchoWorker.wait_or_fail)")
 
 
 def test_shared_memory_views_and_a_closed_sync_leave_no_mapping():

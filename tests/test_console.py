@@ -138,3 +138,74 @@ def test_run_console_shows_only_its_own_lines_once_and_the_rest_is_in_logs(tmp_p
     assert len(trainer_logs) == 2
     if not torch.cuda.is_available():  # DeepSpeed's accelerator notice, once per training rank
         assert all("Setting accelerator to CPU" in text for text in trainer_logs)
+
+
+FAILING_RANK_SCRIPT = """
+import sys
+
+import ray
+
+import pipelines
+from roll_gspo import cli
+from roll_gspo.distributed.cluster import Cluster, RankWorker, init_ray
+
+
+class ActorInferWorker(RankWorker):
+    def load_weight_bucket(self, bucket):
+        if self.rank == 1:  # what vLLM raised on CPU for a prompt split over steps (issue 34)
+            raise RuntimeError("CPU Generator does not use offset")
+
+
+class ActorTrainWorker(RankWorker):
+    def train_step(self, rollout_ranks):  # the trainer starts the weight sync itself
+        ray.get([rank.load_weight_bucket.remote(None) for rank in rollout_ranks])
+
+
+def run(cfg):  # the driver's side of a step: ranks of two roles, a call from one into the other
+    from roll_gspo.utils.logging import use_log_dir
+
+    use_log_dir({log_dir!r})
+    init_ray(0.4, 0)
+    infer = Cluster("actor_infer", ActorInferWorker, world_size=2, num_cpus=0.1, num_gpus=0)
+    train = Cluster("actor_train", ActorTrainWorker, world_size=1, num_cpus=0.1, num_gpus=0)
+    train.execute_all("train_step", infer.workers)
+
+
+pipelines.run_pipeline_from_config = run
+sys.exit(cli.main(["--config", {config!r}]))
+"""
+
+
+def test_an_exception_in_a_rank_is_one_console_line_naming_rank_error_and_log_file(tmp_path, tiny_model, ray_session):
+    """A rollout rank raises inside a call from a training rank (as during weight sync), under
+    the real command line (cli.main, joined to this session's Ray): the console gets one line,
+    `error: role actor_infer rank 1: RuntimeError: ... (raised in ...; trace: <its log file>)`, no
+    traceback; exit 1; the rank's log file holds the trace, the driver's Ray's whole text."""
+    from omegaconf import OmegaConf
+
+    from tests.test_pipeline_e2e import write_config
+
+    write_config(tmp_path, tiny_model, max_steps=1)
+    config = OmegaConf.load(tmp_path / "config.yaml")
+    config.actor_infer.strategy_args = {"strategy_name": "hf_infer"}  # its preflight imports no vLLM (seconds)
+    OmegaConf.save(config, tmp_path / "config.yaml")
+    logs = tmp_path / "logs"
+    script = FAILING_RANK_SCRIPT.format(log_dir=str(logs), config=str(tmp_path / "config.yaml"))
+    address = ray_session.get_runtime_context().gcs_address
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "RAY_ADDRESS": address, "PYTHONPATH": str(REPO_ROOT)})
+    console = [line for _, line in console_messages(out.stdout + out.stderr)]
+    assert out.returncode == 1, "\n".join(console)
+    assert not [line for line in console if "Traceback" in line or line.startswith(" ")], "\n".join(console)
+    errors = [line for line in console if line.startswith("error: ")]
+    assert len(errors) == 1, "\n".join(console)
+    match = re.fullmatch(r"error: role actor_infer rank 1: RuntimeError: CPU Generator does not use offset "
+                         r"\(raised in ActorInferWorker\.load_weight_bucket; trace: (\S+)\)", errors[0])
+    assert match, errors[0]
+    trace_file = match.group(1)
+    assert os.path.dirname(trace_file) == str(logs) and re.fullmatch(r"actor_infer-1-\d+\.log", os.path.basename(trace_file))
+    trace = open(trace_file).read()
+    assert "Traceback (most recent call last)" in trace and "in load_weight_bucket" in trace
+    assert "RuntimeError: CPU Generator does not use offset" in trace
+    driver_log = "".join(text for name, text in read_logs(logs).items() if name.startswith("driver-"))
+    assert "ray::ActorTrainWorker.train_step()" in driver_log and "ray::ActorInferWorker.load_weight_bucket()" in driver_log

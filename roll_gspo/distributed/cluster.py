@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.utils.logging import (LOG_DIR_ENV, capture_output, configure_vllm_logging, keep_logs_in_file,
-                                     log_path, setup_logging)
+                                     log_path, setup_logging, trace_to_log_file)
 
 logger = logging.getLogger("roll_gspo.cluster")
 PLACEMENT_TIMEOUT_S = float(os.environ.get("ROLL_GSPO_PLACEMENT_TIMEOUT_S", "300"))
@@ -189,6 +189,47 @@ def describe_memory_kill(text: str, ranks: Optional[Dict[int, str]] = None, fall
             f"intact (resume with resume_from_checkpoint=auto)")
 
 
+def describe_worker_error(exc: BaseException) -> Optional[str]:
+    """One line for a Python exception raised in a rank's method (Ray's RayTaskError, which the
+    driver receives with the remote traceback in its text; also when the rank that raised was
+    called by another rank, e.g. a rollout rank during the trainer's weight sync):
+    `role <name> rank <r>: <Type>: <message> (raised in <Class.method>; trace: <log file>)`.
+    The rank is the innermost process of the text (its log file `<role>-<rank>-<pid>.log`, or this
+    driver's clusters); the rank wrote the whole trace to that file (`RankWorker`). None when
+    `exc` is no such error."""
+    import glob
+    import re
+
+    error, seen = exc, set()
+    while error is not None and not isinstance(error, ray.exceptions.RayTaskError) and id(error) not in seen:
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    if not isinstance(error, ray.exceptions.RayTaskError) or isinstance(error, ray.exceptions.RayActorError):
+        return None
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    # Each process the call passed through heads its part: "ray::Class.method() (pid=N, ip=A, ...)";
+    # the last one raised.
+    headers = re.findall(r"ray::([\w.]+)\(\)\s*\(pid=(\d+), ip=([^,)\s]+)", text)
+    where, pid, node = headers[-1] if headers else ("a worker", None, None)
+    cause = getattr(error, "cause", None) or error
+    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
+    message = (lines[0].strip() + (" [...]" if len(lines) > 1 else "")) if lines else "(no message)"
+    who, trace = f"{where} (pid {pid}, node {node})" if pid else where, None
+    folder = os.environ.get(LOG_DIR_ENV)
+    files = sorted(glob.glob(os.path.join(folder, f"*-{pid}.log"))) if folder and pid else []
+    named = [m for m in (re.fullmatch(r"(.+)-(\d+)-\d+\.log", os.path.basename(f)) for f in files) if m]
+    ranks = known_rank_pids() if pid and not named else {}
+    if named:  # the log file on this machine (a shared log folder: any node's)
+        who, trace = f"role {named[0].group(1)} rank {named[0].group(2)}", os.path.join(folder, named[0].group(0))
+    elif pid and int(pid) in ranks:  # a rank of this driver whose log file is on its own node
+        who = ranks[int(pid)]
+        name, rank = re.fullmatch(r"role (.+) rank (\d+)", who).groups()
+        trace = log_path(f"{name}-{rank}", pid)
+        trace = f"{trace} on node {node}" if trace else None
+    return (f"{who}: {type(cause).__name__}: {message} (raised in {where}"
+            + (f"; trace: {trace}" if trace else "") + ")")
+
+
 _CLUSTERS: "weakref.WeakSet" = weakref.WeakSet()  # this driver's clusters, to name a process by its pid
 
 
@@ -337,6 +378,39 @@ class Cluster:
 RENDEZVOUS_KEY = "_RENDEZVOUS"  # in a rank's dist_env: the future of rank 0's (address, port)
 
 
+def _traced(method):
+    """`method` of a rank, writing the trace of an exception it raises to the rank's log file
+    before Ray hands the exception to the caller (the driver's console gets one line naming the
+    file: `describe_worker_error`); each exception once, also through `super()` calls."""
+    import functools
+    import traceback
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if not getattr(exc, "_roll_gspo_traced", False):
+                trace_to_log_file(f"{type(self).__name__}.{method.__name__} (role {os.environ.get('ROLL_GSPO_ROLE')}) "
+                                  f"raised:\n{traceback.format_exc().rstrip()}")
+                try:
+                    exc._roll_gspo_traced = True
+                except Exception:  # an exception type without attributes
+                    pass
+            raise
+
+    return call
+
+
+def _trace_public_methods(cls) -> None:
+    import inspect
+
+    for name, value in list(vars(cls).items()):
+        if (not name.startswith("_") and inspect.isfunction(value) and not inspect.iscoroutinefunction(value)
+                and not inspect.isgeneratorfunction(value)):
+            setattr(cls, name, _traced(value))
+
+
 class RankWorker:
     """Base of every role's worker: rank identity and torch.distributed rendezvous.
 
@@ -376,3 +450,10 @@ class RankWorker:
 
     def setup(self) -> None:
         pass
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _trace_public_methods(cls)  # every role's methods write their failures' traces to the rank's log file
+
+
+_trace_public_methods(RankWorker)

@@ -14,7 +14,8 @@ is `ROLL_GSPO_LOG_DIR`, which the driver sets and hands to every rank), one file
   the records of libraries that log through the root logger, e.g. Ray's notices (token
   authentication, "Started a local Ray instance"); their errors still reach the console;
 - Python FutureWarning / DeprecationWarning (e.g. torch.distributed's, once per step).
-A worker that fails reaches the console as the driver's error, naming the rank's log file.
+A worker that fails reaches the console as the driver's error, one line naming the rank and its log
+file (a dead rank, or an exception raised in a rank's method, whose trace the rank writes there).
 """
 import contextlib
 import logging
@@ -83,6 +84,17 @@ def log_file():
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         _FILE_HANDLERS[path] = handler
     return _FILE_HANDLERS[path]
+
+
+def trace_to_log_file(message: str):
+    """Write `message` (e.g. a traceback) as an ERROR record to this process's log file only, not
+    to the console; returns the file, or None when ROLL_GSPO_LOG_DIR is unset."""
+    handler = log_file()
+    if handler is None:
+        return None
+    handler.handle(logging.LogRecord("roll_gspo.trace", logging.ERROR, __file__, 0, message, None, None))
+    handler.flush()
+    return log_path()
 
 
 class _NotQuiet(logging.Filter):
