@@ -67,8 +67,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.ray_address is not None and (not args.dry_run or args.nodes is not None):
         parser.error("--ray-address needs --dry-run and replaces --nodes (the nodes are read from Ray)")
     setup_logging()
+    # A GPU config run (or dry-run) on a machine without a GPU and without a cluster to plan or join
+    # runs on CPUs: the roles' GPU placement is dropped with a notice (roll_gspo.config.cpu_run).
+    described = any(value is not None for value in (args.nodes, args.gpus_per_node, args.device_memory_gb,
+                                                     args.ray_address))
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, cpu_host=False if described else None)
         if args.print_config:
             print(config_to_yaml(cfg), end="")
             return 0

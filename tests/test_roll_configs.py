@@ -171,11 +171,20 @@ def test_never_read_roll_keys(in_roll_dir, caplog):
     assert "actor_infer.data_args.template = 'chatml' is never read" in message
 
 
-def test_gpu_only_values_on_cpu_are_refused(in_roll_dir):
-    message = refusal(GSPO, ["actor_train.model_args.attn_implementation=fa2",
-                             "actor_infer.strategy_args.strategy_config.block_size=16"])
-    assert "flash_attention_2 (ROLL's fa2) needs a CUDA GPU" in message
-    assert "block_size = 16: vLLM's CPU attention needs a multiple of 32" in message
+def test_gpu_only_values_on_cpu_are_adapted_with_one_notice_each(in_roll_dir, caplog):
+    # The roles run on CPUs (cpu_overrides drop the mappings): what runs there replaces each GPU value.
+    with caplog.at_level(logging.WARNING):
+        cfg = load_roll(GSPO, ["actor_train.model_args.attn_implementation=fa2",
+                               "reference.model_args.attn_implementation=fa2",
+                               "actor_infer.strategy_args.strategy_config.block_size=16"])
+    assert cfg.actor_train.model_args.attn_implementation == cfg.reference.model_args.attn_implementation == "sdpa"
+    assert cfg.actor_infer.strategy_args.strategy_config["block_size"] == 32
+    notices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notice: on CPU, ")]
+    assert ("notice: on CPU, attn_implementation: flash_attention_2 (ROLL's fa2) -> sdpa (FlashAttention needs a "
+            "CUDA GPU); keys: actor_train.model_args.attn_implementation, reference.model_args.attn_implementation"
+            ) in notices
+    assert sum("vLLM block_size: 16 -> 32" in n for n in notices) == 1 and len(notices) == 3, notices
+    assert any(n.startswith("notice: on CPU, vLLM gpu_memory_utilization: 0.8 -> not read") for n in notices)
 
 
 def test_hydra_block_only_keys_with_meaning_here(tmp_path, in_roll_dir):

