@@ -1,6 +1,5 @@
 """A config written for GPUs, run on CPUs (roll_gspo.config.cpu_run): ROLL's agentic recipes, unchanged
-(tests/data/roll/agentic_unchanged/), pass --dry-run on a CPU with only models, outputs and megatron_*
-strategy names overridden; each GPU-only setting is adapted with one notice naming its keys, and
+(tests/data/roll/agentic_unchanged/), pass --dry-run on a CPU with only models and outputs overridden; each GPU-only setting is adapted with one notice naming its keys, and
 `roll_check` lists those keys as acting differently. Config-level: no Ray, no model weights."""
 import json
 import logging
@@ -13,9 +12,10 @@ from roll_gspo.config import ConfigError, load_config, preflight
 REPO = Path(__file__).resolve().parents[1]
 ROLL_DIR = REPO / "tests" / "data" / "roll"
 UNCHANGED = sorted((ROLL_DIR / "agentic_unchanged").glob("*.yaml"))
-# The four GPU-only settings ROLL's agentic recipes write, and the keys each is written at.
+# The GPU-only settings ROLL's agentic recipes write, and the keys each is written at.
 KNOBS = {
     "GPU placement": ["actor_train.device_mapping", "actor_infer.device_mapping", "reference.device_mapping"],
+    "strategy_name": ["actor_train.strategy_args.strategy_name"],
     "attn_implementation": ["actor_train.model_args.attn_implementation", "reference.model_args.attn_implementation"],
     "vLLM block_size": ["actor_infer.strategy_args.strategy_config.block_size"],
     "vLLM gpu_memory_utilization": ["actor_infer.strategy_args.strategy_config.gpu_memory_utilization"],
@@ -34,11 +34,21 @@ def small_model(tmp_path_factory):
     return str(folder)
 
 
-def user_overrides(recipe: Path, model: str, out: Path) -> list:
-    """What a user changes in ROLL's recipe: models, outputs, megatron_* strategy names. Nothing else."""
+def knobs(recipe: Path) -> dict:
+    """KNOBS, with the reference's Megatron strategy where the recipe writes one."""
+    if "strategy_name: megatron_infer" not in recipe.read_text():
+        return KNOBS
+    return {**KNOBS, "strategy_name": KNOBS["strategy_name"] + ["reference.strategy_args.strategy_name"]}
+
+
+def user_overrides(recipe: Path, model: str, out: Path, gpu_run: bool = False) -> list:
+    """What a user changes in ROLL's recipe: models and outputs; for a GPU run (a described cluster)
+    also the megatron_* strategy names, as Megatron-Core is not built here. Nothing else."""
     text = recipe.read_text()
     over = [f"pretrain={model}", f"reward_pretrain={model}", f"output_dir={out}", f"logging_dir={out}/logs",
             f"checkpoint_config.output_dir={out}/ckpt", f"tracker_kwargs.log_dir={out}/tb"]
+    if not gpu_run:
+        return over
     if "strategy_name: megatron_train" in text:
         over.append("actor_train.strategy_args.strategy_name=deepspeed_train")
     if "strategy_name: megatron_infer" in text:
@@ -63,13 +73,14 @@ def test_roll_agentic_recipe_runs_on_cpu_with_one_notice_per_gpu_setting(recipe,
     preflight(cfg)
     notices = cpu_notices(caplog)
     assert len(notices) == len(KNOBS), notices  # one per setting, however many keys it covers
-    for knob, keys in KNOBS.items():
+    for knob, keys in knobs(recipe).items():
         [notice] = [n for n in notices if n.startswith(f"notice: on CPU, {knob}")]
         assert notice.rpartition("; keys: ")[2].split(", ") == keys
     for name in ("actor_train", "actor_infer", "reference"):
         role = getattr(cfg, name)
         assert role.device_mapping is None and role.num_gpus_per_worker == 0 and role.world_size == 1
     assert cfg.actor_train.model_args.attn_implementation == cfg.reference.model_args.attn_implementation == "sdpa"
+    assert cfg.actor_train.strategy_args.strategy_name == "deepspeed_train"
     engine = cfg.actor_infer.strategy_args.strategy_config
     assert engine["block_size"] == 32 and engine["gpu_memory_utilization"] in (0.6, 0.8)  # kept: vLLM ignores it on CPU
     assert any("attn_implementation: flash_attention_2 (ROLL's fa2) -> sdpa" in n for n in notices)
@@ -95,9 +106,9 @@ def test_a_described_gpu_cluster_keeps_the_gpu_settings(small_model, tmp_path, i
     recipe = UNCHANGED[0]
     with caplog.at_level(logging.WARNING):
         assert main(["--config", str(recipe), "--dry-run", "--nodes", "1", "--gpus-per-node", "8",
-                     *user_overrides(recipe, small_model, tmp_path)]) == 0
+                     *user_overrides(recipe, small_model, tmp_path, gpu_run=True)]) == 0
     assert cpu_notices(caplog) == []
-    cfg = load_config(str(recipe), user_overrides(recipe, small_model, tmp_path))  # cpu_host=False: as written
+    cfg = load_config(str(recipe), user_overrides(recipe, small_model, tmp_path, gpu_run=True))  # as written
     assert cfg.actor_train.device_mapping == list(range(8)) and cfg.actor_train.world_size == 8
     assert cfg.actor_train.model_args.attn_implementation == "flash_attention_2"
     assert cfg.actor_infer.strategy_args.strategy_config["block_size"] == 16
@@ -114,7 +125,7 @@ def test_roles_without_gpu_placement_adapt_without_the_host_check(small_model, t
     with caplog.at_level(logging.WARNING):
         cfg = load_config(str(recipe), over, cpu_host=None)
     assert sorted(n.partition("on CPU, ")[2].partition(":")[0] for n in cpu_notices(caplog)) == [
-        "attn_implementation", "vLLM block_size", "vLLM gpu_memory_utilization"]
+        "attn_implementation", "strategy_name", "vLLM block_size", "vLLM gpu_memory_utilization"]
     assert cfg.actor_train.model_args.attn_implementation == "sdpa"
 
 
@@ -156,4 +167,5 @@ def test_gpu_placement_without_a_cpu_host_is_still_checked(small_model, tmp_path
     """cpu_host False keeps a bad mapping's error (nothing is dropped to hide it)."""
     recipe = UNCHANGED[0]
     with pytest.raises(ConfigError, match="names no GPU"):
-        load_config(str(recipe), user_overrides(recipe, small_model, tmp_path) + ["actor_train.device_mapping=[]"])
+        load_config(str(recipe), user_overrides(recipe, small_model, tmp_path, gpu_run=True)
+                    + ["actor_train.device_mapping=[]"])

