@@ -97,6 +97,14 @@ the way out, and lists every problem at once:
   rank above 512 or `sleep_level: 2`. `--dry-run` adds, on the model: `lora_target` naming no module or
   a non-linear one (listing the linear modules), a tied LM head, a Mixture-of-Experts policy, and an
   `adapter_name_or_path` that is missing or does not fit the model.
+- **Prompts split on CPU** (docs/crash_safety.md): vLLM on CPU admits prompts whole (no chunked
+  prefill), since a split prompt's seeded generator cannot be rewound there; an explicit
+  `enable_chunked_prefill: true` (unless `max_num_batched_tokens` >= `max_num_seqs` *
+  `max_model_len`), a `max_num_batched_tokens` below `max_model_len` or a
+  `long_prefill_token_threshold` below it are refused (actor_infer and vLLM judges).
+- **Agentic credit** (docs/agentic.md): `importance_sampling: seq` with `adv_estimator:
+  step_reinforce` on whole-trajectory samples (one ratio would push every turn by the mean of
+  their advantages); a mean_std / mean `reward_normalization` over groups of one trajectory.
 - **Keys a role never reads** (next section).
 
 And warns (logged, the run goes on):
