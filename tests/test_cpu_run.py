@@ -96,6 +96,7 @@ def test_roll_agentic_recipe_passes_dry_run_on_a_machine_without_gpu(recipe, sma
     assert main(["--config", str(recipe), "--dry-run", *user_overrides(recipe, small_model, tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "placement plan: no role uses a GPU" in out and "host memory plan (CPU run" in out
+    assert "actor_infer 1 x 1 CPU" in out  # the agentic plan places the rollout engine too
     assert "dry run: config" in out and "agentic pipeline" in out
 
 

@@ -204,8 +204,9 @@ def _ranges(values: List[int]) -> str:
 # Building the plan
 # --------------------------------------------------------------------------------------------
 def gpu_roles(cfg) -> Dict[str, Any]:
-    """The roles the pipeline starts, by the key that configures them."""
-    if getattr(cfg, "pipeline", "rlvr") != "rlvr":
+    """The roles the pipeline starts, by the key that configures them (SFT: the trainer alone;
+    rlvr and agentic: the trainer, the rollout engine and the reference when a KL term needs it)."""
+    if not cfg.has_rollout():
         return {"actor_train": cfg.actor_train}
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
     if cfg.needs_reference():
