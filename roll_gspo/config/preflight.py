@@ -34,15 +34,14 @@ def _check_data_file(name: str, key: str) -> Optional[str]:
 
 
 def _check_model(name: str, key: str, cfg: PipelineConfig) -> Optional[str]:
-    from roll_gspo import builtin
-
     if name.startswith("builtin:"):
-        return None if name in builtin.BUILTIN_MODELS else (
-            f"{key}: unknown built-in model {name!r}; valid: {', '.join(sorted(builtin.BUILTIN_MODELS))}")
-    config_file = Path(name) / "config.json"
-    if not config_file.is_file():
-        return f"{key}: model folder {name!r} does not exist or has no config.json"
-    model_config = json.loads(config_file.read_text())
+        from roll_gspo.builtin.models import builtin_model_problem
+
+        problem = builtin_model_problem(name)
+        return f"{key}: {problem}" if problem else None
+    model_config = _model_config(name)
+    if isinstance(model_config, str):
+        return f"{key}: {model_config}"
     heads = model_config.get("num_attention_heads")
     head_dim = model_config.get("head_dim") or (model_config.get("hidden_size", 0) // heads if heads else None)
     uses_cpu_vllm = cfg.actor_infer.strategy_args.strategy_name == "vllm" and not cfg.actor_infer.num_gpus_per_worker
@@ -50,6 +49,22 @@ def _check_model(name: str, key: str, cfg: PipelineConfig) -> Optional[str]:
         return (f"{key}: head_dim {head_dim} of {name!r} is not supported by vLLM's CPU attention "
                 f"(supported: {VLLM_CPU_HEAD_DIMS}); use actor_infer.strategy_args.strategy_name: hf_infer")
     return None
+
+
+def _model_config(name: str):
+    """The config.json fields of a model folder or a `.gguf` file (read from its metadata), or why
+    there are none (a string)."""
+    from roll_gspo.builtin.gguf_models import gguf_config, is_gguf_path
+
+    if is_gguf_path(name):
+        try:
+            return gguf_config(name)
+        except (ValueError, OSError) as exc:
+            return str(exc)
+    config_file = Path(name) / "config.json"
+    if not config_file.is_file():
+        return f"model folder {name!r} does not exist or has no config.json"
+    return json.loads(config_file.read_text())
 
 
 def model_max_positions(name: str) -> Optional[int]:
@@ -62,10 +77,9 @@ def model_max_positions(name: str) -> Optional[int]:
         from roll_gspo.builtin.models import builtin_max_positions
 
         return builtin_max_positions(name)
-    config_file = Path(name) / "config.json"
-    if not config_file.is_file():
+    model_config = _model_config(name)
+    if isinstance(model_config, str):
         return None
-    model_config = json.loads(config_file.read_text())
     model_config = model_config.get("text_config") or model_config  # multimodal folders nest it
     limit = model_config.get("max_position_embeddings")
     if not isinstance(limit, int):
