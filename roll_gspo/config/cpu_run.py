@@ -119,7 +119,8 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[str]:
             engine["block_size"] = -(-block // VLLM_CPU_BLOCK_MULTIPLE) * VLLM_CPU_BLOCK_MULTIPLE
             adapt(f"vLLM block_size: {block} -> {engine['block_size']} (vLLM's CPU attention pages the KV cache "
                   f"in multiples of {VLLM_CPU_BLOCK_MULTIPLE} tokens)", f"{key}.block_size")
-        space = {**(cfg.system_envs or {}), **(role.system_envs or {})}.get("VLLM_CPU_KVCACHE_SPACE",
+        own_envs = getattr(role, "system_envs", None) or {}  # a reward block (a vLLM judge) has none
+        space = {**(cfg.system_envs or {}), **own_envs}.get("VLLM_CPU_KVCACHE_SPACE",
                                                                            DEFAULT_KV_CACHE_GIB)
         if engine.get("gpu_memory_utilization") is not None and str(space) != "":
             adapt(f"vLLM gpu_memory_utilization: {engine['gpu_memory_utilization']} -> not read (vLLM on CPU "
