@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Set
 
 from roll_gspo.config import roll_compat
 from roll_gspo.config.errors import ConfigError
@@ -138,15 +138,61 @@ def _check_import(path: str, key: str) -> Optional[str]:
     return None
 
 
+VLLM_FIELDS_FILE = "vllm_engine_args.json"  # under the cache root: EngineArgs' fields per vLLM install
+
+
+def vllm_engine_fields() -> Set[str]:
+    """The names of `vllm.EngineArgs`' fields. Importing vLLM costs the driver ~6 s on 2 CPU cores
+    (a third of a tiny run's start-up), and the driver needs vLLM for nothing else: the names are
+    kept in the cache, keyed by the size and modification time of vLLM's `engine/arg_utils.py`, and
+    read from vLLM itself whenever that file is not the one they were read from. Raises ImportError
+    without vLLM."""
+    import importlib.util
+
+    from roll_gspo.builtin.cache import cache_root
+
+    spec = importlib.util.find_spec("vllm")  # finds the package without running its __init__
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise ImportError("No module named 'vllm'")
+    source = os.path.join(locations[0], "engine", "arg_utils.py")
+    try:
+        stat = os.stat(source)
+        key = {"source": source, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    except OSError:
+        key = None
+    cached = os.path.join(cache_root(), VLLM_FIELDS_FILE)
+    if key is not None:
+        try:
+            with open(cached) as handle:
+                data = json.load(handle)
+            if data.get("key") == key and isinstance(data.get("fields"), list):
+                return set(data["fields"])
+        except (OSError, ValueError):
+            pass
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = sorted(f.name for f in dataclasses.fields(EngineArgs))
+    if key is not None:
+        try:  # best effort: a read-only cache only costs the import next time
+            os.makedirs(os.path.dirname(cached), exist_ok=True)
+            tmp = f"{cached}.{os.getpid()}.tmp"
+            with open(tmp, "w") as handle:
+                json.dump({"key": key, "fields": fields}, handle)
+            os.replace(tmp, cached)
+        except OSError:
+            pass
+    return set(fields)
+
+
 def _check_vllm_engine_keys(cfg: PipelineConfig) -> List[str]:
     if cfg.actor_infer.strategy_args.strategy_name != "vllm":
         return []
     try:
-        from vllm.engine.arg_utils import EngineArgs
+        valid = vllm_engine_fields()
     except ImportError as exc:
         return [f"actor_infer.strategy_args.strategy_name: vllm is not installed ({exc}); "
                 f"install the `cpu` or `gpu` extra or use hf_infer"]
-    valid = {f.name for f in dataclasses.fields(EngineArgs)}
     import difflib
 
     problems = []
