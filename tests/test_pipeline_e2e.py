@@ -88,9 +88,20 @@ SEED_004_KEYS = dict(adv_estimator="reinforce", importance_sampling="seq", ppo_e
                      reward_shift=False, reward_scale=False, add_token_level_kl=False)
 
 
-def test_seed_004_keys_zero2_vllm_with_kl_and_validation(tmp_path, tiny_model, ray_session):
-    cfg = write_config(tmp_path, tiny_model, eval_steps=2, save_steps=1, **SEED_004_KEYS)
-    records = run(cfg)
+@pytest.fixture(scope="module")
+def seed_004_run(tmp_path_factory, tiny_model, ray_session):
+    """One run of the seed-004 config (2 steps, a checkpoint after each): its test checks the run,
+    the resume test continues from a copy of its checkpoints (no second pipeline of its own)."""
+    tmp_path = tmp_path_factory.mktemp("seed_004")
+    cfg = write_config(tmp_path, tiny_model, **SEED_004_RUN)
+    return cfg, run(cfg)
+
+
+SEED_004_RUN = dict(eval_steps=2, save_steps=1, **SEED_004_KEYS)
+
+
+def test_seed_004_keys_zero2_vllm_with_kl_and_validation(seed_004_run, tiny_model):
+    cfg, records = seed_004_run
     check_training_happened(cfg, records, tiny_model)
     assert "actor/kl_mean" in records[-1] or "actor/kl_loss" in records[-1]
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2]
@@ -103,10 +114,23 @@ def test_seed_004_keys_zero2_vllm_with_kl_and_validation(tmp_path, tiny_model, r
     assert checkpoints == ["step_1", "step_2"]
 
 
-def test_token_level_zero3(tmp_path, tiny_model, ray_session):
-    cfg = write_config(tmp_path, tiny_model, importance_sampling="token", pg_clip_low=0.2, pg_clip_high=0.28,
+# ZeRO-3 with token-level ratios; its weight sync by Ray's object store in many small buckets, with
+# vLLM's layerwise reload: one run serves test_token_level_zero3 and that case of the weight-sync test.
+ZERO3_TOKEN = dict(importance_sampling="token", pg_clip_low=0.2, pg_clip_high=0.28, weight_sync_transport="object_store",
+                   weight_sync_bucket_mb=0.02, vllm_weight_update="layerwise")
+
+
+@pytest.fixture(scope="module")
+def zero3_token_run(tmp_path_factory, tiny_model, ray_session):
+    tmp_path = tmp_path_factory.mktemp("zero3_token")
+    cfg = write_config(tmp_path, tiny_model, max_steps=2, **ZERO3_TOKEN,
                        actor_train={"strategy_args": {"strategy_config": {"zero_optimization": {"stage": 3}}}})
-    records = run(cfg)
+    observed = run_observing_sync(cfg)
+    return cfg, read_metrics(cfg), observed
+
+
+def test_token_level_zero3(zero3_token_run, tiny_model):
+    cfg, records, _ = zero3_token_run
     check_training_happened(cfg, records, tiny_model)
     # Token ratios: old_logprob_source: auto keeps the trainer's pass.
     steps = [r for r in records if "actor/pg_loss" in r]
@@ -123,64 +147,89 @@ def test_hf_infer_rollout_and_failing_reward_is_counted(tmp_path, tiny_model, ra
     assert sum(r["reward/errors"] for r in records if "reward/errors" in r) > 0
 
 
-@pytest.mark.parametrize("zero_stage, transport, bucket_mb, update", [(2, "auto", 256.0, "auto"),
-                                                                (3, "object_store", 0.02, "layerwise"),
-                                                                (2, "auto", 0.02, "auto")])
-def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session, zero_stage, transport, bucket_mb,
-                                              update):
-    """After each of two steps and syncs, vLLM's log-probs of fixed sequences equal the
-    trainer's within float32 tolerance, and differ from before; by shared memory (same node) and
-    by Ray's object store, in one bucket and in many (a layer's tensors then span buckets), with
-    vLLM's layerwise reload and with the direct CPU update."""
+def run_observing_sync(cfg):
+    """The pipeline's own run loop (run_rlvr's), scoring fixed sequences with vLLM and with the
+    trainer before the first step and after each step's sync: the update mode vLLM chose, then
+    [(vLLM's log-probs, the trainer's)] before step 1, after step 1, after step 2, ..."""
     import ray
 
     from pipelines.rlvr_pipeline import RLVRPipeline
 
-    cfg = write_config(tmp_path, tiny_model, max_steps=2, weight_sync_transport=transport,
-                       weight_sync_bucket_mb=bucket_mb, vllm_weight_update=update,
-                       actor_train={"strategy_args": {"strategy_config": {"zero_optimization": {"stage": zero_stage}}}})
     pipeline = RLVRPipeline(cfg)
     try:
         mode = ray.get(pipeline.actor_infer.workers[0].__ray_call__.remote(lambda w: w.strategy.update_mode))
-        assert mode == ("direct" if update == "auto" else "layerwise")
         fixed = Batch(meta={"prompt_ids": [[20, 21, 15, 22], [23, 24, 15], [25, 15, 26, 27, 28]],
                             "response_ids": [[20, 21, 1], [22, 1], [23, 24, 25, 1]]})
         pipeline._add_sequence_tensors(fixed)
 
-        def vllm_scores():
-            rows = ray.get(pipeline.actor_infer.workers[0].score.remote(fixed))
-            return [torch.tensor(r) for r in rows]
-
-        def trainer_scores():
+        def scores():
+            vllm = [torch.tensor(r) for r in ray.get(pipeline.actor_infer.workers[0].score.remote(fixed))]
             log_probs = pipeline.actor_train.dispatch("compute_log_probs", pipeline._view(fixed))["old_log_probs"]
-            return [log_probs[i, :len(r)] for i, r in enumerate(fixed["response_ids"])]
+            return vllm, [log_probs[i, :len(r)] for i, r in enumerate(fixed["response_ids"])]
 
-        before = vllm_scores()
-        for v, t in zip(before, trainer_scores()):
-            assert torch.allclose(v, t, atol=1e-3), (v, t)
-        for step in (1, 2):
-            pipeline.step(step)  # generate, reward, train, sync
-            after_vllm, after_trainer = vllm_scores(), trainer_scores()
-            for v, t in zip(after_vllm, after_trainer):
-                assert torch.allclose(v, t, atol=1e-3), (step, v, t)
-            assert max(float((a - b).abs().max()) for a, b in zip(after_vllm, before)) > 1e-3
-            before = after_vllm
+        observed = [scores()]
+        plain_step = pipeline.step
+
+        def step(number):  # generate, reward, train, sync; then score
+            metrics = plain_step(number)
+            observed.append(scores())
+            return metrics
+
+        pipeline.step = step
+        pipeline.run()
+        return mode, observed
     finally:
         pipeline.shutdown()
 
 
-def test_resume_continues_and_fresh_start_is_refused(tmp_path, tiny_model, ray_session):
+@pytest.mark.parametrize("zero_stage, transport, bucket_mb, update", [(2, "auto", 256.0, "auto"),
+                                                                (3, "object_store", 0.02, "layerwise"),
+                                                                (2, "auto", 0.02, "auto")])
+def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session, request, zero_stage, transport,
+                                              bucket_mb, update):
+    """After each of two steps and syncs, vLLM's log-probs of fixed sequences equal the
+    trainer's within float32 tolerance, and differ from before; by shared memory (same node) and
+    by Ray's object store, in one bucket and in many (a layer's tensors then span buckets), with
+    vLLM's layerwise reload and with the direct CPU update. The ZeRO-3 case is the token-level
+    run's (zero3_token_run)."""
+    if zero_stage == 3:
+        cfg, _, (mode, observed) = request.getfixturevalue("zero3_token_run")
+        assert (cfg.weight_sync_transport, cfg.weight_sync_bucket_mb, cfg.vllm_weight_update) == (
+            transport, bucket_mb, update)
+    else:
+        cfg = write_config(tmp_path, tiny_model, max_steps=2, weight_sync_transport=transport,
+                           weight_sync_bucket_mb=bucket_mb, vllm_weight_update=update,
+                           actor_train={"strategy_args": {"strategy_config": {"zero_optimization": {"stage": zero_stage}}}})
+        mode, observed = run_observing_sync(cfg)
+    assert mode == ("direct" if update == "auto" else "layerwise")
+    assert len(observed) == 3  # before, after step 1, after step 2
+    before, _ = observed[0]
+    for v, t in zip(*observed[0]):
+        assert torch.allclose(v, t, atol=1e-3), (v, t)
+    for step, (after_vllm, after_trainer) in enumerate(observed[1:], start=1):
+        for v, t in zip(after_vllm, after_trainer):
+            assert torch.allclose(v, t, atol=1e-3), (step, v, t)
+        assert max(float((a - b).abs().max()) for a, b in zip(after_vllm, before)) > 1e-3
+        before = after_vllm
+
+
+def test_resume_continues_and_fresh_start_is_refused(tmp_path, tiny_model, seed_004_run):
+    """A copy of the seed-004 run's output (checkpoints step_1, step_2, its metrics): a fresh start
+    into it is refused, resuming runs step 3 only."""
+    import shutil
+
     from roll_gspo.lifecycle.checkpoint import complete_checkpoints
 
-    cfg = write_config(tmp_path, tiny_model, save_steps=1, max_steps=1)
-    run(cfg)
-    again = write_config(tmp_path, tiny_model, save_steps=1, max_steps=1)
+    first, _ = seed_004_run
+    shutil.copytree(first.output_dir, tmp_path / "out")
+    again = write_config(tmp_path, tiny_model, **SEED_004_RUN)
     with pytest.raises(FileExistsError, match="resume_from_checkpoint"):
         run(again)
-    resumed = write_config(tmp_path, tiny_model, save_steps=1, max_steps=2, resume_from_checkpoint="auto")
+    resumed = write_config(tmp_path, tiny_model, **{**SEED_004_RUN, "max_steps": 3, "resume_from_checkpoint": "auto"})
     records = run(resumed)
-    assert [r["step"] for r in records if "actor/pg_loss" in r] == [1, 2]  # step 1 logged before, 2 now
-    assert [os.path.basename(p) for p in complete_checkpoints(resumed.output_dir)] == ["step_1", "step_2"]
+    assert [r["step"] for r in records if "actor/pg_loss" in r] == [1, 2, 3]  # steps 1-2 logged before, 3 now
+    # step_1..step_3 written, the oldest deleted (save_total_limit: 2)
+    assert [os.path.basename(p) for p in complete_checkpoints(resumed.output_dir)] == ["step_2", "step_3"]
 
 
 def test_multidomain_rewards_logged_per_domain(tmp_path, tiny_model, ray_session):
