@@ -110,9 +110,23 @@ def uninterrupted(tmp_path, model, **changes):
     return {"records": records, "weights": load_weights(os.path.join(cfg.output_dir, "final_model"))}
 
 
+def wait_for_checkpoint(cfg, step, driver, log_path):
+    """Wait until the checkpoint of `step` is complete (the driver must still be running)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if f"step_{step}" in [os.path.basename(p) for p in complete_checkpoints(cfg.output_dir)]:
+            return
+        assert driver.poll() is None, f"driver exited early ({driver.returncode}):\n{open(log_path).read()[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no complete checkpoint of step {step} within {WAIT_S} s")
+
+
 def test_vllm_sigterm_then_kill9_then_older_resume_match_an_uninterrupted_run(tmp_path, tiny_model, ray_session):
-    reference = uninterrupted(tmp_path, tiny_model)
-    cfg, path = config(tmp_path, tiny_model, "interrupted")
+    """Four pipeline start-ups: the uninterrupted run, a driver stopped by SIGTERM, a resumed driver
+    killed with kill -9, and an explicit resume from an older checkpoint that finishes the run (the
+    kill -9 leaves a newer one, moved aside). `auto` after kill -9 is the hf_infer test's path."""
+    reference = uninterrupted(tmp_path, tiny_model, save_steps=1)
+    cfg, path = config(tmp_path, tiny_model, "interrupted", save_steps=1)
     # 1. SIGTERM after step 1: the step in progress finishes, a checkpoint is saved, exit 0.
     log = str(tmp_path / "sigterm.log")
     driver = start_driver(path, log)
@@ -124,25 +138,32 @@ def test_vllm_sigterm_then_kill9_then_older_resume_match_an_uninterrupted_run(tm
                      output), output[-3000:]
     stopped_at = read_state(complete_checkpoints(cfg.output_dir)[-1])["step"]
     assert stopped_at in (1, 2) and not os.path.exists(os.path.join(cfg.output_dir, "final_model"))
-    # 2. Resumed, then kill -9 once step 3 is logged (checkpoint of step 2, step 4 under way).
-    kill_driver_after_step(cfg, path, tmp_path, 3, "resume_from_checkpoint=auto")
-    # 3. Resumed again, in this process: steps 3 and 4 are exactly the uninterrupted run's.
-    resumed = write_config(tmp_path / "interrupted", tiny_model, max_steps=4, save_steps=2, save_total_limit=2,
-                           rewards=SLOW_REWARDS, resume_from_checkpoint="auto")
-    run(resumed)
-    check_same_as(reference, resumed, resumed_steps={3, 4})
-    (side,) = [n for n in os.listdir(resumed.output_dir) if ".after_step_2." in n]
-    with open(os.path.join(resumed.output_dir, side)) as handle:
+    # 2. Resumed (auto), then kill -9 once step 3's checkpoint is complete (step 4 under way);
+    #    its private Ray dies with it.
+    log = str(tmp_path / "killed_3.log")
+    driver = start_driver(path, log, "resume_from_checkpoint=auto")
+    wait_for_checkpoint(cfg, 3, driver, log)
+    processes = private_ray_processes(driver)
+    assert any("raylet" in p.name() for p in processes)
+    driver.kill()
+    driver.wait()
+    assert_all_gone(processes)
+    assert not os.path.exists(os.path.join(cfg.output_dir, "final_model"))  # killed mid-run
+    assert {"step_2", "step_3"} <= {os.path.basename(p) for p in complete_checkpoints(cfg.output_dir)}
+    # 3. An explicit resume from the older step 2, in this process, with save_total_limit 1: step_3
+    #    moves aside, and steps 3 and 4 are exactly the uninterrupted run's.
+    older = write_config(tmp_path / "interrupted", tiny_model, max_steps=4, save_steps=1, save_total_limit=1,
+                         rewards=SLOW_REWARDS, resume_from_checkpoint=os.path.join(cfg.output_dir, "checkpoints", "step_2"))
+    records = run(older)
+    assert [comparable(r) for r in records] == [comparable(r) for r in reference["records"]]
+    check_same_as(reference, older, resumed_steps={3, 4})
+    (side,) = [n for n in os.listdir(older.output_dir) if ".after_step_2." in n]
+    with open(os.path.join(older.output_dir, side)) as handle:
         crashed_rows = [json.loads(line) for line in handle]
     assert comparable(crashed_rows[0]) == comparable(reference["records"][2])  # step 3 both times
-    # 4. An explicit resume from the older step 2 with save_total_limit 1: step_4 moves aside.
-    older = write_config(tmp_path / "interrupted", tiny_model, max_steps=3, save_steps=2, save_total_limit=1,
-                         rewards=SLOW_REWARDS, resume_from_checkpoint=os.path.join(resumed.output_dir, "checkpoints", "step_2"))
-    records = run(older)
-    assert [os.path.basename(p) for p in complete_checkpoints(older.output_dir)] == ["step_3"]
+    assert [os.path.basename(p) for p in complete_checkpoints(older.output_dir)] == ["step_4"]
     aside = os.path.join(older.output_dir, "checkpoints", ABANDONED_DIR)
-    assert [os.listdir(os.path.join(aside, branch)) for branch in os.listdir(aside)] == [["step_4"]]
-    assert [comparable(r) for r in records] == [comparable(r) for r in reference["records"][:3]]
+    assert [os.listdir(os.path.join(aside, branch)) for branch in os.listdir(aside)] == [["step_3"]]
 
 
 # strategy_config null replaces write_config's DeepSpeed block (null means {}).
