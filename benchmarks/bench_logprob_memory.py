@@ -108,19 +108,34 @@ def measure_in_this_process(impl: str, pass_name: str, args) -> Dict[str, float]
 
 def measure(impl: str, pass_name: str, args) -> Dict[str, float]:
     """`measure_in_this_process` in a fresh interpreter (peaks do not leak between runs)."""
+    return finish(impl, pass_name, start(impl, pass_name, args))
+
+
+def start(impl: str, pass_name: str, args) -> subprocess.Popen:
+    """The fresh interpreter of one measurement, started (`finish` collects its figures)."""
     command = [sys.executable, os.path.abspath(__file__), "--child", impl, pass_name,
                "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
                "--response-len", str(args.response_len), "--vocab", str(args.vocab),
                "--temperature", str(args.temperature)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"{impl} {pass_name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def finish(impl: str, pass_name: str, proc: subprocess.Popen) -> Dict[str, float]:
+    stdout, stderr = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{impl} {pass_name} failed (exit {proc.returncode}):\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def run(args) -> Dict[str, Dict[str, Optional[Dict[str, float]]]]:
     impls = ["before", "after"] if args.only is None else [args.only]
-    return {p: {impl: (measure(impl, p, args) if impl in impls else None) for impl in ("before", "after")}
+    if not getattr(args, "parallel", False):
+        return {p: {impl: (measure(impl, p, args) if impl in impls else None) for impl in ("before", "after")}
+                for p in args.passes}
+    # Every measurement's process at once: each reports its own process's peak (VmHWM), which the
+    # others do not change; only the machine must hold all of them together.
+    procs = {(p, impl): start(impl, p, args) for p in args.passes for impl in impls}
+    return {p: {impl: (finish(impl, p, procs[p, impl]) if impl in impls else None) for impl in ("before", "after")}
             for p in args.passes}
 
 
@@ -151,6 +166,9 @@ def parse_args(argv: Optional[List[str]] = None):
     parser.add_argument("--only", choices=["before", "after"], help="measure one side (the other may not fit)")
     parser.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES))
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run every measurement's process at once (peaks are per process; needs the memory of "
+                             "all of them together)")
     parser.add_argument("--child", nargs=2, metavar=("IMPL", "PASS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if min(args.batch, args.prompt_len, args.response_len, args.vocab) < 1:

@@ -83,7 +83,8 @@ its driver, each TRL process).
 Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both small sizes; ``--sizes builtin``, ``--sizes 0.5b``
 with 256-token responses (~24 GiB machine to itself, about an hour),
 ``--reps 5 --warmup 1``, ``--json out.json``, ``--variants pipeline trl_vllm``);
-``--smoke`` is a micro model, 4 prompts x 4, 1 cycle, for the test suite. TRL comes with
+``--smoke`` is a micro model, 4 prompts x 4, 1 cycle, the variants' start-ups overlapped
+(``--overlap-startup``) and a 0.2 s matmul peak, for the test suite. TRL comes with
 ``pip install -e ".[bench]"``; without it the TRL rows say so and the pipeline row is measured.
 """
 from __future__ import annotations
@@ -516,8 +517,12 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
             skipped[variant] = trl_missing
             continue
         specs.append(spec)
-    run = run_sequential if args.schedule == "sequential" else run_interleaved
-    results, old_sources = run(specs, pipeline_specs, cycles, args.warmup, prompt_tokens, workdir, config)
+    if args.schedule == "sequential":
+        results, old_sources = run_sequential(specs, pipeline_specs, cycles, args.warmup, prompt_tokens, workdir,
+                                              config, overlap_startup=args.overlap_startup)
+    else:
+        results, old_sources = run_interleaved(specs, pipeline_specs, cycles, args.warmup, prompt_tokens, workdir,
+                                               config)
     rss = {}
     for variant, cycle_results in results.items():
         if cycle_results:
@@ -539,12 +544,34 @@ def _cycle(variant: str, child: ChildProcess, prompt_tokens: float) -> Dict[str,
     return result
 
 
-def run_sequential(specs, pipeline_specs, cycles: int, warmup: int, prompt_tokens: float, workdir: str, config: str):
+def run_sequential(specs, pipeline_specs, cycles: int, warmup: int, prompt_tokens: float, workdir: str, config: str,
+                   overlap_startup: bool = False):
     """Each variant alone on the machine, one after the other: a pipeline with its own Ray (gone with
     its process), TRL with no Ray alive. Idle Ray actors (vLLM's and the trainers' OMP threads,
-    raylet, GCS) would otherwise take CPU from a TRL cycle run beside them."""
+    raylet, GCS) would otherwise take CPU from a TRL cycle run beside them.
+
+    `overlap_startup` (what --smoke uses): every variant's process is started at once, so their
+    start-ups overlap; the cycles still run one variant after the other (each variant's process is
+    stopped after its cycles, without waiting for it to exit), but an early variant's cycles may run
+    beside a later one's start-up, so its times are not those of a variant alone on the machine."""
     results: Dict[str, List[Dict[str, Any]]] = {spec["variant"]: [] for spec in specs}
     old_sources: Dict[str, str] = {}
+    if overlap_startup:
+        children = [start_child(spec, workdir) for spec in specs]
+        try:
+            for spec, child in zip(specs, children):
+                _ready(spec["variant"], child, old_sources)
+                for rep in range(cycles):
+                    result = _cycle(spec["variant"], child, prompt_tokens)
+                    results[spec["variant"]].append(result)
+                    print(f"  {spec['variant']} cycle {rep + 1}/{cycles} "
+                          f"({'warm-up' if rep < warmup else 'measured'}): {result['cycle']:.3f} s "
+                          f"(load {os.getloadavg()[0]:.2f}, start-ups overlapped)", flush=True)
+                child.send("stop")  # it shuts down while the next variant runs; close() below waits
+        finally:
+            for child in children:
+                child.close("stop", wait_s=120)
+        return results, old_sources
     for spec in specs:
         child = start_child(spec, workdir)
         try:
@@ -678,13 +705,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "hits all alike, but idle Ray actors share the CPU with whichever variant runs)")
     parser.add_argument("--trl-niceness", type=int, default=RAY_WORKER_NICENESS,
                         help="niceness of the TRL processes (default: Ray's worker niceness, as the pipeline's actors)")
-    parser.add_argument("--smoke", action="store_true", help="micro model, 4 prompts x 4, 1 cycle (tests)")
+    parser.add_argument("--overlap-startup", action="store_true",
+                        help="sequential schedule: start every variant's process at once (start-ups overlap, "
+                             "cycles still one variant at a time; early variants' cycles may run beside later "
+                             "start-ups). --smoke sets it")
+    parser.add_argument("--smoke", action="store_true",
+                        help="micro model, 4 prompts x 4, 1 cycle, start-ups overlapped, 0.2 s matmul peak (tests)")
     parser.add_argument("--json", dest="json_path", help="also write every figure as JSON here")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     parser.add_argument("--_reply_fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.sizes, args.reps, args.warmup = ["smoke"], 1, 0
+        args.sizes, args.reps, args.warmup, args.overlap_startup = ["smoke"], 1, 0, True
     return args
 
 
@@ -696,12 +728,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)
+    peak_seconds = 0.2 if args.smoke else 1.0  # the smoke run checks the figures are sane, not their precision
     workdir = tempfile.mkdtemp(prefix="bench_peers_")
     print(f"[bench] work dir {workdir} (TRL logs there)", flush=True)
     report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg(),
                               "schedule": args.schedule,
                               "trl_niceness": args.trl_niceness,
-                              "peak_gflops_before": measure_matmul_peak(), "sizes": []}
+                              "peak_gflops_before": measure_matmul_peak(peak_seconds), "sizes": []}
     for name in args.sizes:
         report["sizes"].append(run_size(name, args, workdir))
         if len(args.sizes) > 1:  # each size's table as soon as it is measured (peak: the one before)
@@ -709,7 +742,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        "peak_gflops_after": float("nan"), "load_end": os.getloadavg()}
             add_peak_figures(partial, partial["peak_gflops"])
             print("\n" + format_report(partial) + "\n", flush=True)
-    report["peak_gflops_after"] = measure_matmul_peak()
+    report["peak_gflops_after"] = measure_matmul_peak(peak_seconds)
     report["peak_gflops"] = max(report["peak_gflops_before"], report["peak_gflops_after"])
     report["load_end"] = os.getloadavg()
     add_peak_figures(report, report["peak_gflops"])

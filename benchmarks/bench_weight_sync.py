@@ -111,12 +111,20 @@ class TransportSink:
             self.shared.close()  # as a rollout rank does after a sync
 
 
-def measure(weights, transport: str, receivers: int, bucket_mb: float, repeats: int) -> Dict[str, float]:
+def start_sinks(receivers: int) -> list:
+    """`receivers` fresh receiving actors (their worker processes start in the background)."""
+    import ray
+
+    return [ray.remote(num_cpus=0.01)(TransportSink).remote() for _ in range(receivers)]
+
+
+def measure(weights, transport: str, receivers: int, bucket_mb: float, repeats: int, sinks=None) -> Dict[str, float]:
+    """One transport's syncs to `sinks` (fresh actors of its own; started here when not given)."""
     import ray
 
     from roll_gspo.sync.broadcast import WeightSender, broadcast_weights
 
-    sinks = [ray.remote(num_cpus=0.01)(TransportSink).remote() for _ in range(receivers)]
+    sinks = start_sinks(receivers) if sinks is None else sinks
     ray.get([s.node_id.remote() for s in sinks])
     bucket_bytes = int(bucket_mb * (1 << 20))
     strategy = StateDictBuckets(weights)
@@ -145,7 +153,8 @@ def main(argv=None) -> int:
     parser.add_argument("--receivers", type=int, default=1, help="rollout ranks (Ray actors) to reach")
     parser.add_argument("--bucket-mb", type=float, default=256.0, help="weight_sync_bucket_mb")
     parser.add_argument("--repeats", type=int, default=3, help="measured syncs per transport (after 1 warm-up)")
-    parser.add_argument("--smoke", action="store_true", help="micro model, 1 repeat, small buckets")
+    parser.add_argument("--smoke", action="store_true",
+                        help="micro model, 1 repeat, small buckets, every transport's receivers started at once")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of the sending process (Ray gives a training rank of < 2 CPUs one; "
                              "on a busy machine a 2-thread copy waits for both threads to be scheduled)")
@@ -166,10 +175,14 @@ def main(argv=None) -> int:
             weights = random_weights(size)
             params = sum(t.numel() for _, t in weights)
             megabytes = sum(t.numel() * t.element_size() for _, t in weights) / (1 << 20)
+            # --smoke: every transport's own receivers are started at once, before the first is
+            # measured (their worker processes' start-ups overlap instead of coming one by one).
+            early = {t: start_sinks(args.receivers) for t in args.transports} if args.smoke else {}
             for transport in args.transports:
                 row = {"size": size, "parameters": params, "megabytes": megabytes, "transport": transport,
                        "receivers": args.receivers, "bucket_mb": args.bucket_mb,
-                       **measure(weights, transport, args.receivers, args.bucket_mb, args.repeats)}
+                       **measure(weights, transport, args.receivers, args.bucket_mb, args.repeats,
+                                 early.get(transport))}
                 results.append(row)
                 print(f"{size:>6} {params / 1e6:8.1f}M params {megabytes:8.1f} MB  {transport:<14} "
                       f"sync {row['sync_s_median'] * 1e3:9.1f} ms (min {row['sync_s_min'] * 1e3:.1f}, first "

@@ -97,7 +97,8 @@ def test_logprob_memory_benchmark_smoke():
     spec = importlib.util.spec_from_file_location("bench_logprob_memory", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    args = module.parse_args(["--prompt-len", "16", "--response-len", "256", "--passes", "scoring"])
+    # --parallel: the before and after processes at once (each measures its own process's peak).
+    args = module.parse_args(["--prompt-len", "16", "--response-len", "256", "--passes", "scoring", "--parallel"])
     results = module.run(args)
     before, after = results["scoring"]["before"], results["scoring"]["after"]
     one_copy_mb = 272 * 151936 * 4 / 2 ** 20
