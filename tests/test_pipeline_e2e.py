@@ -90,18 +90,20 @@ SEED_004_KEYS = dict(adv_estimator="reinforce", importance_sampling="seq", ppo_e
 
 @pytest.fixture(scope="module")
 def seed_004_run(tmp_path_factory, tiny_model, ray_session):
-    """One run of the seed-004 config (2 steps, a checkpoint after each): its test checks the run,
-    the resume test continues from a copy of its checkpoints (no second pipeline of its own)."""
+    """One run of the seed-004 config (2 steps, a checkpoint after each; ZeRO-2, one 256 MB bucket
+    by shared memory, vLLM's direct update): its test checks the run, the weight-sync test's first
+    case its scores, the resume test continues from a copy of its checkpoints."""
     tmp_path = tmp_path_factory.mktemp("seed_004")
     cfg = write_config(tmp_path, tiny_model, **SEED_004_RUN)
-    return cfg, run(cfg)
+    observed = run_observing_sync(cfg)
+    return cfg, read_metrics(cfg), observed
 
 
 SEED_004_RUN = dict(eval_steps=2, save_steps=1, **SEED_004_KEYS)
 
 
 def test_seed_004_keys_zero2_vllm_with_kl_and_validation(seed_004_run, tiny_model):
-    cfg, records = seed_004_run
+    cfg, records, _ = seed_004_run
     check_training_happened(cfg, records, tiny_model)
     assert "actor/kl_mean" in records[-1] or "actor/kl_loss" in records[-1]
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2]
@@ -191,11 +193,12 @@ def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session,
     trainer's within float32 tolerance, and differ from before; by shared memory (same node) and
     by Ray's object store, in one bucket and in many (a layer's tensors then span buckets), with
     vLLM's layerwise reload and with the direct CPU update. The ZeRO-3 case is the token-level
-    run's (zero3_token_run)."""
-    if zero_stage == 3:
-        cfg, _, (mode, observed) = request.getfixturevalue("zero3_token_run")
-        assert (cfg.weight_sync_transport, cfg.weight_sync_bucket_mb, cfg.vllm_weight_update) == (
-            transport, bucket_mb, update)
+    run's (zero3_token_run), the ZeRO-2 one-bucket case the seed-004 run's (seed_004_run)."""
+    shared = {(3, 0.02): "zero3_token_run", (2, 256.0): "seed_004_run"}.get((zero_stage, bucket_mb))
+    if shared:
+        cfg, _, (mode, observed) = request.getfixturevalue(shared)
+        assert (cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"], cfg.weight_sync_transport,
+                cfg.weight_sync_bucket_mb, cfg.vllm_weight_update) == (zero_stage, transport, bucket_mb, update)
     else:
         cfg = write_config(tmp_path, tiny_model, max_steps=2, weight_sync_transport=transport,
                            weight_sync_bucket_mb=bucket_mb, vllm_weight_update=update,
@@ -220,7 +223,7 @@ def test_resume_continues_and_fresh_start_is_refused(tmp_path, tiny_model, seed_
 
     from roll_gspo.lifecycle.checkpoint import complete_checkpoints
 
-    first, _ = seed_004_run
+    first, _, _ = seed_004_run
     shutil.copytree(first.output_dir, tmp_path / "out")
     again = write_config(tmp_path, tiny_model, **SEED_004_RUN)
     with pytest.raises(FileExistsError, match="resume_from_checkpoint"):
