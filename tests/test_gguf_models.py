@@ -147,7 +147,10 @@ def test_a_gguf_path_is_converted_once_with_the_gguf_loaders_logits(session_cach
     path = str(tmp_path / "tiny-llama.gguf")
     _write_tiny_gguf(path)
     folder = resolve_model(path)
-    assert folder.startswith(os.path.join(session_cache, "models", "gguf")) and resolve_model(path) == folder
+    from roll_gspo.builtin.cache import cache_root
+
+    # The cache in force now (a test before this one may have pointed ROLL_GSPO_CACHE elsewhere).
+    assert folder.startswith(os.path.join(cache_root(), "models", "gguf")) and resolve_model(path) == folder
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
     ids = torch.tensor([tokenizer("The sky is blue.<|im_end|>")["input_ids"]])

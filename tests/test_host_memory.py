@@ -118,7 +118,7 @@ def test_dry_run_prints_the_host_plan_without_building_the_model(tmp_path, monke
     assert main(["--config", "example_gspo_0.5b_cpu.yaml", "--dry-run", "--host-memory-gb", "24"]) == 0
     out = capsys.readouterr().out
     assert "host memory plan" in out and "actor_train (DeepSpeed ZeRO-0, fp32" in out and ": fits (" in out
-    assert not (tmp_path / "cache").exists()  # planned from the registered shape: nothing built
+    assert not (tmp_path / "cache" / "models").exists()  # planned from the registered shape: nothing built
     assert main(["--config", "example_gspo_0.5b_cpu.yaml", "--dry-run", "--host-memory-gb", "10",
                  "response_length=1024"]) == 1
     err = capsys.readouterr().err

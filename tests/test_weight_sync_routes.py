@@ -167,8 +167,8 @@ def test_dry_run_of_the_8_gpu_recipe_prints_nccl_for_every_tp_worker(tmp_path, c
 
 
 def test_forced_collective_on_a_shared_gpu_is_a_config_error_before_workers_start(tmp_path, capsys):
-    code, out, err = dry_run(capsys, tmp_path, "qwen2.5-0.5b_1gpu.yaml", "Qwen2.5-0.5B",
-                             "weight_sync_transport=collective")
+    code, out, err = dry_run(capsys, tmp_path, "qwen2.5-0.5b_1gpu.yaml", "Qwen2.5-0.5B", "--nodes", "1",
+                             "--gpus-per-node", "1", "weight_sync_transport=collective")  # the GPU run's plan
     assert code == 1
     assert "invalid configuration" in err and "Duplicate GPU detected" in err and "use auto" in err
     assert "placement plan" not in out
