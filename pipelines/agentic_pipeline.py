@@ -157,18 +157,17 @@ class AgenticPipeline(RLVRPipeline):
         of its normalisation set however many rows share its episode."""
         cfg = self.cfg
         sets = set_ids(trajectories, cfg.reward_normalization.grouping)
+        episode_returns = discounted_turn_returns([t.step_rewards for t in trajectories], cfg.step_reward_gamma)
         if not self.step_wise:
             tensors = trajectory_tensors(trajectories, self.pad_id)
             rows = [(t, i) for i, t in enumerate(trajectories)]
-            returns = [dict(enumerate(discounted_turn_returns([t.step_rewards], cfg.step_reward_gamma)[0]))
-                       for t in trajectories]
+            returns = [dict(enumerate(r)) for r in episode_returns]
         else:
             samples = _adjust(turn_samples(trajectories), cfg, step)
             tensors = turn_sample_tensors(samples, self.pad_id)
             index = {id(t): i for i, t in enumerate(trajectories)}
             rows = [(s.trajectory, index[id(s.trajectory)]) for s in samples]
-            returns = [{s.turn: discounted_turn_returns([s.trajectory.step_rewards], cfg.step_reward_gamma)[0][s.turn]}
-                       for s in samples]
+            returns = [{s.turn: episode_returns[i][s.turn]} for s, (_, i) in zip(samples, rows)]
         batch = Batch(tensors)
         batch["scores"] = torch.tensor([t.reward for t, _ in rows], dtype=torch.float32)
         batch["set_id"] = torch.tensor([int(sets[i]) for _, i in rows], dtype=torch.long)
