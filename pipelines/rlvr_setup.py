@@ -25,8 +25,14 @@ def load_prompts(cfg: PipelineConfig, tokenizer, data):
     their load statistics."""
     from roll_gspo.data.prompts import load_prompts as load
 
+    files = list(data.file_name)
+    if cfg.tasks:  # the tasks' rows of this split (training: instead of files, refused beside them)
+        from roll_gspo.config.task_checks import task_specs
+        from roll_gspo.tasks import write_task_data
+
+        files.append(write_task_data(task_specs(cfg), "train" if data is cfg.actor_train.data_args else "val"))
     return load(
-        data.file_name, prompt_key=data.prompt_key, messages_key=data.messages_key, answer_key=data.answer_key,
+        files, prompt_key=data.prompt_key, messages_key=data.messages_key, answer_key=data.answer_key,
         domain_key=data.domain_key, default_domain=next(iter(cfg.rewards)), tokenizer=tokenizer,
         max_prompt_length=cfg.prompt_length, max_samples=data.max_samples, template=data.template,
         tag_key=data.tag_key, dataset_dir=data.dataset_dir, num_proc=data.preprocessing_num_workers,
@@ -34,11 +40,13 @@ def load_prompts(cfg: PipelineConfig, tokenizer, data):
 
 
 def reward_routes(cfg: PipelineConfig) -> Dict[str, str]:
-    """data domain or tag -> reward block that scores it (the block's key and its `tag_included`)."""
+    """data domain or tag -> reward block that scores it (the block's key and its `tag_included`;
+    a task's key -> its `reward` block)."""
     routes = {}
     for name, reward in cfg.rewards.items():
         for domain in [name, *reward.tag_included]:  # a block's own name routes to it, too (ROLL's `domain`)
             routes[domain] = name
+    routes.update({key: task.reward for key, task in cfg.tasks.items()})
     return routes
 
 

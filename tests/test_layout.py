@@ -18,11 +18,11 @@ LAYERS: List[Set[str]] = [
      "roll_gspo.metrics", "roll_gspo.placement", "roll_gspo.rewards"},
     # Agentic environments and tools: their Python tool runs in the rewards' code sandbox, and
     # config's --dry-run checks env declarations with them.
-    {"roll_gspo.envs"},
+    {"roll_gspo.envs", "roll_gspo.tasks"},  # tasks: prompts plus their rule reward (reasoning-gym, built-in)
     {"roll_gspo.config", "roll_gspo.data", "roll_gspo.models", "roll_gspo.sync"},
     {"roll_gspo.strategies", "roll_gspo.agentic"},
     {"roll_gspo.workers"},
-    {"pipelines"},
+    {"pipelines", "roll_gspo.eval"},  # eval: the evaluation command (vLLM on a task set, no Ray)
     {"roll_gspo.cli"},
 ]
 LAYER_OF = {concept: i for i, layer in enumerate(LAYERS) for concept in layer}

@@ -461,7 +461,8 @@ class RewardConfig:
         "`CodeSandboxRewardWorker` (runs the response's code against the row's tests in a sandbox), "
         "`LLMJudgeRewardWorker` (a judge model's verdict, local or an OpenAI-compatible endpoint), "
         "`RewardModelWorker` (a sequence-classification reward model, `reward_pretrain`), "
-        "`IFEvalRewardWorker` (IFEval's instruction checkers from lm-eval; ROLL's GeneralRuleRewardWorker).")
+        "`IFEvalRewardWorker` (IFEval's instruction checkers from lm-eval; ROLL's GeneralRuleRewardWorker), "
+        "`TaskRewardWorker` (the rows of `tasks`: each task's own scorer on the extracted answer).")
     reward_fn: Optional[str] = _f(
         None, "For FunctionRewardWorker: import path `pkg.module:function` (or `pkg.module.function`) "
               "of `fn(prompt: str, response: str, ground_truth: str) -> float`. For RewardModelWorker: "
@@ -564,6 +565,40 @@ class RewardConfig:
     query_filter_config: QueryFilterConfig = _sub(
         QueryFilterConfig, "ROLL's dynamic sampling for this domain's prompts: groups whose G scores "
                            "fail the filter are dropped and replaced by newly drawn prompts.")
+
+
+@dataclass
+class TaskConfig:
+    """One task of `tasks` (roll_gspo.tasks): prompts generated from a source, scored by its own rule."""
+    name: Optional[str] = _f(
+        None, "The task in its source: a reasoning-gym generator (`chain_sum`, `basic_arithmetic`, ...; "
+              "`rg:` prefix optional) or a built-in one (`builtin:arith`, `builtin:arith_easy`, `builtin:choice`). "
+              "Null: the block's key. An unknown name is refused with the nearest names.")
+    source: Optional[str] = _f(None, "`reasoning_gym` or `builtin`. Null: the source that holds `name` (or "
+                                     "its prefix's).", [None, "reasoning_gym", "builtin"])
+    config: Dict[str, Any] = _f(
+        {}, "The generator's own config (reasoning-gym: its config dataclass's fields, e.g. `{min_terms: 2, "
+            "max_terms: 2}`; builtin arith: `levels`). A key the task does not take is refused with the "
+            "source's message.")
+    weight: float = _f(1.0, "Share of each rollout batch drawn from this task (normalised over the tasks, like "
+                            "ROLL's domain_interleave_probs; 0: validation only).")
+    train_size: int = _f(1000, "Training rows generated (>= 1), from seeds `seed .. seed+train_size-1`.")
+    val_size: int = _f(100, "Validation rows generated (>= 1), scored every eval_steps and by `python -m "
+                            "roll_gspo.eval`.")
+    seed: int = _f(0, "First seed of the training rows (reasoning-gym draws row i from seed + i).")
+    val_seed: Optional[int] = _f(
+        None, "First seed of the validation rows. Null: seed + 1000000. Ranges overlapping the training "
+              "seeds are refused (builtin tasks keep validation prompts out of training themselves).")
+    system_prompt: Optional[str] = _f(
+        None, "The system turn of every prompt (rendered with data_args.template, else the tokenizer's chat "
+              "template). Null: the source's default (reasoning-gym: asks for the answer in "
+              "`<answer></answer>` tags; builtin: none, the raw `12+34=` prompt). Empty: no system turn.")
+    format_weight: float = _f(
+        0.0, "Added to the reward of a reply that writes exactly one `<answer>...</answer>`. Accuracy never "
+             "needs the format: the answer is the tagged one if present, else `\\boxed{}`, an 'answer is' "
+             "phrase, or the last number.")
+    reward: str = _f("tasks", "The `rewards` block that scores this task's rows; its worker_cls must be "
+                              "`roll_gspo.workers.rewards.TaskRewardWorker` (or a subclass).")
 
 
 @dataclass
@@ -1157,6 +1192,12 @@ class PipelineConfig:
     rewards: Dict[str, RewardConfig] = field(
         default_factory=lambda: {"math_rule": RewardConfig()},
         metadata={"help": "Reward workers per data domain (`rewards.<domain>.*`)."})
+    tasks: Dict[str, TaskConfig] = field(
+        default_factory=dict,
+        metadata={"help": "Tasks generated as prompts and scored by their own rule (roll_gspo.tasks), by key: "
+                          "the key is each row's domain, so metrics read `reward/<key>/...` and "
+                          "`val/<key>/accuracy`. They replace `actor_train.data_args.file_name` (validation files "
+                          "are added to the tasks' validation rows). Empty: prompts come from data files."})
     validation: ValidationConfig = _sub(ValidationConfig, "Held-out evaluation every eval_steps.")
 
     # --- facts derived from the keys (no key of their own) ---

@@ -19,6 +19,7 @@ from roll_gspo.config.rollout_logprobs import (choose_old_logprob_source, correc
 from roll_gspo.config.fsdp2_config import fsdp2_notices, fsdp2_problems
 from roll_gspo.config.lora import lora_problems, lora_warnings
 from roll_gspo.config.critic_checks import critic_problems, fill_critic_defaults
+from roll_gspo.config.task_checks import task_problems
 from roll_gspo.config.vllm_prefill import prompt_split_problems
 from roll_gspo.config.schema import AGENTIC_ONLY_ESTIMATORS, FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
 from roll_gspo.placement.device_mapping import device_mapping_problems, tensor_parallel_problems
@@ -264,8 +265,8 @@ def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = 
         problems.append(f"reference.strategy_args.strategy_name: must be 'deepspeed_infer' or 'fsdp2_infer' (or "
                         f"their '_train' names, the same frozen engines) or 'hf_infer', got "
                         f"{cfg.reference.strategy_args.strategy_name!r}")
-    if rlvr and not cfg.actor_train.data_args.file_name:
-        problems.append("actor_train.data_args.file_name: no training prompts given")
+    if rlvr and not cfg.actor_train.data_args.file_name and not cfg.tasks:
+        problems.append("actor_train.data_args.file_name: no training prompts given (nor `tasks`)")
     if rlvr and not cfg.rewards:
         problems.append("rewards: at least one reward domain is needed")
     for domain, reward in cfg.rewards.items():
@@ -502,7 +503,7 @@ def _sampling_problems(cfg: PipelineConfig) -> List[str]:
 def _no_validation_notice(cfg: PipelineConfig) -> List[str]:
     """eval_steps without validation prompts: ROLL skips validation then (its judge recipe sets
     eval_steps and no validation block); so does this run, saying so once."""
-    if not cfg.eval_steps or cfg.validation.data_args.file_name:
+    if not cfg.eval_steps or cfg.validation.data_args.file_name or cfg.tasks:  # tasks bring their own
         return []
     steps, cfg.eval_steps = cfg.eval_steps, 0
     return [f"notice: eval_steps = {steps} is ignored: validation.data_args.file_name is empty, so there is "
@@ -532,6 +533,7 @@ def validate_config(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     problems += fsdp2_problems(cfg)
     problems += lora_problems(cfg)
     problems += critic_problems(cfg)
+    problems += task_problems(cfg)
     if not placement_problems:  # colocation and weight routes read the parsed device mappings
         from roll_gspo.placement.cluster_plan import weight_route_problems
         from roll_gspo.placement.colocation import colocation_problems, fill_gpu_memory_utilization

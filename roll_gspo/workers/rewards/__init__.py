@@ -14,6 +14,7 @@ _LAZY = {
     "IFEvalRewardWorker": "roll_gspo.workers.rewards.ifeval",
     "LLMJudgeRewardWorker": "roll_gspo.workers.rewards.llm_judge",
     "RewardModelWorker": "roll_gspo.workers.rewards.reward_model",
+    "TaskRewardWorker": "roll_gspo.workers.rewards.task",
 }
 
 

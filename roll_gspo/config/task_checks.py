@@ -1,0 +1,60 @@
+"""Checks of the `tasks` block (roll_gspo.tasks), before any worker starts: each task exists in its
+source and takes its config, sizes and seeds make sense, a reward block of TaskRewardWorker scores
+it, and no data file or domain mix competes with the tasks' own."""
+from __future__ import annotations
+
+import dataclasses
+from typing import List
+
+from roll_gspo.config.schema import PipelineConfig
+from roll_gspo.tasks import TaskSpec, spec_problems
+
+TASK_WORKER = "roll_gspo.workers.rewards.TaskRewardWorker"
+
+
+def task_specs(cfg: PipelineConfig) -> List[TaskSpec]:
+    """The run's tasks as `TaskSpec`s (unresolved), in the YAML's order."""
+    return [TaskSpec(key=key, **dataclasses.asdict(task)) for key, task in cfg.tasks.items()]
+
+
+def task_problems(cfg: PipelineConfig) -> List[str]:
+    """Every problem of `cfg.tasks` (none when it is empty), each naming its key."""
+    if not cfg.tasks:
+        return []
+    if cfg.pipeline != "rlvr":
+        return [f"tasks: read by `pipeline: rlvr` only (this is `pipeline: {cfg.pipeline}`)"]
+    problems = []
+    for spec in task_specs(cfg):
+        path = f"tasks.{spec.key}"
+        problems += spec_problems(spec, path)
+        if spec.key in cfg.rewards:
+            problems.append(f"{path}: the key is also a `rewards` block's name; a task's key names its rows' "
+                            f"domain, so rename the task (its rewards block is `{path}.reward`)")
+        reward = cfg.rewards.get(spec.reward)
+        if reward is None:
+            problems.append(f"{path}.reward = {spec.reward!r}: no such `rewards` block; add `rewards: "
+                            f"{{{spec.reward}: {{worker_cls: {TASK_WORKER}}}}}`")
+        elif not _is_task_worker(reward.worker_cls):
+            problems.append(f"{path}.reward = {spec.reward!r}: rewards.{spec.reward}.worker_cls is "
+                            f"{reward.worker_cls!r}; a task's rows are scored by {TASK_WORKER} (or a subclass)")
+    if cfg.tasks and not any(t.weight > 0 for t in cfg.tasks.values()):
+        problems.append("tasks: every task has weight 0, so no training prompt would be drawn")
+    data = cfg.actor_train.data_args
+    if data.file_name:
+        problems.append(f"actor_train.data_args.file_name = {list(data.file_name)}: with `tasks` the training "
+                        f"prompts are the tasks' rows; drop the files (or the tasks)")
+    if data.domain_interleave_probs:
+        problems.append("actor_train.data_args.domain_interleave_probs: with `tasks` the mix is each task's "
+                        "`weight` (tasks.<key>.weight)")
+    return problems
+
+
+def _is_task_worker(path: str) -> bool:
+    if path == TASK_WORKER or path.endswith(".TaskRewardWorker"):
+        return True
+    from roll_gspo.utils.imports import import_object
+
+    try:  # a subclass of its own
+        return any(c.__name__ == "TaskRewardWorker" for c in import_object(path).__mro__)
+    except Exception:  # noqa: BLE001 - preflight reports an unimportable worker
+        return False

@@ -1,0 +1,151 @@
+"""The evaluation command: a model on a task set through vLLM, per task greedy accuracy, pass@k and
+maj@k (`python -m roll_gspo.eval --model M --tasks chain_sum builtin:arith_easy`).
+
+It reads the validation rows training reads (`write_task_data(..., "val")`, the same template and
+prompt filter through `roll_gspo.data.prompts.load_prompts`), scores every reply with the reward
+workers' scorer (`roll_gspo.tasks.score_reply`: the same answer extraction) and computes pass@k with
+`roll_gspo.tasks.sample_metrics`, as training validation does (`val/pass@k`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from roll_gspo.tasks import TaskSpec
+
+
+def resolve_eval_model(model: str) -> str:
+    """A Hugging Face folder for what `--model` names: a folder (a run's `final_model/` is one), a
+    `.gguf` file or a `builtin:` name (converted or built once into the cache)."""
+    from roll_gspo.builtin.models import resolve_model
+
+    path = os.path.abspath(os.path.expanduser(model)) if not model.startswith("builtin:") else model
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        final = os.path.join(path, "final_model")
+        if os.path.isfile(os.path.join(final, "config.json")):  # a run's output_dir
+            return final
+        raise ValueError(f"--model {model!r} is a folder without config.json: give a Hugging Face model folder "
+                         f"(a run's final_model/), a .gguf file or a builtin: name (a training checkpoint holds "
+                         f"engine state, not a model folder: evaluate the run's final_model/)")
+    return resolve_model(model)
+
+
+def specs_from_names(names: Sequence[str], *, val_size: Optional[int] = None,
+                     configs: Optional[Dict[str, Dict[str, Any]]] = None) -> List[TaskSpec]:
+    """One spec per task name (`chain_sum`, `rg:chain_sum`, `builtin:arith`), keyed by the name
+    without its prefix; `configs`: name -> the generator's config."""
+    specs = []
+    for name in names:
+        key = name.partition(":")[2] or name
+        spec = TaskSpec(key=key, name=name, config=dict((configs or {}).get(name) or (configs or {}).get(key) or {}))
+        if val_size is not None:
+            spec.val_size = val_size
+        specs.append(spec)
+    return specs
+
+
+def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[Sequence[int]] = None,
+             temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 256, prompt_length: int = 1024,
+             template: Optional[str] = None, dtype: str = "fp32", seed: int = 0,
+             engine_config: Optional[Dict[str, Any]] = None, keep_replies: int = 3) -> Dict[str, Any]:
+    """Greedy accuracy (one greedy reply per prompt) and, with n > 1, pass@k and maj@k over n
+    sampled replies (temperature, top_p), per task and over all prompts.
+
+    Returns `{"model", "settings", "tasks": {key: metrics}, "all": metrics, "examples"}`; metrics:
+    `prompts`, `greedy_accuracy`, `greedy_format_rate`, `pass@k`, `maj@k`, `mean_reply_tokens`."""
+    from transformers import AutoTokenizer
+
+    from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+    from roll_gspo.data.prompts import load_prompts
+    from roll_gspo.lifecycle.seeding import rollout_seeds
+    from roll_gspo.rewards.answers import extract_answer
+    from roll_gspo.rewards.shaping import decode_for_reward
+    from roll_gspo.strategies.vllm_strategy import VllmStrategy
+    from roll_gspo.tasks import grouped_sample_metrics, score_reply, spec_problems, write_task_data
+
+    problems = [p for spec in specs for p in spec_problems(spec, f"--tasks {spec.name or spec.key}")]
+    if problems:
+        raise ValueError("; ".join(problems))
+    started = time.perf_counter()
+    folder = resolve_eval_model(model)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    items, stats = load_prompts([write_task_data(specs, "val")], default_domain="tasks", tokenizer=tokenizer,
+                                max_prompt_length=prompt_length, template=template)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # VllmStrategy's in-process engine
+    role = RoleConfig()
+    role.model_args.model_name_or_path, role.model_args.dtype = folder, dtype
+    role.strategy_args.strategy_config = dict(engine_config or {})
+    engine = VllmStrategy(role, max_model_len=stats["max_prompt_tokens"] + max_new_tokens, seed=seed,
+                          config_key="--engine-config")
+    loaded = time.perf_counter()
+    prompt_ids = [item["prompt_ids"] for item in items]
+
+    def replies(gen: GeneratingArgs, count: int, step: int):
+        out = engine.generate(prompt_ids, gen, count, seeds=rollout_seeds(seed, step, len(items), "validation"))
+        flat = [sample for samples in out for sample in samples]
+        texts = decode_for_reward(tokenizer, [ids for ids, _, _ in flat])
+        rows = [item for item in items for _ in range(count)]
+        scores = [score_reply(r["prompt_text"], t, r["ground_truth"]) for r, t in zip(rows, texts)]
+        return rows, texts, scores, [len(ids) for ids, _, _ in flat]
+
+    g_rows, g_texts, g_scores, g_lengths = replies(GeneratingArgs(temperature=0.0, max_new_tokens=max_new_tokens), 1, 0)
+    sampled = None
+    if n > 1:
+        sampled = replies(GeneratingArgs(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens), n, 1)
+    done = time.perf_counter()
+
+    def summary(keep) -> Dict[str, float]:
+        picked = [i for i, r in enumerate(g_rows) if keep(r["domain"])]
+        found = {"prompts": float(len(picked)),
+                 "greedy_accuracy": _mean(g_scores[i].metrics["accuracy"] for i in picked),
+                 "greedy_format_rate": _mean(g_scores[i].metrics["format_rate"] for i in picked),
+                 "mean_reply_tokens": _mean(g_lengths[i] for i in picked)}
+        if sampled is not None:
+            rows, texts, scores, _ = sampled
+            kept = [i for i, r in enumerate(rows) if keep(r["domain"])]
+            found.update(grouped_sample_metrics([rows[i]["domain"] for i in kept],
+                                                [scores[i].metrics["accuracy"] for i in kept],
+                                                [extract_answer(texts[i]) for i in kept], n, ks))
+            found = {k: v for k, v in found.items() if "/" not in k}  # this summary's own, not per domain
+        return found
+
+    keys = [spec.key for spec in specs]
+    examples = {key: [{"prompt": r["prompt_text"], "reply": t, "answer": extract_answer(t),
+                       "gold": json.loads(r["ground_truth"]).get("answer"), "accuracy": s.metrics["accuracy"]}
+                      for r, t, s in zip(g_rows, g_texts, g_scores) if r["domain"] == key][:keep_replies]
+                for key in keys}
+    return {"model": model, "model_folder": folder,
+            "settings": {"n": n, "ks": list(ks) if ks else None, "temperature": temperature, "top_p": top_p,
+                         "max_new_tokens": max_new_tokens, "template": template, "dtype": dtype, "seed": seed,
+                         "tasks": [{k: v for k, v in vars(s.resolved()).items()} for s in specs]},
+            "tasks": {key: summary(lambda d, key=key: d == key) for key in keys},
+            "all": summary(lambda d: True),
+            "seconds": {"load": round(loaded - started, 1), "generate": round(done - loaded, 1)},
+            "examples": examples}
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def format_table(result: Dict[str, Any]) -> str:
+    """The console table: one row per task and `all`, one column per metric."""
+    rows = {**result["tasks"], "all": result["all"]}
+    columns = ["prompts", "greedy_accuracy", "greedy_format_rate"]
+    columns += sorted({k for r in rows.values() for k in r if k.startswith("pass@")}, key=_k_order)
+    columns += sorted({k for r in rows.values() for k in r if k.startswith("maj@")}, key=_k_order)
+    heads = {"prompts": "prompts", "greedy_accuracy": "greedy", "greedy_format_rate": "format"}
+    width = max(len("task"), *(len(k) for k in rows))
+    lines = ["  ".join(["task".ljust(width)] + [heads.get(c, c).rjust(7) for c in columns])]
+    for key, metrics in rows.items():
+        cells = [f"{int(metrics[c]):7d}" if c == "prompts" else
+                 (f"{metrics[c]:7.3f}" if c in metrics else "      -") for c in columns]
+        lines.append("  ".join([key.ljust(width)] + cells))
+    return "\n".join(lines)
+
+
+def _k_order(name: str) -> int:
+    return int(name.split("@")[1])

@@ -1,0 +1,83 @@
+"""`python -m roll_gspo.eval --model M --tasks T [T ...]`: see roll_gspo.eval."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import List, Optional
+
+from roll_gspo.eval import evaluate, format_table, specs_from_names
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m roll_gspo.eval",
+        description="Greedy accuracy, pass@k and maj@k (unbiased pass@k, Chen et al. 2021) of a model on tasks "
+                    "(reasoning-gym and built-in), through vLLM: a table on the console and a JSON file.")
+    p.add_argument("--model", required=True, help="HF folder (a run's final_model/ or output_dir), .gguf file, "
+                                                  "or builtin: name")
+    p.add_argument("--tasks", nargs="*", default=[], help="task names: chain_sum, rg:basic_arithmetic, "
+                                                          "builtin:arith_easy, ...")
+    p.add_argument("--task-config", action="append", default=[], metavar="NAME=JSON",
+                   help="a task's generator config, e.g. chain_sum='{\"max_terms\": 2}' (repeatable)")
+    p.add_argument("--config", help="a run's YAML: its `tasks`, template, lengths and vLLM strategy_config "
+                                    "(what its validation reads); --tasks then adds tasks")
+    p.add_argument("--val-size", type=int, help="validation rows per task (default: the task's val_size, 100)")
+    p.add_argument("--n", type=int, default=8, help="sampled replies per prompt for pass@k / maj@k (1: greedy only)")
+    p.add_argument("--k", type=int, nargs="*", help="ks of pass@k and maj@k (default 1, 2, 4, .., n)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, help="default: the config's validation max_new_tokens, else 256")
+    p.add_argument("--prompt-length", type=int, help="longer prompts are dropped (default: the config's, else 1024)")
+    p.add_argument("--template", help="chat template name (default: the config's data_args.template; else the "
+                                      "tokenizer's own)")
+    p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="JSON file (default: eval_<model name>.json)")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    configs = {}
+    for item in args.task_config:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--task-config {item!r}: expected NAME=JSON")
+        configs[name] = json.loads(text)
+    specs, settings = [], {}
+    if args.config:
+        from roll_gspo.config.loader import load_config
+        from roll_gspo.config.task_checks import task_specs
+
+        cfg = load_config(args.config)
+        specs = task_specs(cfg)
+        settings = {"template": cfg.validation.data_args.template, "prompt_length": cfg.prompt_length,
+                    "max_new_tokens": cfg.validation.generating_args.max_new_tokens,
+                    "dtype": cfg.actor_infer.model_args.dtype,
+                    "engine_config": dict(cfg.actor_infer.strategy_args.strategy_config)}
+        if args.val_size is not None:
+            for spec in specs:
+                spec.val_size = args.val_size
+    specs += specs_from_names(args.tasks, val_size=args.val_size, configs=configs)
+    if not specs:
+        raise SystemExit("no tasks: give --tasks or a --config with `tasks`")
+    result = evaluate(
+        args.model, specs, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens or settings.get("max_new_tokens") or 256,
+        prompt_length=args.prompt_length or settings.get("prompt_length") or 1024,
+        template=args.template or settings.get("template"), dtype=args.dtype or settings.get("dtype") or "fp32",
+        seed=args.seed, engine_config=settings.get("engine_config"))
+    print(format_table(result))
+    out = args.out or f"eval_{os.path.basename(os.path.normpath(args.model)).replace(':', '_')}.json"
+    with open(out, "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=1)
+    print(f"wrote {out} (load {result['seconds']['load']} s, generate {result['seconds']['generate']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

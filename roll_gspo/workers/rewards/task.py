@@ -1,0 +1,27 @@
+"""The reward of a task's rows (`tasks.<key>`, roll_gspo.tasks): the task's own scorer on the
+extracted answer, plus the task's format term."""
+from __future__ import annotations
+
+from roll_gspo.distributed.batch import Batch
+from roll_gspo.tasks import score_reply
+from roll_gspo.workers.rewards.base import RewardWorker
+
+
+class TaskRewardWorker(RewardWorker):
+    """Scores a task's row with `roll_gspo.tasks.score_reply`: the task's own `score_answer`
+    (reasoning-gym's, or the built-in rule) on the reply's extracted answer (no format needed),
+    plus `tasks.<key>.format_weight` when the reply wrote one `<answer>...</answer>`. A reply
+    counts as correct (`val/<task>/accuracy`) when the task scores its answer 1, format or not;
+    each reply reports `accuracy`, `format_rate` and `answer_score` (`reward/<task>/...`)."""
+
+    def build_reward_fn(self):
+        return score_reply
+
+    def compute_scores(self, batch: Batch) -> Batch:
+        scored = super().compute_scores(batch)
+        # Correct is the task's verdict on the answer, not the reward (which adds the format term).
+        scored.meta["reward_correct"] = [
+            metrics["accuracy"] if metrics and "accuracy" in metrics else (0.0 if status != "ok" else correct)
+            for metrics, status, correct in zip(scored["reward_metrics"], scored["reward_status"],
+                                                scored["reward_correct"])]
+        return scored
