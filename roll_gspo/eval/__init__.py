@@ -49,12 +49,14 @@ def specs_from_names(names: Sequence[str], *, val_size: Optional[int] = None,
 def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[Sequence[int]] = None,
              temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 256, prompt_length: int = 1024,
              template: Optional[str] = None, dtype: str = "fp32", seed: int = 0,
-             engine_config: Optional[Dict[str, Any]] = None, keep_replies: int = 3) -> Dict[str, Any]:
+             engine_config: Optional[Dict[str, Any]] = None, env: Optional[Dict[str, str]] = None,
+             keep_replies: int = 3) -> Dict[str, Any]:
     """Greedy accuracy (one greedy reply per prompt) and, with n > 1, pass@k and maj@k over n
     sampled replies (temperature, top_p), per task and over all prompts.
 
     Returns `{"model", "settings", "tasks": {key: metrics}, "all": metrics, "examples"}`; metrics:
-    `prompts`, `greedy_accuracy`, `greedy_format_rate`, `pass@k`, `maj@k`, `mean_reply_tokens`."""
+    `prompts`, `greedy_accuracy`, `greedy_format_rate`, `pass@k`, `maj@k`, `mean_reply_tokens`.
+    `env`: environment variables for vLLM (default: the rollout workers', e.g. its 1 GiB CPU KV cache)."""
     from transformers import AutoTokenizer
 
     from roll_gspo.config.schema import GeneratingArgs, RoleConfig
@@ -73,7 +75,10 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
     tokenizer = AutoTokenizer.from_pretrained(folder)
     items, stats = load_prompts([write_task_data(specs, "val")], default_domain="tasks", tokenizer=tokenizer,
                                 max_prompt_length=prompt_length, template=template)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # VllmStrategy's in-process engine
+    from roll_gspo.distributed.cluster import DEFAULT_WORKER_ENV
+
+    for key, value in {**DEFAULT_WORKER_ENV, **(env or {})}.items():  # what a rollout worker runs with
+        os.environ.setdefault(key, str(value))
     role = RoleConfig()
     role.model_args.model_name_or_path, role.model_args.dtype = folder, dtype
     role.strategy_args.strategy_config = dict(engine_config or {})

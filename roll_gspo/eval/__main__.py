@@ -58,7 +58,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         settings = {"template": cfg.validation.data_args.template, "prompt_length": cfg.prompt_length,
                     "max_new_tokens": cfg.validation.generating_args.max_new_tokens,
                     "dtype": cfg.actor_infer.model_args.dtype,
-                    "engine_config": dict(cfg.actor_infer.strategy_args.strategy_config)}
+                    "engine_config": dict(cfg.actor_infer.strategy_args.strategy_config),
+                    "env": {**cfg.system_envs, **(cfg.actor_infer.system_envs or {})}}
         if args.val_size is not None:
             for spec in specs:
                 spec.val_size = args.val_size
@@ -70,7 +71,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         max_new_tokens=args.max_new_tokens or settings.get("max_new_tokens") or 256,
         prompt_length=args.prompt_length or settings.get("prompt_length") or 1024,
         template=args.template or settings.get("template"), dtype=args.dtype or settings.get("dtype") or "fp32",
-        seed=args.seed, engine_config=settings.get("engine_config"))
+        seed=args.seed, engine_config=settings.get("engine_config"), env=settings.get("env"))
     print(format_table(result))
     out = args.out or f"eval_{os.path.basename(os.path.normpath(args.model)).replace(':', '_')}.json"
     with open(out, "w", encoding="utf-8") as fh:

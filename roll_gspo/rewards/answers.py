@@ -76,10 +76,13 @@ def clean_answer(text: str) -> str:
         s = boxed
     s = _LATEX_WRAPPERS.sub(r"\1", s)
     s = _MARKUP.sub("", s).strip()
-    s = s.strip("$").strip()
-    if len(s) >= 2 and s[0] == s[-1] and s[0] in "\"'":
-        s = s[1:-1].strip()
-    return s.rstrip(".!;,").strip()
+    previous = None
+    while s != previous:  # `$12$.` and `"yes".`: peel the layers in any order
+        previous = s
+        s = s.rstrip(".!;,").strip().strip("$").strip()
+        if len(s) >= 2 and s[0] == s[-1] and s[0] in "\"'":
+            s = s[1:-1].strip()
+    return s
 
 
 def extract_answer(text: str) -> str:

@@ -1,0 +1,227 @@
+"""Tasks (roll_gspo.tasks): answer extraction, pass@k / maj@k, task rows and their seeds, the checks
+of `tasks.<key>` before workers start, the task reward worker, and the evaluation command on the
+tiny model (one vLLM start in a subprocess)."""
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from roll_gspo.rewards.answers import boxed_answer, clean_answer, extract_answer, has_answer_format, last_number
+from roll_gspo.tasks import TaskSpec, grouped_sample_metrics, pass_at_k, sample_metrics, score_reply, spec_problems, task_rows
+from roll_gspo.tasks.sample_metrics import majority_correct
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ONE_DIGIT_SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+
+
+# ------------------------------------------------------------------ answer extraction
+@pytest.mark.parametrize("reply, answer", [
+    ("<answer>42</answer>", "42"),
+    ("First <answer>1</answer>, no wait: <answer> 7 </answer> done", "7"),  # the last tag
+    ("<answer>**-3.**</answer>", "-3"),  # markdown inside the tag
+    ("So $x = \\boxed{\\frac{1}{2}}$. Done.", "\\frac{1}{2}"),  # nested braces
+    ("\\boxed{12", "12"),  # an unclosed box is no box; the last number
+    ("So, the answer is -97.", "-97"),
+    ("The answer is **1,234** apples, I think.", "1234"),  # trailing words, bold, thousands
+    ("Final answer: $12$\n\nHope this helps with question 3!", "12"),  # the phrase beats a later number
+    ("The answer is 3 + 4 = 7", "7"),
+    ("we get 3 + 4 = 7\n\nThat is all.", "7"),  # no phrase: the last number
+    ("\u22125 is the result", "-5"),  # a unicode minus
+    ("Answer: B", "B"),
+    ("<think>it is 5</think>The final answer is 6.", "6"),  # reasoning is not the answer
+    ("<think>it is 5 and", ""),  # cut inside reasoning: nothing
+    ("no digits at all\n**Paris**.", "Paris"),  # last line, cleaned
+    ("", ""),
+])
+def test_extract_answer(reply, answer):
+    assert extract_answer(reply) == answer
+
+
+def test_extraction_helpers():
+    assert boxed_answer("\\boxed{a{b}c} and \\fbox{d}") == "d"
+    assert boxed_answer("none") is None
+    assert last_number("3 apples, 4.5 pears.") == "4.5"
+    assert clean_answer("$\\text{yes}$.") == "yes"
+    assert has_answer_format("x <answer>4</answer>") and not has_answer_format("<answer>4</answer><answer>5</answer>")
+    assert not has_answer_format("<answer> </answer>") and not has_answer_format("4")
+
+
+def test_accuracy_does_not_need_the_rewarded_format():
+    spec = TaskSpec("sums", name="chain_sum", config=ONE_DIGIT_SUMS, train_size=4, val_size=2,
+                    format_weight=0.25).resolved()
+    row = task_rows(spec, "val")[0]
+    gold = row["answer"]
+    tagged = score_reply("", f"Easy. <answer>{gold}</answer>", row["ground_truth"])
+    plain = score_reply("", f"Let me see... so the answer is {gold}.", row["ground_truth"])
+    wrong = score_reply("", "<answer>99</answer>", row["ground_truth"])
+    assert tagged.metrics["accuracy"] == plain.metrics["accuracy"] == 1.0 and wrong.metrics["accuracy"] == 0.0
+    assert (tagged.metrics["format_rate"], plain.metrics["format_rate"], wrong.metrics["format_rate"]) == (1, 0, 1)
+    assert (float(tagged), float(plain), float(wrong)) == (1.25, 1.0, 0.25)  # the format term is the only gap
+
+
+# ------------------------------------------------------------------ pass@k, maj@k
+def test_pass_at_k_is_the_unbiased_estimator():
+    for n, c, k in [(5, 2, 1), (5, 2, 3), (6, 0, 2), (6, 6, 6), (8, 3, 4), (7, 1, 7)]:
+        draws = list(itertools.combinations([True] * c + [False] * (n - c), k))
+        exact = sum(any(d) for d in draws) / len(draws)  # k of n without replacement, by brute force
+        assert pass_at_k(n, c, k) == pytest.approx(exact)
+        assert pass_at_k(n, c, k) == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k))
+    assert pass_at_k(200, 10, 1) == pytest.approx(0.05)  # pass@1 is the mean
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+
+
+def test_majority_vote_and_metrics_per_domain():
+    assert majority_correct(["7", "8", "7", ""], [True, False, True, False])
+    assert not majority_correct(["8", "7", "8"], [False, True, False])
+    assert not majority_correct(["", ""], [False, False])
+    assert majority_correct(["7", "8"], [True, False])  # a tie: the answer seen first
+    found = sample_metrics([[True, False, False, False], [False] * 4], [["1", "2", "2", "2"], ["x"] * 4])
+    assert found["pass@1"] == pytest.approx(0.125) and found["pass@4"] == pytest.approx(0.5)
+    assert found["maj@4"] == 0.0 and found["maj@2"] == 0.5 and set(found) == {"pass@1", "pass@2", "pass@4",
+                                                                              "maj@2", "maj@4"}
+    # flat rows, 2 samples per prompt; a prompt whose worker has no verdict (None) is left out
+    domains, correct = ["a", "a", "b", "b", "c", "c"], [1.0, 0.0, 0.0, 0.0, None, None]
+    got = grouped_sample_metrics(domains, correct, ["1", "2", "3", "3", "", ""], 2)
+    assert got["pass@2"] == 0.5 and got["a/pass@1"] == 0.5 and got["b/pass@2"] == 0.0 and "c/pass@1" not in got
+
+
+# ------------------------------------------------------------------ task rows
+def test_rows_come_from_disjoint_seeds_and_carry_their_scorer():
+    spec = TaskSpec("sums", name="rg:chain_sum", config=ONE_DIGIT_SUMS, train_size=30, val_size=5, seed=3).resolved()
+    assert (spec.source, spec.name, spec.val_seed) == ("reasoning_gym", "chain_sum", 1_000_003)
+    train, val = task_rows(spec, "train"), task_rows(spec, "val")
+    assert (len(train), len(val)) == (30, 5) and task_rows(spec, "val") == val  # deterministic
+    seeds = lambda rows: {json.loads(r["ground_truth"])["seed"] + json.loads(r["ground_truth"])["index"] for r in rows}
+    assert seeds(train) == set(range(3, 33)) and seeds(val) == set(range(1_000_003, 1_000_008))
+    row = val[0]
+    assert row["domain"] == "sums" and [m["role"] for m in row["messages"]] == ["system", "user"]
+    assert "<answer>" in row["messages"][0]["content"]
+    assert score_reply("", row["answer"], row["ground_truth"]).metrics["accuracy"] == 1.0
+    # built-in tasks: the raw prompt, no system turn; arithmetic val prompts never in train
+    arith = TaskSpec("a", name="builtin:arith_easy", train_size=200, val_size=20).resolved()
+    a_train, a_val = task_rows(arith, "train"), task_rows(arith, "val")
+    assert [m["role"] for m in a_val[0]["messages"]] == ["user"] and a_val[0]["messages"][0]["content"].endswith("=")
+    assert not {r["messages"][0]["content"] for r in a_val} & {r["messages"][0]["content"] for r in a_train}
+    choice = task_rows(TaskSpec("c", name="builtin:choice", train_size=2, val_size=2).resolved(), "val")[0]
+    assert score_reply("", f"Answer: ({choice['answer']})", choice["ground_truth"]).metrics["accuracy"] == 1.0
+
+
+def test_spec_problems_name_the_key():
+    assert spec_problems(TaskSpec("s", name="chain_sum", config=ONE_DIGIT_SUMS), "tasks.s") == []
+    (unknown,) = spec_problems(TaskSpec("chian_sum"), "tasks.chian_sum")
+    assert unknown.startswith("tasks.chian_sum.name: unknown task 'chian_sum'; nearest: chain_sum")
+    (refused,) = spec_problems(TaskSpec("s", name="chain_sum", config={"max_term": 2}), "tasks.s")
+    assert refused.startswith("tasks.s.config: reasoning_gym task 'chain_sum' refuses it: TypeError:")
+    assert "unexpected keyword argument 'max_term'" in refused
+    (invalid,) = spec_problems(TaskSpec("s", name="chain_sum", config={"min_terms": 5, "max_terms": 2}), "tasks.s")
+    assert "max_terms must be >= min_terms" in invalid  # the config's own validate()
+    sizes = spec_problems(TaskSpec("s", name="chain_sum", train_size=0, val_size=0), "tasks.s")
+    assert [p.split(" =")[0] for p in sizes] == ["tasks.s.train_size", "tasks.s.val_size"]
+    (overlap,) = spec_problems(TaskSpec("s", name="chain_sum", train_size=100, seed=0, val_seed=50), "tasks.s")
+    assert overlap.startswith("tasks.s.val_seed = 50: validation seeds 50..149 overlap the training seeds 0..99")
+    (prefix,) = spec_problems(TaskSpec("s", name="hub:chain_sum"), "tasks.s")
+    assert "unknown task source 'hub'" in prefix
+    (builtin_key,) = spec_problems(TaskSpec("c", name="builtin:choice", config={"levels": [1]}), "tasks.c")
+    assert "choice takes no config key ['levels']" in builtin_key
+
+
+# ------------------------------------------------------------------ the config: checks before workers start
+TASKS_RUN = """\
+rollout_batch_size: 4
+num_return_sequences_in_group: 4
+actor_train:
+  training_args: {per_device_train_batch_size: 4, gradient_accumulation_steps: 1}
+  world_size: 1
+tasks:
+  sums: {name: chain_sum, config: {min_terms: 2, max_terms: 2}, weight: 3}
+  arith: {name: builtin:arith_easy}
+rewards:
+  tasks: {worker_cls: roll_gspo.workers.rewards.TaskRewardWorker}
+"""
+
+
+def load_tasks_run(tmp_path, text=TASKS_RUN, overrides=()):
+    from roll_gspo.config import load_config
+
+    path = tmp_path / "tasks.yaml"
+    path.write_text(text)
+    return load_config(str(path), list(overrides))
+
+
+def test_a_task_run_loads_and_its_rows_route_to_the_task_worker(tmp_path):
+    from pipelines.rlvr_setup import reward_routes
+    from roll_gspo.config.task_checks import task_specs
+
+    cfg = load_tasks_run(tmp_path, overrides=["eval_steps=5"])
+    assert cfg.eval_steps == 5  # the tasks' validation rows count as validation data
+    assert [s.key for s in task_specs(cfg)] == ["sums", "arith"] and cfg.tasks["sums"].weight == 3
+    assert reward_routes(cfg)["sums"] == reward_routes(cfg)["arith"] == "tasks"
+
+
+def test_bad_tasks_are_refused_before_workers_start(tmp_path):
+    from roll_gspo.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_tasks_run(tmp_path, overrides=[
+            "tasks.sums.name=chian_sum", "tasks.arith.val_size=0", "+tasks.more.name=basic_arithmetic",
+            "+tasks.more.config.bogus=1", "+tasks.more.reward=math_rule", "+rewards.math_rule.world_size=1",
+            "actor_train.data_args.file_name=[builtin:arith/train]"])
+    message = str(info.value)
+    for expected in ["tasks.sums.name: unknown task 'chian_sum'; nearest: chain_sum",
+                     "tasks.arith.val_size = 0", "tasks.more.config: reasoning_gym task 'basic_arithmetic' "
+                     "refuses it: TypeError", "tasks.more.reward = 'math_rule': rewards.math_rule.worker_cls",
+                     "actor_train.data_args.file_name = ['builtin:arith/train']: with `tasks`"]:
+        assert expected in message, (expected, message)
+
+
+def test_task_reward_worker_counts_the_answer_not_the_format():
+    from roll_gspo.config.schema import RewardConfig
+    from roll_gspo.distributed.batch import Batch
+    from roll_gspo.workers.rewards import TaskRewardWorker
+
+    saved = dict(os.environ)
+    try:
+        worker = TaskRewardWorker(RewardConfig(worker_cls="roll_gspo.workers.rewards.TaskRewardWorker", timeout_s=0),
+                                  domain="tasks", dist_env={"RANK": 0, "WORLD_SIZE": 1, "MASTER_ADDR": "127.0.0.1",
+                                                            "MASTER_PORT": 1})
+        worker.setup()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    spec = TaskSpec("sums", name="chain_sum", config=ONE_DIGIT_SUMS, train_size=2, val_size=1,
+                    format_weight=0.5).resolved()
+    row = task_rows(spec, "val")[0]
+    replies = [f"<answer>{row['answer']}</answer>", f"It is {row['answer']}", "<answer>99</answer>"]
+    scored = worker.compute_scores(Batch(meta={"prompt_text": [""] * 3, "response_text": replies,
+                                               "ground_truth": [row["ground_truth"]] * 3, "domain": ["sums"] * 3}))
+    assert scored["scores"].tolist() == [1.5, 1.0, 0.5]
+    assert scored["reward_correct"] == [1.0, 1.0, 0.0]  # 0.5 + format is not "correct", 1.0 alone is
+    assert [m["format_rate"] for m in scored["reward_metrics"]] == [1.0, 0.0, 1.0]
+
+
+# ------------------------------------------------------------------ the evaluation command
+def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path):
+    """One vLLM start: greedy and 4 sampled replies on a built-in and a reasoning-gym task."""
+    out = tmp_path / "eval.json"
+    env = dict(os.environ, ROLL_GSPO_CACHE=session_cache)
+    proc = subprocess.run(
+        [sys.executable, "-m", "roll_gspo.eval", "--model", tiny_model, "--tasks", "builtin:arith_easy", "chain_sum",
+         "--task-config", f"chain_sum={json.dumps(ONE_DIGIT_SUMS)}", "--val-size", "6", "--n", "4",
+         "--max-new-tokens", "6", "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("task"))
+    assert header.split() == ["task", "prompts", "greedy", "format", "pass@1", "pass@2", "pass@4", "maj@2", "maj@4"]
+    result = json.loads(out.read_text())
+    assert set(result["tasks"]) == {"arith_easy", "chain_sum"} and result["all"]["prompts"] == 12
+    for metrics in [*result["tasks"].values(), result["all"]]:
+        assert 0 <= metrics["pass@1"] <= metrics["pass@2"] <= metrics["pass@4"] <= 1  # pass@k grows with k
+        assert 0 <= metrics["greedy_accuracy"] <= 1
+    example = result["examples"]["chain_sum"][0]
+    assert example["answer"] == extract_answer(example["reply"])  # the one extraction
+    assert result["settings"]["tasks"][1]["val_seed"] == 1_000_000
