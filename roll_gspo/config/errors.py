@@ -1,12 +1,18 @@
 """The one error a configuration problem raises: every problem found, one per line."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, List, Sequence, Union
 
 
 class ConfigError(ValueError):
-    """A configuration problem; the message lists every problem found, one per line."""
+    """A configuration problem; the message lists every problem found, one per line.
 
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
+    `problems` are the lines as the user reads them; `findings` the same problems as
+    `findings.Finding`s where a check gave them (a plain line has `key` "" there)."""
+
+    def __init__(self, problems: Sequence[Union[str, Any]]):
+        from roll_gspo.config.findings import Finding
+
+        self.findings: List[Finding] = [p if isinstance(p, Finding) else Finding("", "error", str(p)) for p in problems]
+        self.problems = [f.text for f in self.findings]
         super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))

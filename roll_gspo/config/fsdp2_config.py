@@ -13,6 +13,8 @@ from typing import Any, Dict, List
 
 from roll_gspo.config import roll_compat
 from roll_gspo.config.errors import ConfigError
+from roll_gspo.config.findings import Finding, error, notice
+from roll_gspo.config.registry import check
 from roll_gspo.config.typed_walk import _build, _walk
 from roll_gspo.config.schema import FSDP2_DTYPES, FSDP2StrategyConfig, PipelineConfig
 
@@ -21,9 +23,9 @@ FSDP2_STRATEGIES = ("fsdp2_train", "fsdp2_infer")
 TRAINING_ONLY_KEYS = ("reduce_dtype", "enable_mix_precision", "reduce_scatter_during_grad_accumulation")
 
 
-def fsdp2_config_problems(path: str, strategy_config: Dict[str, Any]) -> List[str]:
+def fsdp2_config_problems(path: str, strategy_config: Dict[str, Any]) -> List[Finding]:
     """Problems of one FSDP2 strategy_config written at `path` (dotted, for the messages)."""
-    problems: List[str] = []
+    problems: List[Finding] = []
     checked = _walk(strategy_config, FSDP2StrategyConfig, path, problems)
     if not problems:
         roll_compat.refused_value_problems(FSDP2StrategyConfig, checked, strategy_config, problems, path=path)
@@ -45,9 +47,12 @@ def _fsdp2_roles(cfg: PipelineConfig):
     return [(n, getattr(cfg, n)) for n in names if getattr(cfg, n).strategy_args.strategy_name in FSDP2_STRATEGIES]
 
 
-def fsdp2_problems(cfg: PipelineConfig) -> List[str]:
+@check("check", keys=("<role>.strategy_args.strategy_config",),
+       doc="an FSDP2 `strategy_config` with unknown keys, wrong types or refused values, a `param_dtype` "
+           "contradicting the role's dtype, an `fsdp_size` that does not divide world_size", name="fsdp2.config")
+def fsdp2_problems(cfg: PipelineConfig, yaml_keys=None) -> List[Finding]:
     """Every FSDP2 role's strategy_config checked, and checked against the role's dtype and ranks."""
-    problems = []
+    problems: List[Finding] = []
     for name, role in _fsdp2_roles(cfg):
         path = f"{name}.strategy_args.strategy_config"
         own = fsdp2_config_problems(path, role.strategy_args.strategy_config)
@@ -56,18 +61,22 @@ def fsdp2_problems(cfg: PipelineConfig) -> List[str]:
             continue
         options = parse_fsdp2_config(role.strategy_args.strategy_config, path)
         if options.param_dtype is not None and FSDP2_DTYPES[options.param_dtype] != role.model_args.dtype:
-            problems.append(f"{path}.param_dtype = {options.param_dtype!r} contradicts {name}.model_args.dtype = "
-                            f"{role.model_args.dtype!r}; the compute dtype is model_args.dtype (drop param_dtype or "
-                            f"make them agree)")
+            problems.append(error(f"{path}.param_dtype", f"{path}.param_dtype = {options.param_dtype!r} contradicts "
+                                                         f"{name}.model_args.dtype = {role.model_args.dtype!r}; the "
+                                                         f"compute dtype is model_args.dtype (drop param_dtype or make "
+                                                         f"them agree)"))
         world, size = role.world_size, options.fsdp_size
         if 1 < size < world and world % size:
-            problems.append(f"{path}.fsdp_size = {size}: HSDP needs {name}.world_size ({world}) to be a multiple "
-                            f"of it (world_size / fsdp_size replicas of fsdp_size shards); use a divisor of "
-                            f"{world}, or 1 to shard over all ranks")
+            problems.append(error(f"{path}.fsdp_size", f"{path}.fsdp_size = {size}: HSDP needs {name}.world_size "
+                                                       f"({world}) to be a multiple of it (world_size / fsdp_size "
+                                                       f"replicas of fsdp_size shards); use a divisor of {world}, or 1 "
+                                                       f"to shard over all ranks"))
     return problems
 
 
-def fsdp2_notices(cfg: PipelineConfig) -> List[str]:
+@check("warn", keys=tuple(f"<role>.strategy_args.strategy_config.{key}" for key in TRAINING_ONLY_KEYS),
+       doc="training-only FSDP2 keys on a frozen role: accepted, one notice", name="fsdp2.frozen_keys")
+def fsdp2_notices(cfg: PipelineConfig, yaml_keys=None) -> List[Finding]:
     """One notice per training-only key written in a frozen FSDP2 role's strategy_config."""
     notices = []
     for name, role in _fsdp2_roles(cfg):
@@ -76,7 +85,7 @@ def fsdp2_notices(cfg: PipelineConfig) -> List[str]:
         config = role.strategy_args.strategy_config
         for key in TRAINING_ONLY_KEYS:
             if key in config:
-                notices.append(f"notice: {name}.strategy_args.strategy_config.{key} = {config[key]!r} is ignored "
-                               f"by a frozen engine (the {name} reduces no gradients), as in ROLL; nothing acts "
-                               f"instead")
+                path = f"{name}.strategy_args.strategy_config.{key}"
+                notices.append(notice(path, f"{path} = {config[key]!r} is ignored by a frozen engine (the {name} "
+                                            f"reduces no gradients), as in ROLL; nothing acts instead"))
     return notices

@@ -3,7 +3,8 @@ interpolation, then the typed walk of ``typed_walk`` over ``schema.PipelineConfi
 reports every unknown key (with a "did you mean"), wrong type and invalid choice at once, before
 anything starts.
 
-Semantic checks (batch arithmetic, contradictions, GSPO traps) live in ``validate.py``.
+Semantic checks (batch arithmetic, contradictions, GSPO traps) are the steps of ``registry``, run by
+``validate.validate_config``.
 """
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from roll_gspo.config import roll_compat
 from roll_gspo.config.errors import ConfigError
+from roll_gspo.config.findings import Finding
 from roll_gspo.config.schema import PipelineConfig, RewardConfig
 # The strict typed walk (also FSDP2's strategy_config's); re-exported for reference.py and tests.
 from roll_gspo.config.typed_walk import _build, _field_types, _schema_paths, _unwrap_optional, _walk  # noqa: F401
@@ -217,7 +219,7 @@ def load_config_dict(raw_cfg: DictConfig, from_defaults: Set[str] = frozenset())
             "examples), ignored: %s", ", ".join(unread))
     pipeline_keys = {k: v for k, v in raw.items() if k not in anchors}
 
-    problems: List[str] = []
+    problems: List[Finding] = []
     _walk(pipeline_keys, PipelineConfig, "", problems)  # unknown keys, on what the user wrote
     if problems:
         raise ConfigError(problems)
@@ -265,13 +267,23 @@ def load_config(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
     """Compose `config` (path or example name), apply overrides, check strictly, validate.
 
     Raises ConfigError listing every problem; returns the typed config with derived defaults
-    filled in. Warnings (GSPO traps) are logged by ``validate.validate_config``. The GPU-only
+    filled in. Warnings and notices (GSPO traps, keys that act differently) are logged. The GPU-only
     settings of roles that run on CPUs are adapted first, one notice each (``cpu_run``);
     `cpu_host` True (None: detect it when a role has GPU placement) also drops the roles' GPU
     placement, for a run on a machine without a GPU.
     """
+    cfg, findings = load_config_findings(config, overrides, cpu_host)
+    for finding in findings:
+        logging.getLogger("roll_gspo.config").warning(finding.text)
+    return cfg
+
+
+def load_config_findings(config: str, overrides: Sequence[str] = (),
+                         cpu_host: Optional[bool] = False) -> Tuple[PipelineConfig, List[Finding]]:
+    """`load_config`, returning the validation's warnings and notices instead of logging them
+    (the CPU adaptation's notices are logged)."""
     from roll_gspo.config.cpu_run import adapt_to_cpu, megatron_to_deepspeed
-    from roll_gspo.config.validate import validate_config
+    from roll_gspo.config.validate import check_config
 
     path = resolve_config_path(config)
     try:
@@ -287,8 +299,7 @@ def load_config(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
     cfg = load_config_dict(raw_cfg, from_defaults)
     for notice in notices + adapt_to_cpu(cfg, cpu_host):
         logging.getLogger("roll_gspo.config").warning(notice)
-    validate_config(cfg, yaml_keys=written_key_paths(raw_cfg))
-    return cfg
+    return cfg, check_config(cfg, yaml_keys=written_key_paths(raw_cfg))
 
 
 def config_to_yaml(cfg: PipelineConfig) -> str:

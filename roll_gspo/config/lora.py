@@ -1,5 +1,5 @@
 """LoRA's keys (ROLL's, in `model_args`): what they mean, how actor_infer's follow actor_train's, and
-every check of them, at load (`lora_problems`, from validate) and against the model and adapter files
+every check of them, at load (the steps `lora.*`, run by validate) and against the model and adapter files
 (`lora_preflight_problems`, from preflight / --dry-run).
 
 `lora_target` is the switch, as in ROLL: a comma list of module names (a module matches a name when
@@ -11,12 +11,15 @@ function, so --dry-run refuses what the trainer would.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from roll_gspo.config.findings import Finding, error, notice, warning
+from roll_gspo.config.registry import check
 from roll_gspo.config.schema import ModelArgs, PipelineConfig
 
 LORA_KEYS = ("lora_target", "lora_rank", "lora_alpha", "lora_dropout", "additional_target", "adapter_name_or_path")
@@ -172,11 +175,17 @@ def fill_lora_defaults(args: ModelArgs) -> None:
         args.lora_alpha = 2 * args.lora_rank
 
 
-def lora_problems(cfg: PipelineConfig) -> List[str]:
-    """Check the LoRA keys of every role, fill ROLL's defaults, and derive actor_infer's keys from
-    actor_train's where actor_infer leaves them out (in place). Target lists written on both roles
-    in different words are compared on the model by `lora_preflight_problems`."""
-    problems: List[str] = []
+@check("check", keys=("<role>.model_args.lora_target", "<role>.model_args.lora_rank", "<role>.model_args.lora_alpha",
+                      "<role>.model_args.lora_dropout", "lora_target", "lora_sync"),
+       doc="LoRA (docs/lora.md): `lora_rank` <= 0, `lora_alpha` <= 0, `lora_dropout` outside [0, 1); LoRA keys on "
+           "actor_infer contradicting actor_train's (or set there alone), on the reference or a reward model; "
+           "top-level `lora_*` anchors no role uses; `lora_sync: adapter` with hf_infer, `additional_target`, a "
+           "rank above 512 or `sleep_level: 2` (`--dry-run` adds the checks against the model)",
+       name="lora.keys")
+def lora_problems(cfg: PipelineConfig, yaml_keys=None) -> List[Finding]:
+    """The LoRA keys of every role. Target lists written on both roles in different words are
+    compared on the model by `lora_preflight_problems`."""
+    problems: List[Finding] = []
     train, infer = cfg.actor_train.model_args, cfg.actor_infer.model_args
     blocks = [("reference", cfg.reference.model_args,
                "the reference is the base model: with LoRA on actor_train its log-probs come from actor_train with "
@@ -185,104 +194,138 @@ def lora_problems(cfg: PipelineConfig) -> List[str]:
                for domain, reward in cfg.rewards.items()]
     for path, args, why in blocks:
         for key in _written_lora_keys(args):
-            problems.append(f"{path}.model_args.{key} = {getattr(args, key)!r}: {why}; remove it")
+            problems.append(error(f"{path}.model_args.{key}", f"{path}.model_args.{key} = {getattr(args, key)!r}: "
+                                                              f"{why}; remove it"))
     if not cfg.has_rollout():
         if _written_lora_keys(infer):
-            problems.append("actor_infer.model_args.lora_*: the sft pipeline has no rollout engine; set the LoRA keys "
-                            "on actor_train only")
+            problems.append(error("actor_infer.model_args.lora_target",
+                                  "actor_infer.model_args.lora_*: the sft pipeline has no rollout engine; set the LoRA "
+                                  "keys on actor_train only"))
     elif not train.uses_lora() and infer.uses_lora():
-        problems.append(f"actor_infer.model_args.lora_target = {infer.lora_target!r} while actor_train trains every "
-                        f"weight (no actor_train.model_args.lora_target): the rollout engine samples the policy "
-                        f"actor_train trains; set LoRA on actor_train (actor_infer's keys may then be left out)")
+        problems.append(error("actor_infer.model_args.lora_target", f"actor_infer.model_args.lora_target = "
+                                                                    f"{infer.lora_target!r} while actor_train trains "
+                                                                    f"every weight (no "
+                                                                    f"actor_train.model_args.lora_target): the rollout "
+                                                                    f"engine samples the policy actor_train trains; "
+                                                                    f"set LoRA on actor_train (actor_infer's keys may "
+                                                                    f"then be left out)"))
     anchors = [k for k in ("lora_target", "lora_rank", "lora_alpha") if getattr(cfg, k) is not None]
     if anchors and not train.uses_lora():
-        problems.append(f"top-level {', '.join(anchors)} set, but no role's model_args uses it: ROLL's top-level "
-                        f"LoRA keys act only when interpolated (actor_train.model_args.lora_target: "
-                        f"${{lora_target}}, ...); set them in actor_train.model_args")
+        problems.append(error(anchors[0], f"top-level {', '.join(anchors)} set, but no role's model_args uses it: "
+                                          f"ROLL's top-level LoRA keys act only when interpolated "
+                                          f"(actor_train.model_args.lora_target: ${{lora_target}}, ...); set them in "
+                                          f"actor_train.model_args"))
     if not train.uses_lora():
         return problems
     if cfg.lora_sync == "adapter":
         problems += _adapter_sync_problems(cfg)
     for path, args in (("actor_train", train), ("actor_infer", infer)):
         problems += _value_problems(args, f"{path}.model_args")
-    if problems:
+    if problems or not cfg.has_rollout():
         return problems
+    filled = copy.copy(train)  # what `_fill_lora` will make of it
+    fill_lora_defaults(filled)
+    return _infer_contradictions(filled, infer)
+
+
+@check("settle", keys=("actor_train.model_args.lora_rank", "actor_train.model_args.lora_alpha",
+                       "actor_infer.model_args"),
+       doc="LoRA: ROLL's defaults (rank 8, alpha 2 x rank), and actor_infer's LoRA keys from actor_train's where "
+           "it leaves them out", name="lora.fill")
+def _fill_lora(cfg: PipelineConfig, yaml_keys=None) -> List[Finding]:
+    train, infer = cfg.actor_train.model_args, cfg.actor_infer.model_args
+    if not train.uses_lora():
+        return []
     fill_lora_defaults(train)
     if cfg.has_rollout():
-        problems += _derive_infer_keys(train, infer)
-    return problems
+        for key in LORA_KEYS:
+            if getattr(infer, key) == getattr(_DEFAULTS, key):  # written and equal, or in other words: kept
+                setattr(infer, key, getattr(train, key))
+    return []
 
 
-def _value_problems(args: ModelArgs, path: str) -> List[str]:
+def _value_problems(args: ModelArgs, path: str) -> List[Finding]:
     problems = []
     if args.lora_target is not None:
         try:
             parse_lora_target(args.lora_target)
         except ValueError as exc:
-            problems.append(f"{path}.lora_target = {args.lora_target!r}: {exc}")
+            problems.append(error(f"{path}.lora_target", f"{path}.lora_target = {args.lora_target!r}: {exc}"))
     if args.lora_rank is not None and args.lora_rank < 1:
-        problems.append(f"{path}.lora_rank: must be >= 1 (the adapter's rank; null means {DEFAULT_RANK}), "
-                        f"got {args.lora_rank}")
+        problems.append(error(f"{path}.lora_rank", f"{path}.lora_rank: must be >= 1 (the adapter's rank; null means "
+                                                   f"{DEFAULT_RANK}), got {args.lora_rank}"))
     if args.lora_alpha is not None and args.lora_alpha <= 0:
-        problems.append(f"{path}.lora_alpha: must be > 0 (the update is scaled by lora_alpha / lora_rank; null "
-                        f"means 2 x lora_rank), got {args.lora_alpha}")
+        problems.append(error(f"{path}.lora_alpha", f"{path}.lora_alpha: must be > 0 (the update is scaled by "
+                                                    f"lora_alpha / lora_rank; null means 2 x lora_rank), got "
+                                                    f"{args.lora_alpha}"))
     if not 0.0 <= args.lora_dropout < 1.0:
-        problems.append(f"{path}.lora_dropout: must be in [0, 1), got {args.lora_dropout}")
+        problems.append(error(f"{path}.lora_dropout",
+                              f"{path}.lora_dropout: must be in [0, 1), got {args.lora_dropout}"))
     return problems
 
 
-def _derive_infer_keys(train: ModelArgs, infer: ModelArgs) -> List[str]:
-    """actor_infer's LoRA keys: actor_train's where left out; the same where written (lora_target
-    written in other words is resolved on the model at preflight)."""
+def _infer_contradictions(train: ModelArgs, infer: ModelArgs) -> List[Finding]:
+    """actor_infer's LoRA keys written unlike actor_train's (lora_target written in other words is
+    resolved on the model at preflight)."""
     problems = []
     for key in LORA_KEYS:
         theirs, ours = getattr(train, key), getattr(infer, key)
-        if ours == getattr(_DEFAULTS, key) or ours == theirs:
-            setattr(infer, key, theirs)
-        elif key == "lora_target":
-            continue  # `all-linear` vs the same names listed: compared on the model (preflight)
-        else:
-            problems.append(f"actor_infer.model_args.{key} = {ours!r} contradicts actor_train.model_args.{key} = "
-                            f"{theirs!r}: the rollout engine samples the adapter actor_train trains; leave it out on "
-                            f"actor_infer (it is derived) or make them agree")
+        if ours == getattr(_DEFAULTS, key) or ours == theirs or key == "lora_target":
+            continue
+        problems.append(error(f"actor_infer.model_args.{key}", f"actor_infer.model_args.{key} = {ours!r} contradicts "
+                                                               f"actor_train.model_args.{key} = {theirs!r}: the "
+                                                               f"rollout engine samples the adapter actor_train "
+                                                               f"trains; leave it out on actor_infer (it is derived) "
+                                                               f"or make them agree"))
     return problems
 
 
-def _adapter_sync_problems(cfg: PipelineConfig) -> List[str]:
+def _adapter_sync_problems(cfg: PipelineConfig) -> List[Finding]:
     problems = []
     strategy = cfg.actor_infer.strategy_args.strategy_name
     if cfg.has_rollout() and strategy != "vllm":
-        problems.append(f"lora_sync: adapter loads the adapter into vLLM's LoRA support, but actor_infer runs "
-                        f"{strategy!r}; use lora_sync: merged (the merged weights, which {strategy} takes) or vllm")
+        problems.append(error("lora_sync", f"lora_sync: adapter loads the adapter into vLLM's LoRA support, but "
+                                           f"actor_infer runs {strategy!r}; use lora_sync: merged (the merged weights, "
+                                           f"which {strategy} takes) or vllm"))
     from roll_gspo.placement.colocation import offload_between_phases, sleep_level
 
     if (cfg.actor_train.model_args.lora_rank or DEFAULT_RANK) > VLLM_MAX_LORA_RANK:
-        problems.append(f"lora_sync: adapter with lora_rank {cfg.actor_train.model_args.lora_rank}: vLLM's LoRA "
-                        f"support takes ranks up to {VLLM_MAX_LORA_RANK}; use lora_sync: merged")
+        problems.append(error("lora_sync", f"lora_sync: adapter with lora_rank {cfg.actor_train.model_args.lora_rank}: "
+                                           f"vLLM's LoRA support takes ranks up to {VLLM_MAX_LORA_RANK}; use "
+                                           f"lora_sync: merged"))
 
     if offload_between_phases(cfg) and sleep_level(cfg) >= 2:
-        problems.append("lora_sync: adapter with vLLM sleeping at sleep_level 2 between phases: level 2 drops the "
-                        "base weights, which an adapter sync never sends again; use lora_sync: merged (every sync "
-                        "refills every weight) or sleep_level 1")
+        problems.append(error("lora_sync", "lora_sync: adapter with vLLM sleeping at sleep_level 2 between phases: "
+                                           "level 2 drops the base weights, which an adapter sync never sends again; "
+                                           "use lora_sync: merged (every sync refills every weight) or sleep_level 1"))
     if cfg.actor_train.model_args.additional_target:
-        problems.append(f"actor_train.model_args.additional_target = {cfg.actor_train.model_args.additional_target!r} "
-                        f"with lora_sync: adapter: vLLM's adapters hold LoRA matrices only, so the fully trained "
-                        f"modules would never reach the rollout engine; use lora_sync: merged")
+        problems.append(error("actor_train.model_args.additional_target",
+                              f"actor_train.model_args.additional_target = "
+                              f"{cfg.actor_train.model_args.additional_target!r} with lora_sync: adapter: vLLM's "
+                              f"adapters hold LoRA matrices only, so the fully trained modules would never reach the "
+                              f"rollout engine; use lora_sync: merged"))
     return problems
 
 
-def lora_warnings(cfg: PipelineConfig) -> List[str]:
+@check("warn", keys=("actor_train.model_args.lora_dropout", "reference"),
+       doc="LoRA: a `lora_dropout` that has no effect; with a KL term, where the reference log-probs come from",
+       name="lora.warnings")
+def lora_warnings(cfg: PipelineConfig, yaml_keys=None) -> List[Finding]:
     """What a LoRA config sets that does not act, said once at load."""
     train = cfg.actor_train.model_args
     if not train.uses_lora():
         return []
     warns = []
     if train.lora_dropout > 0:
-        warns.append(f"actor_train.model_args.lora_dropout = {train.lora_dropout} has no effect: every forward pass "
-                     f"runs without dropout here (old and new log-probs must score one policy), the adapter's too")
+        warns.append(warning("actor_train.model_args.lora_dropout", f"actor_train.model_args.lora_dropout = "
+                                                                    f"{train.lora_dropout} has no effect: every "
+                                                                    f"forward pass runs without dropout here (old and "
+                                                                    f"new log-probs must score one policy), the "
+                                                                    f"adapter's too"))
     if cfg.has_rollout() and cfg.needs_reference_log_probs():
-        warns.append("notice: LoRA with a KL term: the reference log-probs come from actor_train with its adapter "
-                     "disabled (the base model); no reference role starts and reference.* is not read")
+        warns.append(notice("reference", "LoRA with a KL term: the reference log-probs come from actor_train with its "
+                                         "adapter disabled (the base model); no reference role starts and reference.* "
+                                         "is not read"))
     return warns
 
 

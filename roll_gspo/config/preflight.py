@@ -10,6 +10,7 @@ from typing import List, Optional, Set
 
 from roll_gspo.config import roll_compat
 from roll_gspo.config.errors import ConfigError
+from roll_gspo.config.findings import Finding, error
 from roll_gspo.config.schema import PipelineConfig
 
 BUILTIN_REWARD_WORKERS = ("MathRuleRewardWorker", "RegexMatchRewardWorker", "FunctionRewardWorker")
@@ -92,7 +93,7 @@ def model_max_positions(name: str) -> Optional[int]:
     return limit
 
 
-def _check_lengths(cfg: PipelineConfig, roles: List[str]) -> List[str]:
+def _check_lengths(cfg: PipelineConfig, roles: List[str]) -> List[Finding]:
     """Lengths the config asks for against what each role's model can hold: vLLM refuses an engine
     longer than the model at start-up (a worker trace otherwise), and transformers models run
     past it silently on positions they never saw. One line per model, naming the roles using it."""
@@ -111,20 +112,22 @@ def _check_lengths(cfg: PipelineConfig, roles: List[str]) -> List[str]:
         source = (f"the model {path!r} ({', '.join(f'{r}.model_args.model_name_or_path' for r in users)}) "
                   f"holds at most {limit} tokens (max_position_embeddings)")
         if needed > limit:
-            problems.append(f"{asked}, but {source}; lower {knobs}")
+            problems.append(error(knobs.partition(" ")[0], f"{asked}, but {source}; lower {knobs}"))
         engine = cfg.actor_infer.strategy_args.strategy_config if "actor_infer" in users else {}
         if isinstance(engine.get("max_model_len"), int) and engine["max_model_len"] > limit:
-            problems.append(f"actor_infer.strategy_args.strategy_config.max_model_len = {engine['max_model_len']}, "
-                            f"but {source}; vLLM would refuse it at start-up: lower it to {limit} or drop it "
-                            f"(prompt_length + response_length is the default)")
+            problems.append(error("actor_infer.strategy_args.strategy_config.max_model_len",
+                                  f"actor_infer.strategy_args.strategy_config.max_model_len = "
+                                  f"{engine['max_model_len']}, but {source}; vLLM would refuse it at start-up: lower "
+                                  f"it to {limit} or drop it (prompt_length + response_length is the default)"))
     for domain, reward in (cfg.rewards.items() if cfg.pipeline == "rlvr" else []):
         engine = reward.strategy_args.strategy_config or {}
         path = reward.model_args.model_name_or_path
         limit = model_max_positions(path) if path else None
         if limit is not None and isinstance(engine.get("max_model_len"), int) and engine["max_model_len"] > limit:
-            problems.append(f"rewards.{domain}.strategy_args.strategy_config.max_model_len = {engine['max_model_len']}, "
-                            f"but the judge model {path!r} holds at most {limit} tokens "
-                            f"(max_position_embeddings); lower it to {limit}")
+            problems.append(error(f"rewards.{domain}.strategy_args.strategy_config.max_model_len",
+                                  f"rewards.{domain}.strategy_args.strategy_config.max_model_len = "
+                                  f"{engine['max_model_len']}, but the judge model {path!r} holds at most {limit} "
+                                  f"tokens (max_position_embeddings); lower it to {limit}"))
     return problems
 
 
@@ -185,53 +188,62 @@ def vllm_engine_fields() -> Set[str]:
     return set(fields)
 
 
-def _check_vllm_engine_keys(cfg: PipelineConfig) -> List[str]:
+def _check_vllm_engine_keys(cfg: PipelineConfig) -> List[Finding]:
     if cfg.actor_infer.strategy_args.strategy_name != "vllm":
         return []
     try:
         valid = vllm_engine_fields()
     except ImportError as exc:
-        return [f"actor_infer.strategy_args.strategy_name: vllm is not installed ({exc}); "
-                f"install the `cpu` or `gpu` extra or use hf_infer"]
+        return [error("actor_infer.strategy_args.strategy_name", f"actor_infer.strategy_args.strategy_name: vllm is "
+                                                                 f"not installed ({exc}); install the `cpu` or `gpu` "
+                                                                 f"extra or use hf_infer")]
     import difflib
 
     problems = []
     for key in cfg.actor_infer.strategy_args.strategy_config:
         if key not in valid and key not in ROLL_ENGINE_KEYS:
             close = difflib.get_close_matches(key, sorted(valid), n=1)
-            problems.append(f"unknown key 'actor_infer.strategy_args.strategy_config.{key}' (not a "
-                            f"vllm.EngineArgs field)" + (f"; did you mean {close[0]!r}?" if close else ""))
+            problems.append(error(f"actor_infer.strategy_args.strategy_config.{key}",
+                                  f"unknown key 'actor_infer.strategy_args.strategy_config.{key}' (not a "
+                                  f"vllm.EngineArgs field)" + (f"; did you mean {close[0]!r}?" if close else "")))
     return problems
 
 
 def preflight(cfg: PipelineConfig) -> None:
     """Check what exists outside the config; raise ConfigError listing every problem."""
-    problems: List[Optional[str]] = []
+    problems: List[Optional[Finding]] = []
+
+    def keyed(key: str, problem: Optional[str]) -> Optional[Finding]:
+        return error(key, problem) if problem else None
+
     for block in ("actor_train", "validation"):
         data = getattr(cfg, block).data_args
         for name in data.file_name:
-            problems.append(_check_data_file(roll_compat.under_dataset_dir(name, data.dataset_dir),
-                                             f"{block}.data_args.file_name"))
+            problems.append(keyed(f"{block}.data_args.file_name", _check_data_file(
+                roll_compat.under_dataset_dir(name, data.dataset_dir), f"{block}.data_args.file_name")))
     roles = ["actor_train"] + (["actor_infer"] if cfg.has_rollout() else [])
     roles += ["reference"] if cfg.has_rollout() and cfg.needs_reference() else []
     for role in roles:
         path = getattr(cfg, role).model_args.model_name_or_path
-        problems.append(_check_model(path, f"{role}.model_args.model_name_or_path", cfg))
+        key = f"{role}.model_args.model_name_or_path"
+        problems.append(keyed(key, _check_model(path, key, cfg)))
     if cfg.has_rollout():
         for domain, reward in cfg.rewards.items():
+            key = f"rewards.{domain}.worker_cls"
             roll_problem = roll_compat.reward_worker_problem(domain, reward.worker_cls)
             if roll_problem:
-                problems.append(roll_problem)
+                problems.append(keyed(key, roll_problem))
             elif reward.worker_cls.rpartition(".")[2] not in BUILTIN_REWARD_WORKERS or not reward.worker_cls.startswith("roll_gspo."):
-                problems.append(_check_import(reward.worker_cls, f"rewards.{domain}.worker_cls"))
+                problems.append(keyed(key, _check_import(reward.worker_cls, key)))
             if reward.reward_fn:
-                problems.append(_check_import(reward.reward_fn, f"rewards.{domain}.reward_fn"))
+                problems.append(keyed(f"rewards.{domain}.reward_fn", _check_import(reward.reward_fn,
+                                                                                   f"rewards.{domain}.reward_fn")))
         problems += _check_vllm_engine_keys(cfg)
     problems += _check_lengths(cfg, roles)
     if not any(problems):  # the model folders exist: LoRA's targets and adapter against them
         from roll_gspo.config.lora import lora_preflight_problems
 
-        problems += lora_preflight_problems(cfg)
+        problems += [error("actor_train.model_args.lora_target", p) for p in lora_preflight_problems(cfg)]
     problems = [p for p in problems if p]
     if problems:
         raise ConfigError(problems)

@@ -55,75 +55,31 @@ _ROLE_NOTE = ("Every role has the same blocks (`model_args`, `training_args`, `g
               "`data_args`, `strategy_args`); a key set in a block its role never reads is refused "
               "(see [Which role reads which block](#which-role-reads-which-block)).")
 
-_CHECKS = """## Checks beyond types
+# What `checks_section` says before each phase's steps.
+_PHASE_TITLES = {
+    "normalise": "Before anything is checked, what the YAML wrote is put into its canonical form:",
+    "derive": "then the defaults that follow from other keys are filled in:",
+    "check": "It refuses these, naming the keys and the way out, and lists every problem at once:",
+    "settle": "Once every check has passed, it fills in:",
+    "warn": "And warns, or notes what acts instead (logged, the run goes on):",
+}
 
-`validate_config` (every load, `--dry-run`, `--print-config`) refuses these, naming the keys and
-the way out, and lists every problem at once:
 
-- **Ranges.** Negative `kl_loss_coef`, `init_kl_coef`, `actor_train.training_args.learning_rate`,
-  `warmup_steps`, `max_grad_norm`, `weight_decay`; `adam_beta1/2` outside [0, 1);
-  `weight_sync_bucket_mb` or `weight_sync_timeout_s` <= 0; `temperature` < 0, `top_p` outside (0, 1], `top_k` < -1 (in
-  `actor_infer.generating_args` and `validation.generating_args`).
-- **Zero is not null.** An explicit 0 for `max_new_tokens`, `num_return_sequences` or
-  `loss_norm_length` is refused; only null means "the default".
-- **Degenerate normalisation.** `reward_norm: group` with `num_return_sequences_in_group: 1` (or
-  `batch` with a single response per step) normalises every reward to 0.
-- **Rollout log-probs that are not the trainer's.** `old_logprob_source: rollout` with vLLM,
-  `top_p` < 1 or `top_k` > 0 and a temperature other than 1 (or 0): vLLM's log-probs are either
-  after the top-p/top-k cut (renormalised over the kept tokens, ~0.7 nats per token higher at
-  top_p 0.5) or before the temperature, never the full tempered distribution the trainer scores,
-  so every ratio would be biased (GSPO's clip then zeroes the gradient of negative-advantage
-  responses). At temperature 1 (or 0) roll_gspo asks vLLM for `raw_logprobs`, which are exact, and
-  without truncation for `processed_logprobs`, exact at any temperature; hf_infer always re-scores
-  exactly. A `logprobs_mode` in `actor_infer.strategy_args.strategy_config` is refused with
-  `rollout` (with `trainer` or `auto` it only changes the logged gap, and warns). The default,
-  `auto`, never takes such log-probs: it uses the trainer's there (and outside fp32, with token
-  ratios, Routing Replay, a Mixture-of-Experts policy or `model_update_frequency` > 1), and the
-  run logs which source it took and why.
-- **Sampling from the YAML only.** `generation_config` / `override_generation_config` in the vLLM
-  `strategy_config` are refused; the engines never take sampling defaults (repetition_penalty,
-  top_k, ...) from the model folder's `generation_config.json`.
-- **One policy, one precision, enough room.** `actor_infer.model_args.model_name_or_path`
-  differing from actor_train's (or a vLLM `model` key); a vLLM `dtype` contradicting
-  `actor_infer.model_args.dtype`; DeepSpeed `bf16.enabled` / `fp16.enabled` in a
-  `strategy_config` contradicting the role's `model_args.dtype`; a vLLM `max_model_len` below
-  `prompt_length + response_length`; `max_new_tokens` above `response_length`; a vLLM
-  `tensor_parallel_size` above the rollout rank's reservation (`num_cpus_per_worker` on CPU, one
-  core per TP worker; `num_gpus_per_worker` on GPUs), or with a `distributed_executor_backend`
-  other than `mp`.
-- **LoRA** (docs/lora.md): `lora_rank` <= 0, `lora_alpha` <= 0, `lora_dropout` outside [0, 1); LoRA keys
-  on `actor_infer` contradicting actor_train's (or set there alone), on the reference or a reward model;
-  top-level `lora_*` anchors no role uses; `lora_sync: adapter` with hf_infer, `additional_target`, a
-  rank above 512 or `sleep_level: 2`. `--dry-run` adds, on the model: `lora_target` naming no module or
-  a non-linear one (listing the linear modules), a tied LM head, a Mixture-of-Experts policy, and an
-  `adapter_name_or_path` that is missing or does not fit the model.
-- **Prompts split on CPU** (docs/crash_safety.md): vLLM on CPU admits prompts whole (no chunked
-  prefill), since a split prompt's seeded generator cannot be rewound there; an explicit
-  `enable_chunked_prefill: true` (unless `max_num_batched_tokens` >= `max_num_seqs` *
-  `max_model_len`), a `max_num_batched_tokens` below `max_model_len` or a
-  `long_prefill_token_threshold` below it are refused (actor_infer and vLLM judges).
-- **Agentic credit** (docs/agentic.md): `importance_sampling: seq` with `adv_estimator:
-  step_reinforce` on whole-trajectory samples (one ratio would push every turn by the mean of
-  their advantages); a mean_std / mean `reward_normalization` over groups of one trajectory.
-- **Keys a role never reads** (next section).
+def checks_section() -> List[str]:
+    """The "Checks beyond types" section: every registered config step, by phase, with its doc."""
+    from roll_gspo.config.registry import PHASES, registered_steps
 
-And warns (logged, the run goes on):
+    lines = ["## Checks beyond types", "",
+             "`validate_config` (every load, `--dry-run`, `--print-config`) runs the steps registered beside the "
+             "keys they read (`roll_gspo/config/registry.py`), phase by phase, in this order.", ""]
+    for phase in PHASES:
+        steps = registered_steps(phase)
+        if steps:
+            lines += [_PHASE_TITLES[phase], ""]
+            lines += [f"- `{step.name}`: {step.doc}." for step in steps] + [""]
+    return lines
 
-- **Many optimizer steps per rollout** (more than 16): `ppo_epochs * rollout_batch_size *
-  num_return_sequences_in_group / (per_device_train_batch_size * gradient_accumulation_steps *
-  world_size)`, printed with the numbers. ROLL's GSPO keys with the default batch keys give
-  1 * 64 * 8 / (1 * 1 * 1) = 512 steps: after the first few the policy is far from the one that
-  sampled, the 3e-4 / 4e-4 clip zeroes most gradients and the rollout is wasted. The GSPO paper
-  takes 4.
-- **Exactly one optimizer step per rollout**: every ratio is 1 and clipping never fires.
-- **Stale rollouts** (`model_update_frequency` > 1): up to N-1 of every N rollouts come from
-  stale weights (off-policy) and nothing corrects for it. With `old_logprob_source: trainer` (what `auto` takes here) the ratio measures
-  the change from the trainer's weights at the start of the step, not from the weights that
-  sampled (the staleness is invisible to the clip); with `rollout` it is measured from the stale
-  weights, starts far from 1 and a GSPO-sized clip zeroes most gradients.
-- The GSPO traps: a token-sized clip with sequence ratios, a sequence-sized clip with token
-  ratios, KL applied twice, rollout log-probs with token ratios or outside fp32.
-"""
+
 _ROLES = ("actor_train", "actor_infer", "reference")
 
 
@@ -305,7 +261,7 @@ def _fsdp2_section() -> List[str]:
 def render_reference() -> str:
     """The Markdown reference of every key of ``PipelineConfig``."""
     body = _section(PipelineConfig(), "", 2, "Run keys and algorithm keys (ROLL's names).") + _fsdp2_section()
-    body += _CHECKS.splitlines() + [""] + _role_reads_section()
+    body += checks_section() + _role_reads_section()
     body = render_roll_table() + body
     contents = ["Contents:", ""]
     for line in body:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import AbstractSet, Any, Dict, List, Optional
 
+from roll_gspo.config.findings import Finding, error, notice
+from roll_gspo.config.registry import check
 from roll_gspo.config.schema import PipelineConfig
 
 READ = None  # the role reads this block (all of its keys, unless UNREAD_KEYS says otherwise)
@@ -79,21 +81,36 @@ def _leaves(value: Any, prefix: str) -> Dict[str, Any]:
     return {prefix: value}
 
 
-def ignored_key_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
+@check("warn", keys=tuple(ROLL_IGNORED_KEYS), doc="keys ROLL's recipes set although ROLL ignores them in an rlvr "
+       "run: accepted, one notice naming what acts instead", name="role_reads.roll_ignored")
+def ignored_key_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     """One notice per key of ROLL_IGNORED_KEYS the YAML sets to a non-default value (rlvr pipeline)."""
+    if cfg.pipeline != "rlvr":
+        return []
     defaults = PipelineConfig()
     notices = []
     for path, acts_instead in ROLL_IGNORED_KEYS.items():
         role, block, key = path.split(".")
         value = getattr(getattr(getattr(cfg, role), block), key)
         if value != getattr(getattr(getattr(defaults, role), block), key) and is_written(path, yaml_keys):
-            notices.append(f"notice: {path} = {value!r} is ignored in an rlvr run, as in ROLL; what acts is "
-                           f"{acts_instead}")
+            notices.append(notice(path, f"{path} = {value!r} is ignored in an rlvr run, as in ROLL; what acts is "
+                                        f"{acts_instead}"))
     return notices
 
 
-def unread_key_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[str]:
-    """One refusal per key set in a block (or at a key) its role never reads (rlvr pipeline)."""
+@check("check", keys=tuple(f"{role}.{block}" for role, blocks in ROLE_BLOCKS.items() for block in blocks),
+       doc="a key set in a block (or at a key) its role never reads (next section)", name="role_reads.unread")
+def _unread_keys(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    if not cfg.has_rollout():
+        return []
+    found = unread_key_problems(cfg, yaml_keys)
+    if cfg.pipeline == "agentic":  # one template renders the conversation: agentic.problems compares them
+        found = [f for f in found if not f.key.endswith(".data_args.template")]
+    return found
+
+
+def unread_key_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    """One refusal per key set in a block (or at a key) its role never reads."""
     defaults = PipelineConfig()
     problems = []
     for role, blocks in ROLE_BLOCKS.items():
@@ -110,6 +127,6 @@ def unread_key_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
                 if where is None or value == default[key] or not is_written(key, yaml_keys):
                     continue
                 what = block if acts_instead is not READ else key.rpartition(".")[2]
-                problems.append(f"{key} = {value!r} is never read ({role} does not use {what}); the setting "
-                                f"that acts is {where}. Remove it here")
+                problems.append(error(key, f"{key} = {value!r} is never read ({role} does not use {what}); the "
+                                           f"setting that acts is {where}. Remove it here"))
     return problems

@@ -3,9 +3,10 @@
 
 Every key the file writes is put in one of four groups:
 
-* refused: the loader, the validation or the preflight names it in an error (the reason printed);
+* refused: the loader, the validation or the preflight refuses it (a `Finding` with its key; the
+  reason printed);
 * ignored as in ROLL: ROLL's recipes set it although ROLL ignores it in this pipeline; the load
-  accepts it with a notice (`notice: <key> = ...`), which the report quotes;
+  accepts it with a notice about that key, which the report quotes;
 * acts differently: it acts, with a difference from ROLL worth knowing (`roll_keys.ROLL_KEY_NOTES`),
   or it is a GPU-only setting of a role that runs on CPUs, replaced by what runs there (its
   `notice: on CPU, ...`, roll_gspo.config.cpu_run);
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from roll_gspo.config.errors import ConfigError
+from roll_gspo.config.findings import Finding
 from roll_gspo.config.roll_keys import ROLL_KEY_NOTES
 
 ROLE_NAMES = ("actor_train", "actor_infer", "reference", "critic", "validation")
@@ -129,10 +131,17 @@ def _leaf_paths(raw_cfg) -> List[str]:
     return leaves
 
 
-def _owner(problem: str, keys: Sequence[str]) -> Optional[str]:
-    """The longest written key path the problem names (as a whole dotted word), if any."""
-    named = [k for k in keys if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", problem)]
-    return max(named, key=len) if named else None
+def written_key(key: str, keys: Sequence[str]) -> Optional[str]:
+    """The written key a finding about `key` belongs to: `key` itself or the first written key under
+    it, else the same for the closest block above it (list items count as their list); None when
+    the file writes nothing there."""
+    path = re.sub(r"\[\d+\]", "", key)
+    while path:
+        under = [k for k in keys if k == path or k.startswith(path + ".")]
+        if under:
+            return under[0]
+        path = path.rpartition(".")[0]
+    return None
 
 
 class _Notices(logging.Handler):
@@ -149,7 +158,7 @@ def roll_report(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
     key it writes into the report's groups. `cpu_host`: as `load_config`'s (None: a config with GPU
     placement, checked on a machine without a GPU, is checked as the CPU run it would be here)."""
     from roll_gspo.config.cpu_run import cpu_notice_keys
-    from roll_gspo.config.loader import apply_overrides, compose_yaml, load_config, resolve_config_path
+    from roll_gspo.config.loader import apply_overrides, compose_yaml, load_config_findings, resolve_config_path
     from roll_gspo.config.preflight import preflight
 
     path = resolve_config_path(config)
@@ -159,26 +168,29 @@ def roll_report(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
     report = RollReport(str(path))
     notices = _Notices()
     config_logger = logging.getLogger("roll_gspo")
-    # The load's warnings are collected into the report, not printed on their own.
+    # The CPU adaptation's notices are collected into the report, not printed on their own.
     saved = (config_logger.handlers[:], config_logger.level, config_logger.propagate)
     config_logger.handlers, config_logger.propagate = [notices], False
     config_logger.setLevel(logging.WARNING)
+    findings: List[Finding] = []
     try:
-        cfg = load_config(config, overrides, cpu_host=cpu_host)
+        cfg, findings = load_config_findings(config, overrides, cpu_host=cpu_host)
         preflight(cfg)
-        problems: List[str] = []
     except ConfigError as exc:
-        problems = list(exc.problems)
+        findings = exc.findings
         report.complete = False
     finally:
         config_logger.handlers, config_logger.level, config_logger.propagate = saved
-    for problem in problems:
-        owner = _owner(problem, keys) or _owner(problem, sorted({k.rpartition(".")[0] for k in keys if "." in k}))
-        if owner is None:
-            report.other_problems.append(problem)
+    for finding in findings:
+        if finding.level != "error":
             continue
-        for key in [k for k in keys if k == owner or k.startswith(owner + ".")][:1] or [owner]:
-            report.refused[key] = problem if key not in report.refused else f"{report.refused[key]}; {problem}"
+        owner = written_key(finding.key, keys) if finding.key else None
+        if owner is None:
+            report.other_problems.append(finding.text)
+        else:
+            previous = report.refused.get(owner)
+            report.refused[owner] = finding.text if previous is None else f"{previous}; {finding.text}"
+    ignored = {f.key: f.body for f in findings if f.level == "notice" and f.key in keys}
     notes = _expanded_notes()
     on_cpu = {}  # key -> what runs there instead (GPU-only settings of roles that run on CPUs)
     for message in notices.messages:
@@ -194,9 +206,8 @@ def roll_report(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
         if key in on_cpu:
             report.differs[key] = on_cpu[key]
             continue
-        notice = next((m for m in notices.messages if m.startswith(f"notice: {key} = ")), None)
-        if notice is not None:  # the load accepted it and said what acts instead
-            report.ignored[key] = notice[len("notice: "):]
+        if key in ignored:  # the load accepted it and said what acts instead
+            report.ignored[key] = ignored[key]
             continue
         note = _worker_mapping(key, raw_cfg) or note_for(key, notes)
         if note:

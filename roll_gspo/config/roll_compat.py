@@ -14,7 +14,7 @@ A ROLL RLVR YAML runs here with at most its strategy names changed. Every ROLL k
   add a line when a worker lands).
 * ``hydra_block_problems``: which ``hydra:`` keys a YAML may hold (run_pipeline.py composes with
   Hydra but does not run under ``@hydra.main``).
-* ``roll_semantic_problems`` / ``roll_warnings``: checks on the built config.
+* the steps `roll_compat.*` (registry): checks on the built config.
 
 The table of every ROLL key for the docs is in ``roll_keys.py``.
 
@@ -26,6 +26,9 @@ from __future__ import annotations
 import dataclasses
 import typing
 from typing import Any, Dict, List, Optional
+
+from roll_gspo.config.findings import Finding, error, warning
+from roll_gspo.config.registry import check
 
 # Top-level blocks of configs/deepspeed_zero*.yaml (ROLL's DeepSpeed presets), composed in by a
 # `defaults:` list: interpolation anchors (`${deepspeed_zero3}`), removed after resolution.
@@ -193,7 +196,7 @@ def _walk_blocks(cls: type, checked: Dict[str, Any], written: Dict[str, Any], pa
             _walk_blocks(sub, sub_checked, sub_written, child, visit)
 
 
-def resolve_aliases(cls: type, checked: Dict[str, Any], written: Dict[str, Any], problems: List[str]) -> None:
+def resolve_aliases(cls: type, checked: Dict[str, Any], written: Dict[str, Any], problems: List[Finding]) -> None:
     """Copy every written ROLL alias onto its field; report aliases that contradict the field."""
     def visit(block_cls, block, block_written, path):
         for name, f in _fields(block_cls).items():
@@ -205,16 +208,17 @@ def resolve_aliases(cls: type, checked: Dict[str, Any], written: Dict[str, Any],
                 value = not value
             where = lambda k: f"{path}.{k}" if path else k  # noqa: E731
             if target in block_written and block.get(target) != value:
-                problems.append(f"{where(name)} = {block[name]!r} (ROLL's name for {where(target)}"
-                                f"{', negated' if f.metadata.get('alias_invert') else ''}) contradicts "
-                                f"{where(target)} = {block.get(target)!r}; keep one of them")
+                problems.append(error(where(name),
+                                      f"{where(name)} = {block[name]!r} (ROLL's name for "
+                                      f"{where(target)}{', negated' if f.metadata.get('alias_invert') else ''}) "
+                                      f"contradicts {where(target)} = {block.get(target)!r}; keep one of them"))
                 continue
             block[target] = value
     _walk_blocks(cls, checked, written, "", visit)
 
 
 def refused_value_problems(cls: type, checked: Dict[str, Any], written: Dict[str, Any],
-                           problems: List[str], path: str = "") -> None:
+                           problems: List[Finding], path: str = "") -> None:
     """Keys accepted only at ROLL's off value: refused with their reason otherwise. `path`: where
     the block `cls` sits (a strategy_config checked against its own schema)."""
     def visit(block_cls, block, block_written, path):
@@ -226,8 +230,8 @@ def refused_value_problems(cls: type, checked: Dict[str, Any], written: Dict[str
             if value == allowed or (allowed in (None, {}, 0) and value in (None, {}, 0, False)):
                 continue
             where = f"{path}.{name}" if path else name
-            problems.append(f"{where} = {value!r} is refused: {f.metadata['refusal']} "
-                            f"(accepted value: {allowed!r}, or remove the key)")
+            problems.append(error(where, f"{where} = {value!r} is refused: {f.metadata['refusal']} (accepted value: "
+                                         f"{allowed!r}, or remove the key)"))
     _walk_blocks(cls, checked, written, path, visit)
 
 
@@ -242,35 +246,36 @@ def _norm_mapping(mean: Optional[str], std: Optional[str]) -> Dict[str, Any]:
     return {"reward_norm": std, "reward_shift": False, "reward_scale": True}
 
 
-def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], problems: List[str]) -> None:
+def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], problems: List[Finding]) -> None:
     """ROLL keys that act through several of ours."""
     # pg_clip / use_pg_clip_range
     if checked.get("pg_clip") is not None and not checked.get("use_pg_clip_range"):
         clash = [k for k in ("pg_clip_low", "pg_clip_high")
                  if k in written and checked[k] != checked["pg_clip"]]
         if clash:
-            problems.append(f"pg_clip = {checked['pg_clip']} sets both clip bounds (use_pg_clip_range "
-                            f"is not true) but {', '.join(clash)} also written with another value; "
-                            f"write pg_clip alone, or use_pg_clip_range: true with pg_clip_low / "
-                            f"pg_clip_high")
+            problems.append(error("pg_clip", f"pg_clip = {checked['pg_clip']} sets both clip bounds (use_pg_clip_range "
+                                             f"is not true) but {', '.join(clash)} also written with another value; "
+                                             f"write pg_clip alone, or use_pg_clip_range: true with pg_clip_low / "
+                                             f"pg_clip_high"))
         else:
             checked["pg_clip_low"] = checked["pg_clip_high"] = checked["pg_clip"]
     if checked.get("use_pg_clip_range") is True and "pg_clip" in written and checked.get("pg_clip") is not None:
-        problems.append("use_pg_clip_range: true reads pg_clip_low / pg_clip_high, so pg_clip would be "
-                        "ignored; remove pg_clip")
+        problems.append(error("pg_clip", "use_pg_clip_range: true reads pg_clip_low / pg_clip_high, so pg_clip would "
+                                         "be ignored; remove pg_clip"))
     # norm_mean_type / norm_std_type
     if "norm_mean_type" in written or "norm_std_type" in written:
         mean, std = checked.get("norm_mean_type"), checked.get("norm_std_type")
         if mean is not None and std is not None and mean != std:
-            problems.append(f"norm_mean_type = {mean!r} with norm_std_type = {std!r}: different "
-                            f"statistics for mean and std are not built; use the same for both")
+            problems.append(error("norm_mean_type", f"norm_mean_type = {mean!r} with norm_std_type = {std!r}: "
+                                                    f"different statistics for mean and std are not built; use the "
+                                                    f"same for both"))
         else:
             mapped = _norm_mapping(mean, std)
             clash = [f"{k} = {checked[k]!r}" for k, v in mapped.items() if k in written and checked[k] != v]
             if clash:
-                problems.append(f"norm_mean_type = {mean!r} / norm_std_type = {std!r} mean "
-                                f"{', '.join(f'{k}: {v!r}' for k, v in mapped.items())}, which "
-                                f"contradicts {', '.join(clash)}; keep one family of keys")
+                problems.append(error("norm_mean_type", f"norm_mean_type = {mean!r} / norm_std_type = {std!r} mean "
+                                                        f"{', '.join(f'{k}: {v!r}' for k, v in mapped.items())}, which "
+                                                        f"contradicts {', '.join(clash)}; keep one family of keys"))
             else:
                 checked.update(mapped)
     # ROLL's TensorBoard folder is tracker_kwargs.log_dir (its logging_dir holds text logs); here
@@ -293,13 +298,14 @@ def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], probl
             data = checked.get(role, {}).get("data_args", {})
             role_written = ((written.get(role) or {}).get("data_args") or {})
             if "template" in role_written and data.get("template") not in (None, template):
-                problems.append(f"global_template = {template!r} contradicts {role}.data_args.template "
-                                f"= {data.get('template')!r}; keep one")
+                problems.append(error("global_template", f"global_template = {template!r} contradicts "
+                                                         f"{role}.data_args.template = {data.get('template')!r}; keep "
+                                                         f"one"))
             else:
                 data["template"] = template
 
 
-def apply_verl_rollout_correction(checked: Dict[str, Any], written: Dict[str, Any], problems: List[str]) -> None:
+def apply_verl_rollout_correction(checked: Dict[str, Any], written: Dict[str, Any], problems: List[Finding]) -> None:
     """verl's `rollout_correction` block (rollout_is / rollout_rs) written as ROLL's
     `train_infer_correction` (is_weight / filters), which is what acts. A ROLL block that says the
     same (a printed, resolved config holds both) is accepted; one that says otherwise is an error."""
@@ -314,8 +320,10 @@ def apply_verl_rollout_correction(checked: Dict[str, Any], written: Dict[str, An
     if verl.get("rollout_rs") is not None:
         high = verl.get("rollout_rs_threshold")
         if high is None:
-            problems.append(f"rollout_correction.rollout_rs = {verl['rollout_rs']!r} needs rollout_correction."
-                            f"rollout_rs_threshold (the upper bound of the kept weights, > 1)")
+            problems.append(error("rollout_correction.rollout_rs", f"rollout_correction.rollout_rs = "
+                                                                   f"{verl['rollout_rs']!r} needs "
+                                                                   f"rollout_correction.rollout_rs_threshold (the "
+                                                                   f"upper bound of the kept weights, > 1)"))
             return
         low = verl.get("rollout_rs_threshold_lower")
         low = 1.0 / high if low is None and high > 0 else low
@@ -330,14 +338,15 @@ def apply_verl_rollout_correction(checked: Dict[str, Any], written: Dict[str, An
         same_filters = len(current_filters) == len(filters) and all(
             all(have.get(k) == v for k, v in want.items()) for have, want in zip(current_filters, filters))
         if not (same_weight and same_filters):
-            problems.append("rollout_correction (verl's names) and train_infer_correction (ROLL's) are both written "
-                            "and say different things; they configure the same correction, keep one")
+            problems.append(error("rollout_correction", "rollout_correction (verl's names) and train_infer_correction "
+                                                        "(ROLL's) are both written and say different things; they "
+                                                        "configure the same correction, keep one"))
         return
     target["is_weight"] = {**(target.get("is_weight") or {}), **weight}
     target["filters"] = filters
 
 
-def apply_roll_compat(cls: type, checked: Dict[str, Any], written: Dict[str, Any], problems: List[str]) -> None:
+def apply_roll_compat(cls: type, checked: Dict[str, Any], written: Dict[str, Any], problems: List[Finding]) -> None:
     """All of the above, in order, on the checked dict (in place)."""
     refused_value_problems(cls, checked, written, problems)
     resolve_aliases(cls, checked, written, problems)
@@ -386,51 +395,73 @@ def hydra_block_problems(hydra_block: Any) -> List[str]:
 # --------------------------------------------------------------------------------------------
 # Checks on the built config
 # --------------------------------------------------------------------------------------------
-def roll_semantic_problems(cfg) -> List[str]:
+@check("check", keys=("<role>.model_args.model_type", "<role>.model_args.attn_implementation",
+                      "<role>.strategy_args.strategy_name", "actor_infer.strategy_args.strategy_config.block_size",
+                      "difficulty_low_threshold", "entropy_loss_coef", "num_gpus_per_node",
+                      "actor_train.data_args.preprocessing_num_workers"),
+       doc="ROLL values that cannot act here: a `model_type` on a policy role, flash_attention_2 on CPU, a "
+           "frozen engine training or deepspeed_infer sampling, a CPU vLLM `block_size` not a multiple of 32, "
+           "difficulty thresholds out of order", name="roll_compat.semantics")
+def _roll_semantics(cfg, yaml_keys) -> List[Finding]:
     problems = []
     for name in ("actor_train", "actor_infer", "reference"):
         role = getattr(cfg, name)
         if role.model_args.model_type is not None:
-            problems.append(f"{name}.model_args.model_type = {role.model_args.model_type!r}: a policy "
-                            f"role is a causal LM; model_type is for reward models (leave it null)")
+            problems.append(error(f"{name}.model_args.model_type", f"{name}.model_args.model_type = "
+                                                                   f"{role.model_args.model_type!r}: a policy role is "
+                                                                   f"a causal LM; model_type is for reward models "
+                                                                   f"(leave it null)"))
         if role.model_args.attn_implementation == "flash_attention_2" and not role.num_gpus_per_worker:
-            problems.append(f"{name}.model_args.attn_implementation: flash_attention_2 (ROLL's fa2) "
-                            f"needs a CUDA GPU and runs on CPU nowhere; use sdpa on CPU")
+            problems.append(error(f"{name}.model_args.attn_implementation",
+                                  f"{name}.model_args.attn_implementation: flash_attention_2 (ROLL's fa2) needs a CUDA "
+                                  f"GPU and runs on CPU nowhere; use sdpa on CPU"))
     for domain, reward in cfg.rewards.items():  # a judge or reward model loaded by hf_infer on CPUs
         if (reward.model_args.attn_implementation == "flash_attention_2" and not reward.num_gpus_per_worker
                 and reward.strategy_args.strategy_name == "hf_infer"
                 and str(reward.worker_cls).rpartition(".")[2] in ("LLMJudgeRewardWorker", "RewardModelWorker")):
-            problems.append(f"rewards.{domain}.model_args.attn_implementation: flash_attention_2 (ROLL's fa2) "
-                            f"needs a CUDA GPU and runs on CPU nowhere; use sdpa on CPU")
-    if cfg.reference.strategy_args.strategy_name == "deepspeed_infer" or \
-            cfg.actor_infer.strategy_args.strategy_name == "deepspeed_infer":
-        if cfg.actor_infer.strategy_args.strategy_name == "deepspeed_infer":
-            problems.append("actor_infer.strategy_args.strategy_name: deepspeed_infer scores but does not "
-                            "sample; use vllm or hf_infer")
+            key = f"rewards.{domain}.model_args.attn_implementation"
+            problems.append(error(key, f"{key}: flash_attention_2 (ROLL's fa2) needs a CUDA GPU and runs on CPU "
+                                       f"nowhere; use sdpa on CPU"))
+    if cfg.actor_infer.strategy_args.strategy_name == "deepspeed_infer":
+        problems.append(error("actor_infer.strategy_args.strategy_name",
+                              "actor_infer.strategy_args.strategy_name: deepspeed_infer scores but does not sample; "
+                              "use vllm or hf_infer"))
     infer = cfg.actor_infer
     block = (infer.strategy_args.strategy_config or {}).get("block_size")
     if infer.strategy_args.strategy_name == "vllm" and not infer.num_gpus_per_worker and block and block % 32:
-        problems.append(f"actor_infer.strategy_args.strategy_config.block_size = {block}: vLLM's CPU "
-                        f"attention needs a multiple of 32 (ROLL's 16 is a GPU value); use 32 on CPU")
+        key = "actor_infer.strategy_args.strategy_config.block_size"
+        problems.append(error(key, f"{key} = {block}: vLLM's CPU attention needs a multiple of 32 (ROLL's 16 is a "
+                                   f"GPU value); use 32 on CPU"))
     frozen = cfg.actor_train.strategy_args.strategy_name
     if frozen in ("deepspeed_infer", "fsdp2_infer"):
-        problems.append(f"actor_train.strategy_args.strategy_name: {frozen} is a frozen engine; "
-                        f"use {frozen.replace('_infer', '_train')}")
-    for role_name in ("actor_train", "reference"):
-        problems += foreign_strategy_key_problems(role_name, getattr(cfg, role_name))
-    if cfg.critic is not None:
-        problems += foreign_strategy_key_problems("critic", cfg.critic)
+        problems.append(error("actor_train.strategy_args.strategy_name",
+                              f"actor_train.strategy_args.strategy_name: {frozen} is a frozen engine; use "
+                              f"{frozen.replace('_infer', '_train')}"))
     if not 0.0 <= cfg.difficulty_low_threshold <= cfg.difficulty_high_threshold <= 1.0 and cfg.difficulty_mask:
-        problems.append(f"difficulty_low_threshold / difficulty_high_threshold = "
-                        f"{cfg.difficulty_low_threshold} / {cfg.difficulty_high_threshold}: need "
-                        f"0 <= low <= high <= 1")
+        problems.append(error("difficulty_low_threshold", f"difficulty_low_threshold / difficulty_high_threshold = "
+                                                          f"{cfg.difficulty_low_threshold} / "
+                                                          f"{cfg.difficulty_high_threshold}: need 0 <= low <= high <= "
+                                                          f"1"))
     if cfg.entropy_loss_coef < 0:
-        problems.append(f"entropy_loss_coef: must be >= 0, got {cfg.entropy_loss_coef}")
+        problems.append(error("entropy_loss_coef", f"entropy_loss_coef: must be >= 0, got {cfg.entropy_loss_coef}"))
     if cfg.num_gpus_per_node < 1:
-        problems.append(f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node}")
+        problems.append(error("num_gpus_per_node", f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node}"))
     if cfg.actor_train.data_args.preprocessing_num_workers is not None and \
             cfg.actor_train.data_args.preprocessing_num_workers < 1:
-        problems.append("actor_train.data_args.preprocessing_num_workers: must be >= 1 or null")
+        problems.append(error("actor_train.data_args.preprocessing_num_workers",
+                              "actor_train.data_args.preprocessing_num_workers: must be >= 1 or null"))
+    return problems
+
+
+@check("normalise", keys=("<role>.strategy_args.strategy_config",),
+       doc="Megatron keys of a deepspeed_* role turned into their DeepSpeed form (data-parallel sizes of 1 "
+           "dropped, `use_distributed_optimizer` as ZeRO stage 1, `recompute_granularity: full` as gradient "
+           "checkpointing); refuses model parallelism, selective recompute and other Megatron/FSDP options",
+       name="roll_compat.megatron_keys")
+def _megatron_keys(cfg, yaml_keys) -> List[Finding]:
+    problems: List[Finding] = []
+    for name in ("actor_train", "reference") + (("critic",) if cfg.critic is not None else ()):
+        problems += foreign_strategy_key_problems(name, getattr(cfg, name))
     return problems
 
 
@@ -452,7 +483,7 @@ MEGATRON_PARALLEL_SIZES = ("tensor_model_parallel_size", "pipeline_model_paralle
                            "expert_model_parallel_size", "context_parallel_size")
 
 
-def translate_megatron_keys(name: str, role) -> List[str]:
+def translate_megatron_keys(name: str, role) -> List[Finding]:
     """Megatron keys of a deepspeed_* role's strategy_config that act here, turned into their
     DeepSpeed form (in place); problems for the values that cannot act.
 
@@ -473,8 +504,9 @@ def translate_megatron_keys(name: str, role) -> List[str]:
             if config[size] in (1, None):
                 config.pop(size)
             else:
-                problems.append(f"{key}.{size} = {config[size]}: Megatron model parallelism is not built; DeepSpeed "
-                                f"ranks are data-parallel (ZeRO-3 shards the weights across them). Set it to 1")
+                problems.append(error(f"{key}.{size}", f"{key}.{size} = {config[size]}: Megatron model parallelism is "
+                                                       f"not built; DeepSpeed ranks are data-parallel (ZeRO-3 shards "
+                                                       f"the weights across them). Set it to 1"))
     if "use_distributed_optimizer" in config:
         sharded = bool(config.pop("use_distributed_optimizer"))
         if "zero_optimization" not in config:
@@ -482,14 +514,17 @@ def translate_megatron_keys(name: str, role) -> List[str]:
     if "recompute_granularity" in config:
         granularity = config.pop("recompute_granularity")
         if granularity == "full":
-            role.model_args.gradient_checkpointing = True
+            if name != "reference":  # the frozen reference has no backward pass to recompute
+                role.model_args.gradient_checkpointing = True
         elif granularity is not None:
-            problems.append(f"{key}.recompute_granularity = {granularity!r}: only `full` (every layer, "
-                            f"gradient checkpointing) is built here; use full or drop it")
+            problems.append(error(f"{key}.recompute_granularity", f"{key}.recompute_granularity = {granularity!r}: "
+                                                                  f"only `full` (every layer, gradient checkpointing) "
+                                                                  f"is built here; use full or drop it"))
     return problems
 
 
-def foreign_strategy_key_problems(name: str, role) -> List[str]:
+def foreign_strategy_key_problems(name: str, role) -> List[Finding]:
+    """translate_megatron_keys (in place), then the Megatron/FSDP keys DeepSpeed would ignore."""
     if not role.strategy_args.strategy_name.startswith("deepspeed"):
         return []
     problems = translate_megatron_keys(name, role)
@@ -498,9 +533,10 @@ def foreign_strategy_key_problems(name: str, role) -> List[str]:
     foreign = [k for k in (role.strategy_args.strategy_config or {}) if k in FOREIGN_STRATEGY_KEYS]
     if not foreign:
         return []
-    return [f"{name}.strategy_args.strategy_config: {foreign} are Megatron/FSDP options, which DeepSpeed "
-            f"would silently ignore; drop them and give a DeepSpeed config (e.g. `${{deepspeed_zero3}}` "
-            f"from configs/deepspeed_zero3.yaml; parallel sizes come from world_size / device_mapping)"]
+    key = f"{name}.strategy_args.strategy_config"
+    return [error(key, f"{key}: {foreign} are Megatron/FSDP options, which DeepSpeed would silently ignore; drop "
+                       f"them and give a DeepSpeed config (e.g. `${{deepspeed_zero3}}` from "
+                       f"configs/deepspeed_zero3.yaml; parallel sizes come from world_size / device_mapping)")]
 
 
 def under_dataset_dir(name: str, dataset_dir: Optional[str]) -> str:
@@ -520,17 +556,20 @@ def checkpoint_base(cfg) -> str:
     return cfg.checkpoint_config.output_dir or cfg.output_dir
 
 
-def roll_warnings(cfg) -> List[str]:
-    warns = []
+@check("warn", keys=("value_clip",), doc="`value_clip` without a critic (it clips a critic's value loss)",
+       name="roll_compat.value_clip")
+def _roll_warnings(cfg, yaml_keys) -> List[Finding]:
     if cfg.value_clip is not None and not cfg.uses_critic():
-        warns.append(f"value_clip = {cfg.value_clip} has no effect: it clips a critic's value loss and "
-                     f"this run has no critic (adv_estimator {cfg.adv_estimator}); ROLL ignores it too "
-                     f"without gae. Remove it to silence this warning.")
-    return warns
+        return [warning("value_clip", f"value_clip = {cfg.value_clip} has no effect: it clips a critic's value loss "
+                                      f"and this run has no critic (adv_estimator {cfg.adv_estimator}); ROLL ignores "
+                                      f"it too without gae. Remove it to silence this warning.")]
+    return []
 
 
-
-def pipeline_grad_norm_problems(cfg, yaml_keys) -> List[str]:
+@check("normalise", keys=("max_grad_norm", "actor_train.training_args.max_grad_norm"),
+       doc="ROLL's top-level `max_grad_norm` acts as actor_train.training_args.max_grad_norm; refused when "
+           "both are written and differ", name="roll_compat.grad_norm")
+def _pipeline_grad_norm(cfg, yaml_keys) -> List[Finding]:
     """ROLL's top-level `max_grad_norm` (what its FSDP2/Megatron strategies clip with) acts as
     actor_train.training_args.max_grad_norm; both written and different is a contradiction."""
     if cfg.max_grad_norm is None:
@@ -538,7 +577,8 @@ def pipeline_grad_norm_problems(cfg, yaml_keys) -> List[str]:
     args = cfg.actor_train.training_args
     key = "actor_train.training_args.max_grad_norm"
     if yaml_keys is not None and key in yaml_keys and args.max_grad_norm != cfg.max_grad_norm:
-        return [f"max_grad_norm = {cfg.max_grad_norm} contradicts {key} = {args.max_grad_norm}: ROLL reads the "
-                f"top-level one in its FSDP2/Megatron strategies and training_args' in DeepSpeed; write one"]
+        return [error("max_grad_norm", f"max_grad_norm = {cfg.max_grad_norm} contradicts {key} = {args.max_grad_norm}: "
+                                       f"ROLL reads the top-level one in its FSDP2/Megatron strategies and "
+                                       f"training_args' in DeepSpeed; write one")]
     args.max_grad_norm = cfg.max_grad_norm
     return []

@@ -1,93 +1,22 @@
-"""Are the rollout engine's sampled-token log-probs the quantity the trainer scores?
+"""Where a run's old log-probs come from: `choose_old_logprob_source` resolves `old_logprob_source`
+(auto: the rollout engine's log-probs where they are the trainer's old log-probs, so the trainer's
+whole forward pass is saved; the trainer's where anything needs them, e.g. the rollout correction,
+whose weights compare the two).
 
-The trainer scores log_softmax(logits / T) over the full vocabulary (T = actor_infer's
-temperature, 1 when greedy). What the engine reports depends on it:
-
-* hf_infer re-scores the sampled responses with that same formula: always the trainer's quantity.
-* vLLM (0.32) offers four `logprobs_mode`s, none of which is "after temperature, before
-  top-k/top-p": `raw_logprobs` is log_softmax(logits) (no temperature, no truncation);
-  `processed_logprobs` is taken after temperature AND after top-k/top-p, i.e. renormalised over
-  the kept tokens (up to ~0.7 nats per token higher under top_p 0.5); the `*_logits` modes are not
-  log-probs at all. So roll_gspo picks `processed_logprobs` when nothing truncates (exact at any
-  temperature) and `raw_logprobs` under top-k/top-p at temperature 1 or 0 (exact: no temperature
-  to apply). Top-k/top-p at any other temperature has no exact mode.
-
-`old_logprob_source: rollout` is refused where the quantity differs (``rollout_logprobs_bias``);
-``rollout_logprobs_are_exact`` also looks at precision, and ``choose_old_logprob_source`` resolves
-the default `auto` with both: the rollout engine's log-probs where they are exact (the trainer's
-whole forward pass is saved), the trainer's where anything needs them (the rollout correction, ``train_infer_correction``, always
-does: its weights compare the two; ``rollout_correction_problems`` checks its keys).
+What the engine's log-probs are (vLLM's modes, dtype, bias) is `engine_logprobs`'; the rollout
+correction's keys are `train_infer_correction`'s; asynchronous rollout's rules `async_rollout`'s.
+Their names used with these are re-exported here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
-from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
-
-# vLLM `dtype` spellings, by the model_args.dtype they mean.
-VLLM_DTYPE_SPELLINGS = {"fp32": ("float32", "float", "fp32"), "bf16": ("bfloat16", "bf16"),
-                        "fp16": ("float16", "half", "fp16")}
-
-
-def truncates(gen: GeneratingArgs) -> bool:
-    """True when sampling keeps only part of the vocabulary (top_p < 1 or top_k > 0)."""
-    return gen.top_p < 1.0 or gen.top_k > 0
-
-
-def vllm_logprobs_mode(gen: GeneratingArgs) -> Optional[str]:
-    """The vLLM `logprobs_mode` whose sampled-token log-probs equal log_softmax(logits / T) over
-    the full vocabulary for these sampling keys; None when no mode gives that."""
-    if not truncates(gen):
-        return "processed_logprobs"  # temperature applied, nothing cut off
-    if gen.temperature in (0.0, 1.0):
-        return "raw_logprobs"  # the truncation is not in it, and there is no temperature to apply
-    return None
-
-
-def vllm_dtype_name(value: str) -> Optional[str]:
-    """model_args.dtype meant by a vLLM `dtype` value (None for `auto` or unknown)."""
-    for name, spellings in VLLM_DTYPE_SPELLINGS.items():
-        if str(value).lower() in spellings:
-            return name
-    return None
-
-
-def rollout_logprobs_bias(cfg: PipelineConfig) -> Optional[str]:
-    """Why actor_infer's rollout log-probs are a different quantity from what the trainer scores
-    (so `old_logprob_source: rollout` would bias every ratio), or None when they are the same."""
-    role = cfg.actor_infer
-    if role.strategy_args.strategy_name != "vllm":
-        return None  # hf_infer re-scores the responses the trainer's way
-    gen = role.generating_args
-    override = role.strategy_args.strategy_config.get("logprobs_mode")
-    if override is not None:
-        return (f"actor_infer.strategy_args.strategy_config.logprobs_mode = {override!r} overrides the "
-                f"mode roll_gspo picks so that vLLM reports the trainer's log-probs "
-                f"({vllm_logprobs_mode(gen) or 'none exists for these sampling keys'}); remove it")
-    if vllm_logprobs_mode(gen) is None:
-        return (f"actor_infer.generating_args top_p = {gen.top_p} / top_k = {gen.top_k} at temperature "
-                f"{gen.temperature}: vLLM reports log-probs either after the top-p/top-k cut "
-                f"(renormalised over the kept tokens) or before the temperature, never the full "
-                f"distribution at temperature {gen.temperature} that the trainer scores. Sample without "
-                f"truncation (top_p: 1.0, top_k: -1) or at temperature 1.0 (then they are exact)")
-    return None
-
-
-def rollout_logprobs_are_exact(cfg: PipelineConfig) -> Tuple[bool, str]:
-    """(True, "") when actor_infer's log-probs are the trainer's old log-probs up to float32
-    kernel differences (~1e-5 per token); else (False, the reason)."""
-    bias = rollout_logprobs_bias(cfg)
-    if bias:
-        return False, bias
-    infer_dtype = cfg.actor_infer.model_args.dtype
-    engine_dtype = cfg.actor_infer.strategy_args.strategy_config.get("dtype")
-    if cfg.actor_infer.strategy_args.strategy_name == "vllm" and engine_dtype is not None:
-        infer_dtype = vllm_dtype_name(engine_dtype) or str(engine_dtype)
-    if infer_dtype != "fp32" or cfg.actor_train.model_args.dtype != "fp32":
-        return False, (f"actor_infer runs in {infer_dtype} and actor_train in {cfg.actor_train.model_args.dtype}: "
-                       f"outside fp32 the engines' log-probs differ by up to 0.5 nats per token")
-    return True, ""
+from roll_gspo.config.async_rollout import ASYNC_OLD_LOGPROBS, generates_ahead
+from roll_gspo.config.engine_logprobs import (VLLM_DTYPE_SPELLINGS, rollout_logprobs_are_exact,  # noqa: F401
+                                              rollout_logprobs_bias, truncates, vllm_dtype_name, vllm_logprobs_mode)
+from roll_gspo.config.schema import PipelineConfig
+from roll_gspo.config.train_infer_correction import correction_arguments, correction_enabled  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -117,9 +46,8 @@ def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -
     if correction_enabled(cfg):  # never follows the gap: the weights need both log-probs every step
         return trainer("train_infer_correction weighs each sample by exp(old_logp - rollout_logp), which needs "
                        "the trainer's old log-probs beside the rollout engine's")
-    if cfg.async_generation_ratio:  # what validation refuses with it (bias, router_replay) never gets here
-        return OldLogprobChoice("rollout", "auto: async_generation_ratio 1 samples each step with the weights of "
-                                           "the step before, which only the rollout engine still holds")
+    if generates_ahead(cfg):  # what validation refuses with it (bias, router_replay) never gets here
+        return OldLogprobChoice("rollout", f"auto: {ASYNC_OLD_LOGPROBS}")
     if cfg.router_replay:
         return trainer("router_replay replays the experts the trainer records while it scores the old log-probs")
     if model_is_moe:
@@ -146,70 +74,3 @@ def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -
     return OldLogprobChoice("rollout", f"auto: {engine}'s sampled-token log-probs are the trainer's (fp32 on both "
                                        f"sides, temperature applied, full distribution); the trainer's "
                                        f"old-log-prob forward pass is skipped")
-
-
-# --------------------------------------------------------------------------------------------
-# Rollout correction (train_infer_correction / verl's rollout_correction)
-# --------------------------------------------------------------------------------------------
-def correction_enabled(cfg: PipelineConfig) -> bool:
-    """The rollout correction acts: importance weights or at least one rejection rule."""
-    correction = cfg.train_infer_correction
-    return correction.is_weight.enabled or any(rule.enabled for rule in correction.filters)
-
-
-def correction_arguments(cfg: PipelineConfig) -> dict:
-    """Keywords of `roll_gspo.algorithms.rollout_correction` for this config (is_level,
-    is_threshold, rejections)."""
-    from roll_gspo.algorithms.rollout_correction import RejectionRule
-
-    weight = cfg.train_infer_correction.is_weight
-    rules = [RejectionRule(rule.agg_type, *((rule.ratio_low, rule.ratio_high) if rule.ratio_enabled else (None, None)),
-                           *((rule.diff_low, rule.diff_high) if rule.diff_enabled else (None, None)))
-             for rule in cfg.train_infer_correction.filters if rule.enabled]
-    return {"is_level": weight.weight_type if weight.enabled else None,
-            "is_threshold": weight.upper_bound if weight.enabled else None, "rejections": rules}
-
-
-def rollout_correction_problems(cfg: PipelineConfig) -> list:
-    """Bad train_infer_correction values, and what the correction cannot run with."""
-    problems = []
-    weight = cfg.train_infer_correction.is_weight
-    key = "train_infer_correction.is_weight"
-    if weight.enabled and weight.weight_type == "segment":
-        problems.append(f"{key}.weight_type = 'segment' is refused: per-turn weights are not built; use token, "
-                        f"geometric (GSPO's length-normalised sequence weight) or sequence")
-    if weight.enabled and weight.upper_bound is not None and not weight.upper_bound > 1.0:
-        problems.append(f"{key}.upper_bound (verl: rollout_correction.rollout_is_threshold) must be > 1 or null, "
-                        f"got {weight.upper_bound}: a bound at or below 1 truncates every weight the trainer "
-                        f"favours, which biases the loss towards what the rollout engine over-samples")
-    for index, rule in enumerate(cfg.train_infer_correction.filters):
-        key = f"train_infer_correction.filters[{index}]"
-        if not rule.enabled:
-            continue
-        if rule.agg_type == "segment":
-            problems.append(f"{key}.agg_type = 'segment' is refused: per-turn rejection is not built; use token, "
-                            f"geometric or sequence")
-        if not (rule.ratio_enabled or rule.diff_enabled):
-            problems.append(f"{key}: enabled with ratio_enabled and diff_enabled both false rejects nothing; "
-                            f"enable one test or remove the rule")
-        if rule.ratio_enabled and not 0.0 <= rule.ratio_low < 1.0:
-            problems.append(f"{key}.ratio_low must be in [0, 1), got {rule.ratio_low}: the band must hold "
-                            f"weight 1 (engines that agree)")
-        if rule.ratio_enabled and not rule.ratio_high > 1.0:
-            problems.append(f"{key}.ratio_high (verl: rollout_correction.rollout_rs_threshold) must be > 1, got "
-                            f"{rule.ratio_high}: a bound at or below 1 rejects every sample the trainer favours")
-        if rule.diff_enabled and not rule.diff_low < 0.0 < rule.diff_high:
-            problems.append(f"{key}: diff_low < 0 < diff_high is required (engines that agree differ by 0), got "
-                            f"[{rule.diff_low}, {rule.diff_high}]")
-    if not correction_enabled(cfg):
-        return problems
-    if cfg.old_logprob_source == "rollout":
-        problems.append("train_infer_correction (or rollout_correction) needs the trainer's old log-probs: with "
-                        "old_logprob_source: rollout the old policy IS the rollout engine's, every weight "
-                        "exp(old_logp - rollout_logp) would be 1 and the correction would do nothing; use "
-                        "old_logprob_source: trainer or auto (which takes the trainer's with the correction on)")
-    if cfg.async_generation_ratio:
-        problems.append("train_infer_correction (or rollout_correction) with async_generation_ratio: 1 is refused: "
-                        "the asynchronous pipeline takes its old log-probs from the rollout engine (the only holder "
-                        "of the stale weights), so the weights would all be 1")
-    return problems

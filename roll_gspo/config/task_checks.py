@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import List
 
+from roll_gspo.config.findings import Finding, error
+from roll_gspo.config.registry import check
 from roll_gspo.config.schema import PipelineConfig
 from roll_gspo.tasks import TaskSpec, spec_problems
 
@@ -17,35 +19,43 @@ def task_specs(cfg: PipelineConfig) -> List[TaskSpec]:
     return [TaskSpec(key=key, **dataclasses.asdict(task)) for key, task in cfg.tasks.items()]
 
 
-def task_problems(cfg: PipelineConfig) -> List[str]:
+@check("check", keys=("tasks", "actor_train.data_args.file_name", "actor_train.data_args.domain_interleave_probs"),
+       doc="`tasks`: outside the rlvr pipeline, a task its source does not have or that refuses its config, "
+           "sizes and seeds, a reward block that is not a TaskRewardWorker, weights all 0, data files or a domain "
+           "mix beside the tasks", name="tasks.problems")
+def task_problems(cfg: PipelineConfig, yaml_keys=None) -> List[Finding]:
     """Every problem of `cfg.tasks` (none when it is empty), each naming its key."""
     if not cfg.tasks:
         return []
     if cfg.pipeline != "rlvr":
-        return [f"tasks: read by `pipeline: rlvr` only (this is `pipeline: {cfg.pipeline}`)"]
-    problems = []
+        return [error("tasks", f"tasks: read by `pipeline: rlvr` only (this is `pipeline: {cfg.pipeline}`)")]
+    problems: List[Finding] = []
     for spec in task_specs(cfg):
         path = f"tasks.{spec.key}"
-        problems += spec_problems(spec, path)
+        problems += [error(path, p) for p in spec_problems(spec, path)]
         if spec.key in cfg.rewards:
-            problems.append(f"{path}: the key is also a `rewards` block's name; a task's key names its rows' "
-                            f"domain, so rename the task (its rewards block is `{path}.reward`)")
+            problems.append(error(path, f"{path}: the key is also a `rewards` block's name; a task's key names its "
+                                        f"rows' domain, so rename the task (its rewards block is `{path}.reward`)"))
         reward = cfg.rewards.get(spec.reward)
         if reward is None:
-            problems.append(f"{path}.reward = {spec.reward!r}: no such `rewards` block; add `rewards: "
-                            f"{{{spec.reward}: {{worker_cls: {TASK_WORKER}}}}}`")
+            problems.append(error(f"{path}.reward", f"{path}.reward = {spec.reward!r}: no such `rewards` block; add "
+                                                    f"`rewards: {{{spec.reward}: {{worker_cls: {TASK_WORKER}}}}}`"))
         elif not _is_task_worker(reward.worker_cls):
-            problems.append(f"{path}.reward = {spec.reward!r}: rewards.{spec.reward}.worker_cls is "
-                            f"{reward.worker_cls!r}; a task's rows are scored by {TASK_WORKER} (or a subclass)")
+            problems.append(error(f"{path}.reward", f"{path}.reward = {spec.reward!r}: "
+                                                    f"rewards.{spec.reward}.worker_cls is {reward.worker_cls!r}; a "
+                                                    f"task's rows are scored by {TASK_WORKER} (or a subclass)"))
     if cfg.tasks and not any(t.weight > 0 for t in cfg.tasks.values()):
-        problems.append("tasks: every task has weight 0, so no training prompt would be drawn")
+        problems.append(error("tasks", "tasks: every task has weight 0, so no training prompt would be drawn"))
     data = cfg.actor_train.data_args
     if data.file_name:
-        problems.append(f"actor_train.data_args.file_name = {list(data.file_name)}: with `tasks` the training "
-                        f"prompts are the tasks' rows; drop the files (or the tasks)")
+        problems.append(error("actor_train.data_args.file_name", f"actor_train.data_args.file_name = "
+                                                                 f"{list(data.file_name)}: with `tasks` the training "
+                                                                 f"prompts are the tasks' rows; drop the files (or the "
+                                                                 f"tasks)"))
     if data.domain_interleave_probs:
-        problems.append("actor_train.data_args.domain_interleave_probs: with `tasks` the mix is each task's "
-                        "`weight` (tasks.<key>.weight)")
+        problems.append(error("actor_train.data_args.domain_interleave_probs",
+                              "actor_train.data_args.domain_interleave_probs: with `tasks` the mix is each task's "
+                              "`weight` (tasks.<key>.weight)"))
     return problems
 
 

