@@ -15,6 +15,10 @@ class TaskRewardWorker(RewardWorker):
     each reply reports `accuracy`, `format_rate` and `answer_score` (`reward/<task>/...`)."""
 
     def build_reward_fn(self):
+        try:  # imported here (about 2 s), so the forked reward process and its restarts inherit it
+            import reasoning_gym  # noqa: F401
+        except ImportError:  # only built-in tasks can be scored then; the config check said so
+            pass
         return score_reply
 
     def compute_scores(self, batch: Batch) -> Batch:
