@@ -9,7 +9,8 @@ and the load logs one notice per setting naming every key it changed and what is
     notice: on CPU, attn_implementation: flash_attention_2 (ROLL's fa2) -> sdpa (FlashAttention needs a
     CUDA GPU); keys: actor_train.model_args.attn_implementation, reference.model_args.attn_implementation
 
-`python -m roll_gspo.config.roll_check` lists those keys as *acting differently*, with the notice.
+The notice is a `Finding` per key (one text): `python -m roll_gspo.config.roll_check` lists those
+keys as *acting differently*, with what runs instead.
 
 A role runs on CPUs when it has no `device_mapping` and `num_gpus_per_worker: 0`. A role with GPU
 placement runs on CPUs when the run happens on a machine without a GPU and has no Ray cluster to
@@ -20,10 +21,11 @@ its `world_size` ranks on CPUs. A config loaded for a GPU cluster is never chang
 from __future__ import annotations
 
 import os
-import re
 from typing import Dict, List, Optional, Tuple
 
-CPU_NOTICE = re.compile(r"^notice: on CPU, (?P<what>.+); keys: (?P<keys>.+)$")
+from roll_gspo.config.findings import Finding, notice
+
+SOURCE = "cpu_run"  # the findings' source: settings replaced by what runs on CPUs
 # Megatron-Core runs on CUDA only; DeepSpeed's ranks take its place (roll_compat translates the
 # Megatron strategy_config keys that have a DeepSpeed meaning and refuses the others).
 MEGATRON_ON_CPU = {"megatron_train": "deepspeed_train", "megatron_infer": "deepspeed_infer"}
@@ -65,11 +67,12 @@ def _roles(cfg) -> Dict[str, object]:
     return roles
 
 
-def _notice(what: str, keys: List[str]) -> str:
-    return f"notice: on CPU, {what}; keys: {', '.join(keys)}"
+def _notice(what: str, keys: List[str]) -> List[Finding]:
+    """One finding per key, all reading `notice: on CPU, <what>; keys: <keys>`."""
+    return [notice(key, f"on CPU, {what}", f"keys: {', '.join(keys)}", source=SOURCE) for key in keys]
 
 
-def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[str]:
+def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
     """In place, before validation: the GPU-only settings of the roles that run on CPUs replaced by
     what runs there. `cpu_host`: True drops every role's GPU placement first (the run happens on a
     machine without a GPU); None decides it with `cpu_only_host()` when a role has GPU placement;
@@ -80,7 +83,7 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[str]:
     placed = [name for name, role in roles.items() if _placed_on_gpu(role)]
     if placed and cpu_host is None:
         cpu_host = cpu_only_host()
-    notices = []
+    notices: List[Finding] = []
     if placed and cpu_host:
         keys = []
         for name in placed:
@@ -91,10 +94,10 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[str]:
                 keys.append(f"{name}.num_gpus_per_worker")
             role.device_mapping, role.num_gpus_per_worker = None, 0.0
         ranks = ", ".join(f"{name} {roles[name].world_size}" for name in placed if not name.startswith("rewards."))
-        notices.append(_notice(
+        notices += _notice(
             f"GPU placement -> none (this machine has no GPU and no Ray cluster is given: RAY_ADDRESS, or "
             f"--nodes / --ray-address for a --dry-run plan of the GPU run); each role runs its world_size ranks "
-            f"on CPUs{f' ({ranks})' if ranks else ''}", keys))
+            f"on CPUs{f' ({ranks})' if ranks else ''}", keys)
     changed: Dict[Tuple[str, str], List[str]] = {}
 
     def adapt(what: str, key: str) -> None:
@@ -126,11 +129,12 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[str]:
             adapt(f"vLLM gpu_memory_utilization: {engine['gpu_memory_utilization']} -> not read (vLLM on CPU "
                   f"reserves VLLM_CPU_KVCACHE_SPACE = {space} GiB of KV cache; set it in the role's system_envs)",
                   f"{key}.gpu_memory_utilization")
-    notices += [_notice(what, keys) for (what, _), keys in changed.items()]
+    for (what, _), keys in changed.items():
+        notices += _notice(what, keys)
     return notices
 
 
-def megatron_to_deepspeed(raw_cfg, cpu_host: Optional[bool] = False) -> List[str]:
+def megatron_to_deepspeed(raw_cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
     """In place, on the composed YAML before its keys are checked (a megatron_* name is refused
     there): the Megatron strategies of the roles that run on CPUs become DeepSpeed's. A role runs on
     CPUs when `cpu_host` is True, or None and it has no GPU placement or `cpu_only_host()`. Returns
@@ -154,14 +158,6 @@ def megatron_to_deepspeed(raw_cfg, cpu_host: Optional[bool] = False) -> List[str
         keys.append(key)
     if not keys:
         return []
-    return [_notice("strategy_name: megatron_train / megatron_infer -> deepspeed_train / deepspeed_infer "
-                    "(Megatron-Core needs CUDA; its strategy_config keys act in DeepSpeed's form where they can, "
-                    "others are refused)", keys)]
-
-
-def cpu_notice_keys(message: str) -> Optional[Tuple[str, List[str]]]:
-    """(what acts instead, the keys) of an `adapt_to_cpu` notice; None for any other message."""
-    match = CPU_NOTICE.match(message)
-    if match is None:
-        return None
-    return f"on CPU, {match['what']}", [key.strip() for key in match["keys"].split(",")]
+    return _notice("strategy_name: megatron_train / megatron_infer -> deepspeed_train / deepspeed_infer "
+                   "(Megatron-Core needs CUDA; its strategy_config keys act in DeepSpeed's form where they can, "
+                   "others are refused)", keys)

@@ -11,11 +11,12 @@ LEVELS = ("error", "warning", "notice")
 class Finding:
     """One thing a check found: the key path it is about (`actor_train.training_args.learning_rate`;
     `""` when it names no key of the config), how serious it is, what is wrong and, where it is said
-    apart, what to do."""
+    apart, what to do; `source` names what found it (a registry step's name, `cpu_run`, ...)."""
     key: str
     level: str
     message: str
     remedy: str = ""
+    source: str = ""
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -32,14 +33,14 @@ class Finding:
         return f"notice: {self.body}" if self.level == "notice" else self.body
 
 
-def error(key: str, message: str, remedy: str = "") -> Finding:
-    return Finding(key, "error", message, remedy)
+def error(key: str, message: str, remedy: str = "", source: str = "") -> Finding:
+    return Finding(key, "error", message, remedy, source)
 
 
-def warning(key: str, message: str, remedy: str = "") -> Finding:
-    return Finding(key, "warning", message, remedy)
+def warning(key: str, message: str, remedy: str = "", source: str = "") -> Finding:
+    return Finding(key, "warning", message, remedy, source)
 
 
-def notice(key: str, message: str, remedy: str = "") -> Finding:
+def notice(key: str, message: str, remedy: str = "", source: str = "") -> Finding:
     """A notice; `message` without the `notice: ` its text starts with."""
-    return Finding(key, "notice", message, remedy)
+    return Finding(key, "notice", message, remedy, source)

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from roll_gspo.config import roll_compat
 from roll_gspo.config.errors import ConfigError
-from roll_gspo.config.findings import Finding
+from roll_gspo.config.findings import Finding, notice
 from roll_gspo.config.schema import PipelineConfig, RewardConfig
 # The strict typed walk (also FSDP2's strategy_config's); re-exported for reference.py and tests.
 from roll_gspo.config.typed_walk import _build, _field_types, _schema_paths, _unwrap_optional, _walk  # noqa: F401
@@ -202,21 +202,23 @@ def defaults_file_keys(path: Path, raw_cfg: DictConfig) -> Set[str]:
     return {str(k) for k in raw_cfg.keys()} - {str(k) for k in own}
 
 
-def load_config_dict(raw_cfg: DictConfig, from_defaults: Set[str] = frozenset()) -> PipelineConfig:
-    """Strictly check a composed config (interpolations unresolved) and build the dataclass.
-    `from_defaults`: top-level keys only a `defaults:` file wrote; those that are no pipeline key
-    and that nothing interpolates are ROLL's anchors for other examples, dropped with one notice."""
+def load_config_dict(raw_cfg: DictConfig,
+                     from_defaults: Set[str] = frozenset()) -> Tuple[PipelineConfig, List[Finding]]:
+    """Strictly check a composed config (interpolations unresolved) and build the dataclass; with
+    the notices of the load. `from_defaults`: top-level keys only a `defaults:` file wrote; those
+    that are no pipeline key and that nothing interpolates are ROLL's anchors for other examples,
+    dropped with one notice."""
     raw = OmegaConf.to_container(raw_cfg, resolve=False)
     _normalise_legacy_values(raw)  # before the walk, which would reject a bool here
     roll_compat.normalise_roll_values(raw)
     anchors = {k for k in raw if isinstance(k, str) and (k.startswith("_") or k in roll_compat.DEEPSPEED_ANCHORS)}
     anchors |= interpolation_anchors(raw)
     unread = sorted(k for k in from_defaults if k in raw and k not in anchors and k not in _field_types(PipelineConfig))
+    notices = []
     if unread:
         anchors |= set(unread)
-        logging.getLogger("roll_gspo.config").warning(
-            "notice: the defaults file(s) define top-level keys this config never reads (anchors of other "
-            "examples), ignored: %s", ", ".join(unread))
+        notices.append(notice("", f"the defaults file(s) define top-level keys this config never reads (anchors of "
+                                  f"other examples), ignored: {', '.join(unread)}"))
     pipeline_keys = {k: v for k, v in raw.items() if k not in anchors}
 
     problems: List[Finding] = []
@@ -245,7 +247,7 @@ def load_config_dict(raw_cfg: DictConfig, from_defaults: Set[str] = frozenset())
     roll_compat.apply_roll_compat(PipelineConfig, checked, pipeline_keys, problems)
     if problems:
         raise ConfigError(problems)
-    return _build(PipelineConfig, checked)
+    return _build(PipelineConfig, checked), notices
 
 
 def written_key_paths(raw_cfg: DictConfig) -> Set[str]:
@@ -272,16 +274,25 @@ def load_config(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
     `cpu_host` True (None: detect it when a role has GPU placement) also drops the roles' GPU
     placement, for a run on a machine without a GPU.
     """
-    cfg, findings = load_config_findings(config, overrides, cpu_host)
-    for finding in findings:
-        logging.getLogger("roll_gspo.config").warning(finding.text)
+    try:
+        cfg, findings = load_config_findings(config, overrides, cpu_host)
+    except ConfigError as exc:
+        _log(exc.notices)
+        raise
+    _log(findings)
     return cfg
+
+
+def _log(findings: Sequence[Finding]) -> None:
+    for text in dict.fromkeys(finding.text for finding in findings):  # a notice naming several keys: once
+        logging.getLogger("roll_gspo.config").warning(text)
 
 
 def load_config_findings(config: str, overrides: Sequence[str] = (),
                          cpu_host: Optional[bool] = False) -> Tuple[PipelineConfig, List[Finding]]:
-    """`load_config`, returning the validation's warnings and notices instead of logging them
-    (the CPU adaptation's notices are logged)."""
+    """`load_config`, returning the load's warnings and notices (the CPU adaptation's, the
+    validation's) instead of logging them; a ConfigError of the validation carries the notices
+    noted before it (`ConfigError.notices`)."""
     from roll_gspo.config.cpu_run import adapt_to_cpu, megatron_to_deepspeed
     from roll_gspo.config.validate import check_config
 
@@ -295,11 +306,13 @@ def load_config_findings(config: str, overrides: Sequence[str] = (),
         raise ConfigError(hydra_problems)
     from_defaults = defaults_file_keys(path, raw_cfg)
     apply_overrides(raw_cfg, overrides)
-    notices = megatron_to_deepspeed(raw_cfg, cpu_host)
-    cfg = load_config_dict(raw_cfg, from_defaults)
-    for notice in notices + adapt_to_cpu(cfg, cpu_host):
-        logging.getLogger("roll_gspo.config").warning(notice)
-    return cfg, check_config(cfg, yaml_keys=written_key_paths(raw_cfg))
+    on_cpu = megatron_to_deepspeed(raw_cfg, cpu_host)
+    cfg, notices = load_config_dict(raw_cfg, from_defaults)
+    notices += on_cpu + adapt_to_cpu(cfg, cpu_host)
+    try:
+        return cfg, notices + check_config(cfg, yaml_keys=written_key_paths(raw_cfg))
+    except ConfigError as exc:
+        raise ConfigError(exc.findings, notices) from None
 
 
 def config_to_yaml(cfg: PipelineConfig) -> str:

@@ -21,6 +21,7 @@ matters is declared (`after`), and a step that needs others to have found nothin
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -120,6 +121,7 @@ def run_steps(cfg: Any, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Fi
         bad = [f for f in own if not isinstance(f, Finding)]
         if bad:
             raise TypeError(f"config step {step.name} yielded {bad[0]!r}, not a Finding")
+        own = [f if f.source else dataclasses.replace(f, source=step.name) for f in own]
         if any(f.level == "error" for f in own):
             if step.phase == "warn":
                 raise RuntimeError(f"config step {step.name} (warn phase) found an error; refusals are checks")

@@ -19,7 +19,6 @@ later stage once the earlier refusals are fixed: the report says when that is po
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
 import textwrap
@@ -144,20 +143,11 @@ def written_key(key: str, keys: Sequence[str]) -> Optional[str]:
     return None
 
 
-class _Notices(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: List[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def roll_report(config: str, overrides: Sequence[str] = (), cpu_host: Optional[bool] = False) -> RollReport:
     """Load `config` as `run_pipeline.py` would (validation and preflight included) and sort every
     key it writes into the report's groups. `cpu_host`: as `load_config`'s (None: a config with GPU
     placement, checked on a machine without a GPU, is checked as the CPU run it would be here)."""
-    from roll_gspo.config.cpu_run import cpu_notice_keys
+    from roll_gspo.config.cpu_run import SOURCE as CPU_RUN
     from roll_gspo.config.loader import apply_overrides, compose_yaml, load_config_findings, resolve_config_path
     from roll_gspo.config.preflight import preflight
 
@@ -166,21 +156,13 @@ def roll_report(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
     apply_overrides(raw_cfg, overrides)
     keys = _leaf_paths(raw_cfg)
     report = RollReport(str(path))
-    notices = _Notices()
-    config_logger = logging.getLogger("roll_gspo")
-    # The CPU adaptation's notices are collected into the report, not printed on their own.
-    saved = (config_logger.handlers[:], config_logger.level, config_logger.propagate)
-    config_logger.handlers, config_logger.propagate = [notices], False
-    config_logger.setLevel(logging.WARNING)
     findings: List[Finding] = []
     try:
         cfg, findings = load_config_findings(config, overrides, cpu_host=cpu_host)
         preflight(cfg)
     except ConfigError as exc:
-        findings = exc.findings
+        findings += exc.notices + exc.findings
         report.complete = False
-    finally:
-        config_logger.handlers, config_logger.level, config_logger.propagate = saved
     for finding in findings:
         if finding.level != "error":
             continue
@@ -190,13 +172,10 @@ def roll_report(config: str, overrides: Sequence[str] = (), cpu_host: Optional[b
         else:
             previous = report.refused.get(owner)
             report.refused[owner] = finding.text if previous is None else f"{previous}; {finding.text}"
-    ignored = {f.key: f.body for f in findings if f.level == "notice" and f.key in keys}
+    ignored = {f.key: f.body for f in findings if f.level == "notice" and f.source != CPU_RUN and f.key in keys}
     notes = _expanded_notes()
-    on_cpu = {}  # key -> what runs there instead (GPU-only settings of roles that run on CPUs)
-    for message in notices.messages:
-        adapted = cpu_notice_keys(message)
-        for key in (adapted[1] if adapted else []):
-            on_cpu[key] = adapted[0]
+    # key -> what runs there instead (GPU-only settings of roles that run on CPUs)
+    on_cpu = {f.key: f.message for f in findings if f.source == CPU_RUN}
     for key in keys:
         if key in report.refused:
             continue
