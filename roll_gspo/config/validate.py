@@ -246,7 +246,7 @@ def _model_and_engine_problems(cfg: PipelineConfig, yaml_keys: Optional[Abstract
            "turns, a `reward_norm` over sets of one response (every reward 0), contradictory reward and clip keys, "
            "`max_new_tokens` above `response_length`, strategy names a role cannot run, no training prompts",
        name="validate.algorithm")
-def _rlvr_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+def _algorithm_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     if not cfg.has_rollout():
         return []
     problems: List[Finding] = []
