@@ -225,3 +225,19 @@ def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path):
     example = result["examples"]["chain_sum"][0]
     assert example["answer"] == extract_answer(example["reply"])  # the one extraction
     assert result["settings"]["tasks"][1]["val_seed"] == 1_000_000
+
+
+def test_eval_model_names(tmp_path):
+    from roll_gspo.eval import resolve_eval_model, specs_from_names
+
+    run = tmp_path / "run"
+    (run / "final_model").mkdir(parents=True)
+    (run / "final_model" / "config.json").write_text("{}")
+    assert resolve_eval_model(str(run)) == str(run / "final_model")  # a run's output_dir
+    assert resolve_eval_model(str(run / "final_model")) == str(run / "final_model")
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    with pytest.raises(ValueError, match="evaluate the run's final_model"):
+        resolve_eval_model(str(run / "checkpoints" / "step_2"))
+    specs = specs_from_names(["rg:chain_sum", "builtin:arith"], val_size=5, configs={"chain_sum": ONE_DIGIT_SUMS})
+    assert [(s.key, s.name, s.val_size, s.config) for s in specs] == [
+        ("chain_sum", "rg:chain_sum", 5, ONE_DIGIT_SUMS), ("arith", "builtin:arith", 5, {})]

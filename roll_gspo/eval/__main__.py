@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from typing import List, Optional
@@ -41,7 +40,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from roll_gspo.utils.logging import setup_logging
+
+    setup_logging()
     configs = {}
     for item in args.task_config:
         name, sep, text = item.partition("=")
@@ -66,17 +67,30 @@ def main(argv: Optional[List[str]] = None) -> int:
     specs += specs_from_names(args.tasks, val_size=args.val_size, configs=configs)
     if not specs:
         raise SystemExit("no tasks: give --tasks or a --config with `tasks`")
-    result = evaluate(
-        args.model, specs, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens or settings.get("max_new_tokens") or 256,
-        prompt_length=args.prompt_length or settings.get("prompt_length") or 1024,
-        template=args.template or settings.get("template"), dtype=args.dtype or settings.get("dtype") or "fp32",
-        seed=args.seed, engine_config=settings.get("engine_config"), env=settings.get("env"))
-    print(format_table(result))
     out = args.out or f"eval_{os.path.basename(os.path.normpath(args.model)).replace(':', '_')}.json"
+    from roll_gspo.utils.logging import capture_output, configure_vllm_logging, use_log_dir
+
+    # vLLM's, transformers' and the model build's output go to a log file beside the JSON, as a
+    # run's go to its logs/; the console gets the table (and errors).
+    log_dir = os.path.splitext(out)[0] + "_logs"
+    use_log_dir(log_dir)
+    configure_vllm_logging()
+    restore = capture_output()
+    try:
+        result = evaluate(
+            args.model, specs, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens or settings.get("max_new_tokens") or 256,
+            prompt_length=args.prompt_length or settings.get("prompt_length") or 1024,
+            template=args.template or settings.get("template"), dtype=args.dtype or settings.get("dtype") or "fp32",
+            seed=args.seed, engine_config=settings.get("engine_config"), env=settings.get("env"))
+    finally:
+        if restore is not None:
+            restore()
+    print(format_table(result))
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=1)
-    print(f"wrote {out} (load {result['seconds']['load']} s, generate {result['seconds']['generate']} s)")
+    print(f"wrote {out} (load {result['seconds']['load']} s, generate {result['seconds']['generate']} s; "
+          f"logs: {log_dir})")
     return 0
 
 
