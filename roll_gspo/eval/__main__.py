@@ -15,7 +15,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         prog="python -m roll_gspo.eval",
         description="Greedy accuracy, pass@k and maj@k (unbiased pass@k, Chen et al. 2021) of a model on tasks "
                     "(reasoning-gym and built-in), through vLLM: a table on the console and a JSON file.")
-    p.add_argument("--model", required=True, help="HF folder (a run's final_model/ or output_dir), .gguf file, "
+    p.add_argument("--list-tasks", action="store_true", help="print every task name (source:task) and exit")
+    p.add_argument("--model", help="HF folder (a run's final_model/ or output_dir), .gguf file, "
                                                   "or builtin: name")
     p.add_argument("--tasks", nargs="*", default=[], help="task names: chain_sum, rg:basic_arithmetic, "
                                                           "builtin:arith_easy, ...")
@@ -40,6 +41,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    if args.list_tasks:
+        from roll_gspo.tasks.sources import all_task_names
+
+        print("\n".join(all_task_names()))
+        return 0
+    if not args.model:
+        raise SystemExit("--model is required (a model folder, .gguf file or builtin: name)")
     from roll_gspo.utils.logging import setup_logging
 
     setup_logging()

@@ -217,10 +217,6 @@ def _importable(source: str) -> bool:
         return False
 
 
-def score_with_source(source: str, answer: str, truth: Dict[str, Any]) -> float:
-    return SOURCES[source].score(answer, truth)
-
-
 def all_task_names(sources: Optional[Sequence[str]] = None) -> List[str]:
     """Every `source:task` name (for listings)."""
     return [f"{s}:{n}" for s in (sources or SOURCES) for n in source_names(s)]
