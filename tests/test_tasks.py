@@ -241,3 +241,14 @@ def test_eval_model_names(tmp_path):
     specs = specs_from_names(["rg:chain_sum", "builtin:arith"], val_size=5, configs={"chain_sum": ONE_DIGIT_SUMS})
     assert [(s.key, s.name, s.val_size, s.config) for s in specs] == [
         ("chain_sum", "rg:chain_sum", 5, ONE_DIGIT_SUMS), ("arith", "builtin:arith", 5, {})]
+
+
+def test_validation_reports_pass_at_k_with_the_eval_code():
+    from pipelines.rlvr_pipeline import _sample_metrics
+    from roll_gspo.distributed.batch import Batch
+
+    batch = Batch(meta={"domain": ["sums"] * 4 + ["legs"] * 4, "reward_correct": [1.0, 0.0, 0.0, 0.0] + [0.0] * 4,
+                        "response_text": ["<answer>4</answer>", "5", "The answer is 5.", "**5**"] + ["12 legs"] * 4})
+    found = _sample_metrics(batch, 2)  # 2 prompts per task, 2 replies each
+    assert found["val/sums/pass@2"] == 0.5 and found["val/sums/maj@2"] == 0.5 and found["val/legs/pass@1"] == 0.0
+    assert found["val/pass@1"] == pytest.approx(0.125)
