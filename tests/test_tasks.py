@@ -204,6 +204,33 @@ def test_task_reward_worker_counts_the_answer_not_the_format():
     assert [m["format_rate"] for m in scored["reward_metrics"]] == [1.0, 0.0, 1.0]
 
 
+def test_task_reward_worker_scores_cut_replies_by_the_task_and_counts_them():
+    """A reply cut at response_length (`finished` False) is scored by the task's rule on what it
+    wrote, like a finished one, and counted: metric `truncated` (-> `reward/<task>/truncated`)."""
+    from roll_gspo.config.schema import RewardConfig
+    from roll_gspo.distributed.batch import Batch
+    from roll_gspo.workers.rewards import TaskRewardWorker
+
+    saved = dict(os.environ)
+    try:  # timeout_s 0: scored in this process
+        worker = TaskRewardWorker(RewardConfig(worker_cls="roll_gspo.workers.rewards.TaskRewardWorker", timeout_s=0),
+                                  domain="tasks", dist_env={"RANK": 0, "WORLD_SIZE": 1, "MASTER_ADDR": "127.0.0.1",
+                                                            "MASTER_PORT": 1})
+        worker.setup()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    spec = TaskSpec("sums", name="chain_sum", config=ONE_DIGIT_SUMS, train_size=2, val_size=1).resolved()
+    row = task_rows(spec, "val")[0]
+    replies = [f"The answer is {row['answer']}", f"First, {row['answer']}", "First, 3 + 4 is"]
+    scored = worker.compute_scores(Batch(meta={"prompt_text": [""] * 3, "response_text": replies,
+                                               "ground_truth": [row["ground_truth"]] * 3, "domain": ["sums"] * 3,
+                                               "finished": [True, False, False]}))
+    # the cut reply that got to the right number counts, as the task scores it; one that did not, not
+    assert scored["scores"].tolist() == [1.0, 1.0, float(row["answer"] == "4")]
+    assert [m["truncated"] for m in scored["reward_metrics"]] == [0.0, 1.0, 1.0]
+
+
 # ------------------------------------------------------------------ the evaluation command
 def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path):
     """One vLLM start: greedy and 4 sampled replies on a built-in and a reasoning-gym task."""
@@ -216,7 +243,7 @@ def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path):
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     header = next(line for line in proc.stdout.splitlines() if line.startswith("task"))
-    assert header.split() == ["task", "prompts", "greedy", "format", "pass@1", "pass@2", "pass@4", "maj@2", "maj@4"]
+    assert header.split() == ["task", "prompts", "greedy", "format", "cut", "pass@1", "pass@2", "pass@4", "maj@2", "maj@4"]
     result = json.loads(out.read_text())
     assert set(result["tasks"]) == {"arith_easy", "chain_sum"} and result["all"]["prompts"] == 12
     for metrics in [*result["tasks"].values(), result["all"]]:

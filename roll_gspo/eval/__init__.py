@@ -55,7 +55,8 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
     sampled replies (temperature, top_p), per task and over all prompts.
 
     Returns `{"model", "settings", "tasks": {key: metrics}, "all": metrics, "examples"}`; metrics:
-    `prompts`, `greedy_accuracy`, `greedy_format_rate`, `pass@k`, `maj@k`, `mean_reply_tokens`.
+    `prompts`, `greedy_accuracy`, `greedy_format_rate`, `pass@k`, `maj@k`, `mean_reply_tokens`,
+    `greedy_truncated_rate`.
     `env`: environment variables for vLLM (default: the rollout workers', e.g. its 1 GiB CPU KV cache)."""
     from transformers import AutoTokenizer
 
@@ -93,9 +94,9 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
         texts = decode_for_reward(tokenizer, [ids for ids, _, _ in flat])
         rows = [item for item in items for _ in range(count)]
         scores = [score_reply(r["prompt_text"], t, r["ground_truth"]) for r, t in zip(rows, texts)]
-        return rows, texts, scores, [len(ids) for ids, _, _ in flat]
+        return rows, texts, scores, [len(ids) for ids, _, _ in flat], [not done for _, _, done in flat]
 
-    g_rows, g_texts, g_scores, g_lengths = replies(GeneratingArgs(temperature=0.0, max_new_tokens=max_new_tokens), 1, 0)
+    g_rows, g_texts, g_scores, g_lengths, g_cut = replies(GeneratingArgs(temperature=0.0, max_new_tokens=max_new_tokens), 1, 0)
     sampled = None
     if n > 1:
         sampled = replies(GeneratingArgs(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens), n, 1)
@@ -106,9 +107,11 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
         found = {"prompts": float(len(picked)),
                  "greedy_accuracy": _mean(g_scores[i].metrics["accuracy"] for i in picked),
                  "greedy_format_rate": _mean(g_scores[i].metrics["format_rate"] for i in picked),
-                 "mean_reply_tokens": _mean(g_lengths[i] for i in picked)}
+                 "mean_reply_tokens": _mean(g_lengths[i] for i in picked),
+                 # greedy replies cut at max_new_tokens (no end-of-sequence token): scored as written
+                 "greedy_truncated_rate": _mean(float(g_cut[i]) for i in picked)}
         if sampled is not None:
-            rows, texts, scores, _ = sampled
+            rows, texts, scores, _, _ = sampled
             kept = [i for i, r in enumerate(rows) if keep(r["domain"])]
             found.update(grouped_sample_metrics([rows[i]["domain"] for i in kept],
                                                 [scores[i].metrics["accuracy"] for i in kept],
@@ -139,10 +142,11 @@ def _mean(values) -> float:
 def format_table(result: Dict[str, Any]) -> str:
     """The console table: one row per task and `all`, one column per metric."""
     rows = {**result["tasks"], "all": result["all"]}
-    columns = ["prompts", "greedy_accuracy", "greedy_format_rate"]
+    columns = ["prompts", "greedy_accuracy", "greedy_format_rate", "greedy_truncated_rate"]
     columns += sorted({k for r in rows.values() for k in r if k.startswith("pass@")}, key=_k_order)
     columns += sorted({k for r in rows.values() for k in r if k.startswith("maj@")}, key=_k_order)
-    heads = {"prompts": "prompts", "greedy_accuracy": "greedy", "greedy_format_rate": "format"}
+    heads = {"prompts": "prompts", "greedy_accuracy": "greedy", "greedy_format_rate": "format",
+             "greedy_truncated_rate": "cut"}
     width = max(len("task"), *(len(k) for k in rows))
     lines = ["  ".join(["task".ljust(width)] + [heads.get(c, c).rjust(7) for c in columns])]
     for key, metrics in rows.items():

@@ -11,7 +11,24 @@ from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
 
 
-def generate_kwargs(gen: GeneratingArgs, n: int, pad_id: int, eos_id: int) -> Dict[str, Any]:
+def stop_token_ids(model_folder: str, tokenizer) -> List[int]:
+    """The ids that end a response: the tokenizer's eos, then every `eos_token_id` of the model
+    folder's generation_config.json (an int or a list: Qwen2.5-Instruct names `<|im_end|>` and
+    `<|endoftext|>`). vLLM stops at the same set (it reads that file: `generation_config: vllm`),
+    so both engines end a response at the same token."""
+    import json
+    import os
+
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    path = os.path.join(str(model_folder), "generation_config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            extra = json.load(fh).get("eos_token_id")
+        ids += [int(i) for i in (extra if isinstance(extra, list) else [extra]) if i is not None]
+    return list(dict.fromkeys(ids))
+
+
+def generate_kwargs(gen: GeneratingArgs, n: int, pad_id: int, eos_id) -> Dict[str, Any]:
     """`generate` keywords (the model's own generation config is neutral). Greedy decoding takes
     one sequence per prompt. Sampling gets neutral temperature/top-k/top-p: `PerRowSampler`
     applies the YAML's, because transformers appends its own warpers after custom processors
@@ -66,7 +83,8 @@ class HfInferStrategy:
         self.model.generation_config = GenerationConfig()
         self.tokenizer = AutoTokenizer.from_pretrained(role.model_args.model_name_or_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.eos_id = self.tokenizer.eos_token_id
+        self.eos_ids = stop_token_ids(role.model_args.model_name_or_path, self.tokenizer)
+        self.eos_id = self.eos_ids[0] if self.eos_ids else None
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int,
@@ -87,15 +105,16 @@ class HfInferStrategy:
             # generate() wants left padding so every row's next token follows its prompt.
             input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts])
             attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-            kwargs = generate_kwargs(gen, n, self.pad_id, self.eos_id)
+            kwargs = generate_kwargs(gen, n, self.pad_id, self.eos_ids or None)
             out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                                       **kwargs, **sampler).cpu()
             # Greedy: the n responses of a prompt are one response n times (as vLLM returns them).
             out = out.repeat_interleave(n // kwargs["num_return_sequences"], dim=0)
             responses, finished = [], []
             for row in out[:, width:].tolist():
-                if self.eos_id in row:
-                    row = row[: row.index(self.eos_id) + 1]
+                stop = next((i for i, token in enumerate(row) if token in self.eos_ids), None)
+                if stop is not None:
+                    row = row[: stop + 1]
                     finished.append(True)
                 else:
                     finished.append(False)

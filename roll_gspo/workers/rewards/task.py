@@ -12,7 +12,11 @@ class TaskRewardWorker(RewardWorker):
     (reasoning-gym's, or the built-in rule) on the reply's extracted answer (no format needed),
     plus `tasks.<key>.format_weight` when the reply wrote one `<answer>...</answer>`. A reply
     counts as correct (`val/<task>/accuracy`) when the task scores its answer 1, format or not;
-    each reply reports `accuracy`, `format_rate` and `answer_score` (`reward/<task>/...`)."""
+    each reply reports `accuracy`, `format_rate`, `answer_score` and `truncated` (`reward/<task>/...`).
+
+    A reply cut at `response_length` (no end-of-sequence token) is scored like any other, by the
+    task's own rule on what it wrote (reasoning-gym scores a missing or partial answer itself); its
+    `truncated` metric is 1, so a task whose replies run out of room shows it per task."""
 
     def build_reward_fn(self):
         try:  # imported here (about 2 s), so the forked reward process and its restarts inherit it
@@ -28,4 +32,9 @@ class TaskRewardWorker(RewardWorker):
             metrics["accuracy"] if metrics and "accuracy" in metrics else (0.0 if status != "ok" else correct)
             for metrics, status, correct in zip(scored["reward_metrics"], scored["reward_status"],
                                                 scored["reward_correct"])]
+        # `finished` comes from the rollout engine (absent when a caller scores bare texts).
+        finished = batch["finished"] if "finished" in batch else [True] * len(batch)
+        for metrics, done in zip(scored["reward_metrics"], finished):
+            if metrics is not None:
+                metrics["truncated"] = float(not done)
         return scored
