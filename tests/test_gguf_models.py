@@ -183,3 +183,31 @@ def test_a_bad_gguf_is_refused_before_workers_start_naming_the_file(tmp_path):
     cfg.reference.model_args.model_name_or_path = str(truncated)
     with pytest.raises(ConfigError, match="truncated.gguf is not a readable GGUF file"):
         preflight(cfg)
+
+
+def test_smollm2_task_prompts_carry_one_system_turn(smollm2, tmp_path):
+    """Task rows through the project's prompt path with the real tokenizer: the task's system prompt
+    is the one system turn (SmolLM2's default "You are a helpful AI assistant named SmolLM" only
+    when a row has none), the ids are the chat template's own (no second `<|im_start|>` as bos)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from roll_gspo.data.prompts import load_prompts
+    from roll_gspo.tasks import TaskSpec, task_rows
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    rows = [row for system in ("Be brief.", "") for row in task_rows(
+        TaskSpec("sums", name="builtin:arith_easy", train_size=2, val_size=1, system_prompt=system).resolved(), "val")]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for template in (None, "native"):
+        items, _ = load_prompts([str(path)], default_domain="tasks", tokenizer=tokenizer, max_prompt_length=256,
+                                template=template)
+        for item, row in zip(items, rows):
+            text = item["prompt_text"]
+            assert text.count("<|im_start|>system") == 1 and text.endswith("<|im_start|>assistant\n")
+            assert ("named SmolLM" in text) == (len(row["messages"]) == 1), text  # default only without one
+            expected = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, return_dict=True)
+            assert item["prompt_ids"] == list(expected["input_ids"])
+            assert item["prompt_ids"].count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3
