@@ -119,6 +119,16 @@ def test_a_finding_reads_as_before():
     assert ConfigError(["a plain line"]).findings == [Finding("", "error", "a plain line")]
 
 
+def test_a_remedy_said_apart_keeps_the_line():
+    with pytest.raises(ConfigError) as info:
+        load_config(str(EXAMPLE), ["reference.training_args.learning_rate=0.5"])
+    (finding,) = [f for f in info.value.findings if f.key == "reference.training_args.learning_rate"]
+    assert finding.remedy.startswith("the setting that acts is none: the reference is frozen")
+    assert finding.text == (f"reference.training_args.learning_rate = 0.5 is never read (reference does not use "
+                            f"training_args); {finding.remedy}")
+    assert finding.source == "role_reads.unread"
+
+
 def test_roll_check_groups_refusals_by_the_findings_key(extra_step):
     from roll_gspo.config.roll_check import roll_report
 

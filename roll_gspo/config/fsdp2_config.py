@@ -87,5 +87,5 @@ def fsdp2_notices(cfg: PipelineConfig, yaml_keys=None) -> List[Finding]:
             if key in config:
                 path = f"{name}.strategy_args.strategy_config.{key}"
                 notices.append(notice(path, f"{path} = {config[key]!r} is ignored by a frozen engine (the {name} "
-                                            f"reduces no gradients), as in ROLL; nothing acts instead"))
+                                            f"reduces no gradients), as in ROLL", "nothing acts instead"))
     return notices

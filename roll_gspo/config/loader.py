@@ -84,13 +84,14 @@ def _search_path_override(path: Path) -> str:
     return "hydra.searchpath=[" + ",".join(str(p) for p in own + ours) + "]"
 
 
-def hydra_block_problems(path: Path) -> List[str]:
+def hydra_block_problems(path: Path) -> List[Finding]:
     """Problems with the YAML's own `hydra:` block (see roll_compat.hydra_block_problems)."""
     try:
         block = OmegaConf.to_container(OmegaConf.load(path)).get("hydra")
     except Exception:
         return []
-    return [f"{path.name}: {p}" for p in roll_compat.hydra_block_problems(block)]
+    return [dataclasses.replace(p, message=f"{path.name}: {p.message}")
+            for p in roll_compat.hydra_block_problems(block)]
 
 
 def compose_yaml(path: Path) -> DictConfig:

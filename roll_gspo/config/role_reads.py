@@ -93,8 +93,8 @@ def ignored_key_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
         role, block, key = path.split(".")
         value = getattr(getattr(getattr(cfg, role), block), key)
         if value != getattr(getattr(getattr(defaults, role), block), key) and is_written(path, yaml_keys):
-            notices.append(notice(path, f"{path} = {value!r} is ignored in an rlvr run, as in ROLL; what acts is "
-                                        f"{acts_instead}"))
+            notices.append(notice(path, f"{path} = {value!r} is ignored in an rlvr run, as in ROLL",
+                                  f"what acts is {acts_instead}"))
     return notices
 
 
@@ -127,6 +127,6 @@ def unread_key_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
                 if where is None or value == default[key] or not is_written(key, yaml_keys):
                     continue
                 what = block if acts_instead is not READ else key.rpartition(".")[2]
-                problems.append(error(key, f"{key} = {value!r} is never read ({role} does not use {what}); the "
-                                           f"setting that acts is {where}. Remove it here"))
+                problems.append(error(key, f"{key} = {value!r} is never read ({role} does not use {what})",
+                                      f"the setting that acts is {where}. Remove it here"))
     return problems

@@ -371,7 +371,7 @@ def _flatten(block: Any, prefix: str = "") -> Dict[str, Any]:
     return out
 
 
-def hydra_block_problems(hydra_block: Any) -> List[str]:
+def hydra_block_problems(hydra_block: Any) -> List[Finding]:
     """Problems with the `hydra:` block of a YAML (Hydra has already checked its spelling)."""
     problems = []
     for key, value in _flatten(hydra_block or {}).items():
@@ -379,16 +379,16 @@ def hydra_block_problems(hydra_block: Any) -> List[str]:
             continue
         if key in ACCEPTED_HYDRA_VALUES:
             if value not in ACCEPTED_HYDRA_VALUES[key]:
-                problems.append(
-                    f"hydra.{key} = {value!r} is refused: run_pipeline.py composes the YAML with Hydra "
-                    f"but does not run under @hydra.main, so it never changes directory nor writes "
+                problems.append(error(
+                    f"hydra.{key}", f"hydra.{key} = {value!r} is refused: run_pipeline.py composes the YAML with "
+                    f"Hydra but does not run under @hydra.main, so it never changes directory nor writes "
                     f"Hydra's output folder; accepted: {ACCEPTED_HYDRA_VALUES[key]} (output goes to "
-                    f"output_dir)")
+                    f"output_dir)"))
             continue
-        problems.append(f"hydra.{key} is refused: it configures Hydra's application runner "
-                        f"(@hydra.main), which run_pipeline.py does not use; only hydra.run.dir: ., "
-                        f"hydra.output_subdir: null, hydra.job.chdir: false and hydra.searchpath are "
-                        f"accepted")
+        problems.append(error(f"hydra.{key}", f"hydra.{key} is refused: it configures Hydra's application runner "
+                                              f"(@hydra.main), which run_pipeline.py does not use; only "
+                                              f"hydra.run.dir: ., hydra.output_subdir: null, hydra.job.chdir: false "
+                                              f"and hydra.searchpath are accepted"))
     return problems
 
 
