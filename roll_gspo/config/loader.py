@@ -225,7 +225,7 @@ def load_config_dict(raw_cfg: DictConfig,
     problems: List[Finding] = []
     _walk(pipeline_keys, PipelineConfig, "", problems)  # unknown keys, on what the user wrote
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, notices)
 
     # Defaults under the user's values, so `${response_length}` resolves even when unset. A
     # user's `rewards:` replaces the default domain instead of merging with it.
@@ -236,18 +236,18 @@ def load_config_dict(raw_cfg: DictConfig,
     try:
         resolved = OmegaConf.to_container(merged, resolve=True)
     except OmegaConfBaseException as exc:
-        raise ConfigError([f"interpolation failed: {exc}".replace("\n", " ")]) from None
+        raise ConfigError([f"interpolation failed: {exc}".replace("\n", " ")], notices) from None
     for key in anchors:
         resolved.pop(key, None)
     _normalise_legacy_values(resolved)
     roll_compat.normalise_roll_values(resolved)
     checked = _walk(resolved, PipelineConfig, "", problems)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, notices)
     # ROLL's names and multi-key semantics, knowing which keys the user wrote.
     roll_compat.apply_roll_compat(PipelineConfig, checked, pipeline_keys, problems)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, notices)
     return _build(PipelineConfig, checked), notices
 
 
