@@ -1,0 +1,223 @@
+"""Does GSPO improve a real pretrained model on real tasks within 30 minutes on this machine?
+
+Runs examples/example_gspo_smollm2.yaml (SmolLM2-135M-Instruct on a mix of reasoning-gym tasks)
+for a wall-clock budget, then stops it gracefully (SIGTERM: the step in progress finishes) and
+reads its metrics.jsonl: the held-out greedy accuracy per task and averaged over the tasks at
+step 0 and at each validation (`eval_steps`), the rewarded format's rate beside it. The answer is
+read without needing the format (roll_gspo.rewards.answers.extract_answer), so a format change
+alone does not move accuracy.
+
+Goal (issue 36): the task-averaged accuracy rises by >= +0.25 absolute within the budget, and no
+task ends below its step-0 accuracy. Prints the curve and the goal side by side, writes
+`<out>/learning.json` and `<out>/learning.png`.
+
+    .venv/bin/python benchmarks/bench_smollm2_learning.py                      # 30 minutes
+    .venv/bin/python benchmarks/bench_smollm2_learning.py --minutes 10 seed=7  # overrides go to the run
+    .venv/bin/python benchmarks/bench_smollm2_learning.py --smoke              # 2 small steps, no verdict
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "examples/example_gspo_smollm2.yaml"
+GOAL_RISE = 0.25
+# A couple of small steps and a small validation: the wiring, not the learning.
+SMOKE_OVERRIDES = ["max_steps=2", "eval_steps=2", "rollout_batch_size=4", "num_return_sequences_in_group=4",
+                   "response_length=48", "validation.generating_args.max_new_tokens=48",
+                   "actor_train.training_args.per_device_train_batch_size=4",
+                   "actor_infer.strategy_args.strategy_config.max_model_len=240"]
+SMOKE_VAL_SIZE = 8
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=CONFIG, help="the run's YAML (default: %(default)s)")
+    parser.add_argument("--minutes", type=float, default=30.0,
+                        help="wall-clock budget of the run, start-up included (default: %(default)s)")
+    parser.add_argument("--out", default="output/bench_smollm2_learning",
+                        help="folder of the run, learning.json and learning.png (default: %(default)s)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 small steps and 8 held-out prompts per task: checks the wiring, no verdict")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides for the run")
+    args = parser.parse_args(argv)
+    if args.minutes <= 0:
+        parser.error("--minutes must be > 0")
+    return args
+
+
+def task_keys(records: List[Dict]) -> List[str]:
+    """The tasks of a run: every `val/<task>/accuracy` key."""
+    return sorted({k.split("/")[1] for r in records for k in r
+                   if k.startswith("val/") and k.endswith("/accuracy") and k.count("/") == 2})
+
+
+def learning_curve(records: List[Dict], elapsed: Optional[Dict[int, float]] = None) -> List[Dict]:
+    """One point per validation: step, elapsed seconds (when known), per-task greedy accuracy and
+    format rate, and their means over the tasks (each task weighs the same)."""
+    tasks = task_keys(records)
+    points = []
+    for record in records:
+        if not tasks or f"val/{tasks[0]}/accuracy" not in record:
+            continue
+        accuracy = {t: record.get(f"val/{t}/accuracy") for t in tasks}
+        fmt = {t: record.get(f"val/{t}/format_rate") for t in tasks}
+        point = {"step": record["step"], "elapsed_s": (elapsed or {}).get(record["step"]),
+                 "accuracy": accuracy, "format_rate": fmt, "mean_accuracy": _mean(accuracy.values()),
+                 "mean_format_rate": _mean(fmt.values())}
+        points.append(point)
+    return sorted(points, key=lambda p: p["step"])
+
+
+def verdict(curve: List[Dict], goal_rise: float = GOAL_RISE) -> Dict:
+    """The goal against the curve's first (step 0) and last points: the mean accuracy's rise, each
+    task's change, and whether the rise meets the goal with no task below its start."""
+    if len(curve) < 2:
+        return {"rise": None, "task_change": {}, "rise_ok": False, "no_task_falls": False, "pass": False}
+    first, last = curve[0], curve[-1]
+    change = {t: last["accuracy"][t] - first["accuracy"][t] for t in first["accuracy"]}
+    rise = last["mean_accuracy"] - first["mean_accuracy"]
+    ok_rise, ok_tasks = rise >= goal_rise, all(c >= 0 for c in change.values())
+    return {"rise": rise, "task_change": change, "rise_ok": ok_rise, "no_task_falls": ok_tasks,
+            "pass": ok_rise and ok_tasks, "first_step": first["step"], "last_step": last["step"]}
+
+
+def format_report(curve: List[Dict], result: Dict, goal_rise: float = GOAL_RISE) -> str:
+    """The curve (accuracy / format per task and their means) and the goal beside the figures."""
+    if not curve:
+        return "no validation point in the run's metrics"
+    tasks = list(curve[0]["accuracy"])
+    width = max(8, *(len(t) for t in tasks))
+    head = ["step", "min"] + [t.rjust(width) for t in tasks] + ["mean".rjust(width)]
+    lines = ["held-out greedy accuracy (format rate)", "  ".join(head)]
+    for p in curve:
+        minutes = "-" if p["elapsed_s"] is None else f"{p['elapsed_s'] / 60:.1f}"
+        cells = [f"{p['accuracy'][t]:.3f} ({p['format_rate'][t] or 0:.2f})".rjust(width) for t in tasks]
+        cells.append(f"{p['mean_accuracy']:.3f} ({p['mean_format_rate'] or 0:.2f})".rjust(width))
+        lines.append("  ".join([str(p["step"]).rjust(4), minutes.rjust(5)] + cells))
+    if result["rise"] is None:
+        lines.append("fewer than two validation points: no verdict")
+        return "\n".join(lines)
+    lines.append("")
+    lines.append(f"{'figure':<34}{'measured':>10}   goal")
+    lines.append(f"{'mean accuracy rise':<34}{result['rise']:>+10.3f}   >= +{goal_rise:.2f}  "
+                 f"{'PASS' if result['rise_ok'] else 'FAIL'}")
+    for t, c in result["task_change"].items():
+        lines.append(f"{'  ' + t + ' change':<34}{c:>+10.3f}   >= 0  {'ok' if c >= 0 else 'FALLS'}")
+    lines.append(f"{'verdict (step %d -> %d)' % (result['first_step'], result['last_step']):<34}"
+                 f"{'PASS' if result['pass'] else 'FAIL':>10}")
+    return "\n".join(lines)
+
+
+def plot(curve: List[Dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    x_minutes = all(p["elapsed_s"] is not None for p in curve)
+    xs = [p["elapsed_s"] / 60 if x_minutes else p["step"] for p in curve]
+    for task in curve[0]["accuracy"]:
+        ax.plot(xs, [p["accuracy"][task] for p in curve], marker="o", lw=1, label=task)
+    ax.plot(xs, [p["mean_accuracy"] for p in curve], marker="s", lw=2.5, color="black", label="mean")
+    ax.plot(xs, [p["mean_format_rate"] for p in curve], ls="--", color="gray", label="format rate (mean)")
+    ax.axhline(curve[0]["mean_accuracy"] + GOAL_RISE, color="red", ls=":", lw=1, label="goal: start + 0.25")
+    ax.set_xlabel("minutes since start" if x_minutes else "step")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title("GSPO on SmolLM2-135M-Instruct, reasoning-gym tasks (2-core CPU)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _mean(values) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out).resolve()
+    run_dir = out / "run"
+    overrides = [f"output_dir={run_dir}", "save_steps=0", *args.overrides]
+    if args.smoke:
+        from omegaconf import OmegaConf
+
+        tasks = OmegaConf.load(REPO_ROOT / args.config).get("tasks") or {}
+        overrides = SMOKE_OVERRIDES + [f"tasks.{t}.val_size={SMOKE_VAL_SIZE}" for t in tasks] + overrides
+    command = [sys.executable, "run_pipeline.py", "--config", args.config, *overrides]
+    out.mkdir(parents=True, exist_ok=True)
+    metrics_path = run_dir / "metrics.jsonl"
+    if metrics_path.exists():
+        metrics_path.unlink()  # a previous run's lines are not this run's
+    print("running:", " ".join(command), flush=True)
+    start = time.monotonic()
+    budget = args.minutes * 60
+    elapsed: Dict[int, float] = {}  # step -> seconds since start when its validation line appeared
+    stopped = False
+    with open(out / "run.log", "w") as log:
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            time.sleep(2)
+            now = time.monotonic() - start
+            for record in _read(metrics_path):
+                if any(k.startswith("val/") for k in record) and record["step"] not in elapsed:
+                    elapsed[record["step"]] = now
+                    print(f"  {now / 60:5.1f} min  step {record['step']}: val/accuracy "
+                          f"{record.get('val/accuracy', float('nan')):.3f}", flush=True)
+            if now > budget and not stopped:
+                print(f"budget of {args.minutes:g} min reached: stopping the run (the step in progress "
+                      f"finishes)", flush=True)
+                proc.send_signal(signal.SIGTERM)
+                stopped = True
+    wall = time.monotonic() - start
+    records = _read(metrics_path)
+    if proc.returncode != 0:
+        print(f"the run failed (exit {proc.returncode}); see {out / 'run.log'}")
+        return 1
+    curve = learning_curve(records, elapsed)
+    result = verdict(curve)
+    print()
+    print(format_report(curve, result))
+    steps = [r for r in records if "time/step_s" in r]
+    report = {"config": args.config, "overrides": overrides, "minutes": args.minutes, "wall_s": wall,
+              "steps": len(steps), "median_step_s": _median([r["time/step_s"] for r in steps]),
+              "curve": curve, "goal": {"rise": GOAL_RISE, "no_task_falls": True}, "result": result,
+              "smoke": args.smoke}
+    (out / "learning.json").write_text(json.dumps(report, indent=1))
+    if len(curve) >= 1:
+        plot(curve, str(out / "learning.png"))
+    print(f"\n{len(steps)} steps in {wall / 60:.1f} min (median step {report['median_step_s'] or 0:.1f} s); "
+          f"wrote {out / 'learning.json'} and {out / 'learning.png'}")
+    return 0 if (args.smoke or result["pass"]) else 2
+
+
+def _read(path: Path) -> List[Dict]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            pass
+    return records
+
+
+def _median(values) -> Optional[float]:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+if __name__ == "__main__":
+    sys.exit(run(parse_args()))

@@ -1,0 +1,42 @@
+"""benchmarks/bench_smollm2_learning.py's figures from a run's metrics (the run itself, 30 minutes on
+the real model, is not started here; its --smoke mode takes minutes on 2 cores, so no test runs it)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_smollm2_learning.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_smollm2_learning", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def val(step, a, b, fa=0.0, fb=0.0):
+    return {"step": step, "val/accuracy": (a + b) / 2, "val/x/accuracy": a, "val/y/accuracy": b,
+            "val/x/format_rate": fa, "val/y/format_rate": fb, "val/pass@1": 0.5}
+
+
+def test_curve_verdict_and_report(bench, tmp_path):
+    records = [val(0, 0.2, 0.1), {"step": 1, "time/step_s": 30.0}, val(10, 0.5, 0.4, 0.5, 0.3),
+               val(20, 0.6, 0.05)]
+    curve = bench.learning_curve(records, {0: 60.0, 10: 600.0})
+    assert [p["step"] for p in curve] == [0, 10, 20] and curve[0]["elapsed_s"] == 60.0
+    assert curve[1]["mean_accuracy"] == pytest.approx(0.45) and curve[1]["mean_format_rate"] == pytest.approx(0.4)
+    result = bench.verdict(curve)
+    # the mean rose by 0.175 and y fell: both fail
+    assert result["rise"] == pytest.approx(0.175) and not result["rise_ok"] and not result["no_task_falls"]
+    assert result["task_change"]["y"] == pytest.approx(-0.05)
+    good = bench.verdict(curve[:2])
+    assert good["pass"] and good["rise"] == pytest.approx(0.3)
+    report = bench.format_report(curve[:2], good)
+    assert "mean accuracy rise" in report and "+0.300" in report and "PASS" in report
+    assert bench.verdict(curve[:1])["pass"] is False
+    bench.plot(curve, str(tmp_path / "curve.png"))
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    args = bench.parse_args(["--smoke", "seed=3"])
+    assert args.smoke and args.overrides == ["seed=3"] and args.minutes == 30.0
