@@ -112,7 +112,8 @@ def _check_lengths(cfg: PipelineConfig, roles: List[str]) -> List[Finding]:
         source = (f"the model {path!r} ({', '.join(f'{r}.model_args.model_name_or_path' for r in users)}) "
                   f"holds at most {limit} tokens (max_position_embeddings)")
         if needed > limit:
-            problems.append(error(knobs.partition(" ")[0], f"{asked}, but {source}; lower {knobs}"))
+            problems.append(error("sequence_length" if cfg.pipeline == "agentic" else "response_length",
+                                  f"{asked}, but {source}; lower {knobs}"))
         engine = cfg.actor_infer.strategy_args.strategy_config if "actor_infer" in users else {}
         if isinstance(engine.get("max_model_len"), int) and engine["max_model_len"] > limit:
             problems.append(error("actor_infer.strategy_args.strategy_config.max_model_len",
