@@ -40,3 +40,24 @@ def test_curve_verdict_and_report(bench, tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 1000
     args = bench.parse_args(["--smoke", "seed=3"])
     assert args.smoke and args.overrides == ["seed=3"] and args.minutes == 30.0
+
+
+def test_the_smollm2_examples_load(tmp_path, monkeypatch):
+    """Both examples load and pass the config checks without building the model (an empty cache):
+    bf16 on both sides with the rollout correction, three reasoning-gym tasks of 200 held-out
+    prompts each; the LoRA one changes only the adapter keys and the learning rate."""
+    from roll_gspo.config import load_config
+    from roll_gspo.config.task_checks import task_specs
+
+    monkeypatch.setenv("ROLL_GSPO_CACHE", str(tmp_path / "cache"))
+    full = load_config(str(BENCH.parents[1] / "examples" / "example_gspo_smollm2.yaml"))
+    lora = load_config(str(BENCH.parents[1] / "examples" / "example_gspo_smollm2_lora.yaml"))
+    assert full.pretrain == "builtin:smollm2-135m-instruct" and full.importance_sampling == "seq"
+    assert full.actor_train.model_args.dtype == full.actor_infer.model_args.dtype == "bf16"
+    assert full.train_infer_correction.is_weight.enabled
+    specs = task_specs(full)
+    assert len(specs) >= 3 and all(s.val_size >= 200 and s.source == "reasoning_gym" for s in
+                                   (spec.resolved() for spec in specs))
+    assert lora.actor_train.model_args.lora_target == "all-linear" and full.actor_train.model_args.lora_target is None
+    assert [s.key for s in task_specs(lora)] == [s.key for s in specs]
+    assert not (tmp_path / "cache" / "models").exists()  # nothing built
