@@ -26,6 +26,7 @@ from roll_gspo.agentic.trajectory import (Trajectory, trajectory_tensors, transc
     turn_samples)
 from roll_gspo.algorithms.trajectory_advantages import (discounted_turn_returns, step_advantages,
     trajectory_advantages)
+from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.config import PipelineConfig
 from roll_gspo.config.agentic_checks import env_manager_kind, error_penalty, manager_generating_args
 from roll_gspo.config.roll_compat import checkpoint_base
@@ -185,7 +186,7 @@ class AgenticPipeline(RLVRPipeline):
         common = dict(method=cfg.reward_normalization.method, valid=batch["started"], reward_clip=cfg.reward_clip,
                       kl=kl, kl_coef=cfg.init_kl_coef, whiten_advantages=cfg.whiten_advantages,
                       advantage_clip=cfg.advantage_clip)
-        if cfg.adv_estimator == "step_reinforce":
+        if ESTIMATORS[cfg.adv_estimator].granularity == "turn":  # step_reinforce: each turn its return
             advantages, metrics = step_advantages(batch["turn_returns"], batch["turn_index"], batch["loss_mask"],
                                                   batch["set_id"], batch["scores"], **common)
         else:

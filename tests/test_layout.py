@@ -13,11 +13,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Lowest first. A module may import its own concept and concepts of lower layers, never a concept of
 # its own layer or above (the README's picture draws the same layers).
 LAYERS: List[Set[str]] = [
-    {"roll_gspo.utils"},
+    # catalog: the facts of estimators and reward workers, torch-free; sandbox: the code sandbox (the
+    # code reward's and the python tool's)
+    {"roll_gspo.utils", "roll_gspo.catalog", "roll_gspo.sandbox"},
     {"roll_gspo.algorithms", "roll_gspo.builtin", "roll_gspo.distributed", "roll_gspo.lifecycle",
      "roll_gspo.metrics", "roll_gspo.placement", "roll_gspo.rewards"},
-    # Agentic environments and tools: their Python tool runs in the rewards' code sandbox, and
-    # config's --dry-run checks env declarations with them.
+    # Agentic environments and tools: config's --dry-run checks env declarations with them.
     {"roll_gspo.envs", "roll_gspo.tasks"},  # tasks: prompts plus their rule reward (reasoning-gym, built-in)
     {"roll_gspo.config", "roll_gspo.data", "roll_gspo.models", "roll_gspo.sync"},
     {"roll_gspo.strategies", "roll_gspo.agentic"},

@@ -268,7 +268,8 @@ ADV_ESTIMATORS: Dict[str, AdvEstimatorFn] = {}
 
 
 def register_adv_estimator(name: str) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
-    """Decorator registering an advantage estimator under ``name``.
+    """Decorator registering an advantage estimator under ``name`` (its facts, which pipelines take
+    it and whether it needs a critic, are declared in `roll_gspo.catalog.estimators`).
 
     The function is ``fn(token_rewards (B, T), response_mask (B, T), group_size, eps=1e-6)`` and
     returns ``(B, T)`` advantages, 0 outside the mask.

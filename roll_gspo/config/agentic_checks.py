@@ -8,6 +8,7 @@ import copy
 import string
 from typing import AbstractSet, List, Optional
 
+from roll_gspo.catalog.estimators import ESTIMATORS, names
 from roll_gspo.config.findings import Finding, error, notice
 from roll_gspo.config.registry import check
 from roll_gspo.config.role_reads import is_written
@@ -20,7 +21,6 @@ ENV_MANAGER_CLASSES = {
     "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": "step",
     "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager": "step",
 }
-AGENTIC_ADV_ESTIMATORS = ("grpo", "reinforce", "step_reinforce")
 TEMPLATE_FIELDS = {"observation", "turn_idx", "actions_left", "max_response_length", "suffix"}
 
 
@@ -111,7 +111,8 @@ def fill_agentic_ratio(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]
 
 def _turn_credit_in_one_sample(cfg: PipelineConfig) -> bool:
     """step_reinforce with trajectory-wise samples: turns of one sample carry different advantages."""
-    return cfg.adv_estimator == "step_reinforce" and env_manager_kind(cfg) == "traj"
+    estimator = ESTIMATORS.get(cfg.adv_estimator)
+    return estimator is not None and estimator.granularity == "turn" and env_manager_kind(cfg) == "traj"
 
 
 @check("check", keys=AGENTIC_KEYS + ("sequence_length", "val_batch_size", "reward_normalization"),
@@ -142,9 +143,10 @@ def agentic_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] 
     if cfg.sequence_length < 2:
         problems.append(error("sequence_length", f"sequence_length: must be >= 2 (the whole trajectory's token "
                                                  f"budget), got {cfg.sequence_length}"))
-    if cfg.adv_estimator not in AGENTIC_ADV_ESTIMATORS:
+    agentic_estimators = names("agentic")
+    if cfg.adv_estimator not in agentic_estimators:
         problems.append(error("adv_estimator", f"adv_estimator {cfg.adv_estimator!r} is not built for the agentic "
-                                               f"pipeline; valid: {', '.join(AGENTIC_ADV_ESTIMATORS)}"))
+                                               f"pipeline; valid: {', '.join(sorted(agentic_estimators))}"))
     if not 0 <= cfg.step_reward_gamma <= 1:
         problems.append(error("step_reward_gamma",
                               f"step_reward_gamma: must be in [0, 1], got {cfg.step_reward_gamma}"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
+from roll_gspo.catalog.reward_workers import loads_model
 from roll_gspo.config.findings import Finding, notice
 
 SOURCE = "cpu_run"  # the findings' source: settings replaced by what runs on CPUs
@@ -77,8 +78,6 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
     what runs there. `cpu_host`: True drops every role's GPU placement first (the run happens on a
     machine without a GPU); None decides it with `cpu_only_host()` when a role has GPU placement;
     False keeps the placement. Returns the notices (one per setting, naming its keys)."""
-    from roll_gspo.placement.device_mapping import MODEL_REWARD_WORKERS
-
     roles = _roles(cfg)
     placed = [name for name, role in roles.items() if _placed_on_gpu(role)]
     if placed and cpu_host is None:
@@ -107,7 +106,7 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
         if _placed_on_gpu(role):
             continue
         model_backed = not name.startswith("rewards.") or (
-            str(role.worker_cls).rpartition(".")[2] in MODEL_REWARD_WORKERS
+            loads_model(role.worker_cls)
             and role.strategy_args.strategy_name == "hf_infer")
         if role.model_args.attn_implementation == "flash_attention_2" and model_backed:
             role.model_args.attn_implementation = "sdpa"

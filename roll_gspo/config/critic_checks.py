@@ -3,12 +3,19 @@ from __future__ import annotations
 
 from typing import AbstractSet, List, Optional
 
+from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.config.findings import Finding, error, notice
 from roll_gspo.config.registry import check
-from roll_gspo.config.schema import CRITIC_ESTIMATORS, TRAIN_STRATEGIES, PipelineConfig
+from roll_gspo.config.schema import TRAIN_STRATEGIES, PipelineConfig
 
 # model_type values that name a value head in ROLL's critic blocks; all load the same value model here.
 CRITIC_MODEL_TYPES = (None, "trl", "auto_token_classification")
+
+
+def _needs_critic(cfg: PipelineConfig) -> bool:
+    """The estimator reads a critic's values (PPO's gae); an unknown name was refused at loading."""
+    estimator = ESTIMATORS.get(cfg.adv_estimator)
+    return estimator is not None and estimator.needs_critic
 
 
 @check("derive", keys=("critic.model_args.model_name_or_path", "critic.strategy_args.strategy_name",
@@ -26,7 +33,7 @@ def fill_critic_defaults(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[st
         cfg.critic.model_args.model_name_or_path = cfg.critic.model_args.model_name_or_path or cfg.pretrain
         if not cfg.critic.strategy_args.strategy_name:
             cfg.critic.strategy_args.strategy_name = "deepspeed_train"
-    if (cfg.pipeline == "rlvr" and cfg.adv_estimator in CRITIC_ESTIMATORS and cfg.importance_sampling == "seq"
+    if (cfg.pipeline == "rlvr" and _needs_critic(cfg) and cfg.importance_sampling == "seq"
             and yaml_keys is not None and "importance_sampling" not in yaml_keys):
         cfg.importance_sampling = "token"
         notices.append(notice("importance_sampling", "adv_estimator: gae with importance_sampling not set: token "
@@ -44,7 +51,7 @@ def critic_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     """Refusals: gae without a critic and a critic without gae, gae with sequence-level ratios,
     out-of-range gamma / lambd / critic_warmup, a critic that is not a trainable engine."""
     problems: List[Finding] = []
-    gae = cfg.adv_estimator in CRITIC_ESTIMATORS
+    gae = _needs_critic(cfg)
     if cfg.pipeline != "rlvr":
         if cfg.critic is not None:
             problems.append(error("critic", f"critic: a critic is built for the rlvr pipeline only (adv_estimator: "

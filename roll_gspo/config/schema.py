@@ -14,16 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from roll_gspo.catalog import estimators, reward_workers
 from roll_gspo.rewards.judge import DEFAULT_JUDGE_MAX_NEW_TOKENS
 
 # The choice sets, named once so the loader, the algorithm library and the docs agree.
 IMPORTANCE_SAMPLING_CHOICES = ["seq", "token", "gspo-token"]
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-ADV_ESTIMATORS = ["reinforce", "grpo", "rloo", "step_reinforce", "gae"]
-# Estimators that need a critic (the `critic` role, a value model): PPO.
-CRITIC_ESTIMATORS = ["gae"]
-# Estimators of multi-turn episodes (roll_gspo.algorithms.trajectory_advantages), not in the RLVR registry.
-AGENTIC_ONLY_ESTIMATORS = ["step_reinforce"]
+# Estimator facts (critic, pipelines, granularity) are declared once in roll_gspo.catalog.estimators.
+ADV_ESTIMATORS = estimators.names()
 REWARD_NORMS = [None, "group", "batch", "running"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
 OLD_LOGPROB_SOURCES = ["auto", "trainer", "rollout"]
@@ -452,17 +450,7 @@ JUDGE_MODEL_TYPES = [None, "api", "inference"]
 
 @dataclass
 class RewardConfig:
-    worker_cls: str = _f(
-        "roll_gspo.workers.rewards.MathRuleRewardWorker",
-        "Import path of the reward worker class. Built in (all under `roll_gspo.workers.rewards.`): "
-        "`MathRuleRewardWorker` (math-verify equivalence with the ground truth), "
-        "`RegexMatchRewardWorker` (exact or regex match), `FunctionRewardWorker` (calls `reward_fn`), "
-        "`MultipleChoiceRewardWorker` (option letter; ROLL's CrossThinkQA worker), "
-        "`CodeSandboxRewardWorker` (runs the response's code against the row's tests in a sandbox), "
-        "`LLMJudgeRewardWorker` (a judge model's verdict, local or an OpenAI-compatible endpoint), "
-        "`RewardModelWorker` (a sequence-classification reward model, `reward_pretrain`), "
-        "`IFEvalRewardWorker` (IFEval's instruction checkers from lm-eval; ROLL's GeneralRuleRewardWorker), "
-        "`TaskRewardWorker` (the rows of `tasks`: each task's own scorer on the extracted answer).")
+    worker_cls: str = _f("roll_gspo.workers.rewards.MathRuleRewardWorker", reward_workers.help_text())
     reward_fn: Optional[str] = _f(
         None, "For FunctionRewardWorker: import path `pkg.module:function` (or `pkg.module.function`) "
               "of `fn(prompt: str, response: str, ground_truth: str) -> float`. For RewardModelWorker: "
@@ -867,15 +855,7 @@ class PipelineConfig:
                                               "rule rewards).")
 
     # --- GSPO / rollout keys (ROLL's names) ---
-    adv_estimator: str = _f(
-        "grpo", "Advantage estimator: `grpo` (group z-score; a group of equal rewards gets 0), `rloo` (leave-one-out baseline), "
-                "`reinforce` (reward-to-go; pair with reward_norm or whitening for a baseline). `pipeline: "
-                "agentic`: `grpo` / `reinforce` give every agent token of a trajectory its normalised "
-                "trajectory reward (reward_normalization), `step_reinforce` gives each turn's tokens its "
-                "normalised discounted return (step_reward_gamma); step_reinforce is agentic only. `gae`: "
-                "PPO with a critic (the `critic` block, a value model): generalised advantage estimation "
-                "per token (gamma, lambd), needs importance_sampling token or gspo-token; rlvr only.",
-        ADV_ESTIMATORS)
+    adv_estimator: str = _f("grpo", estimators.help_text(), ADV_ESTIMATORS)
     importance_sampling: str = _f(
         "seq", "`seq`: GSPO's length-normalised sequence ratio; `token`: PPO/GRPO per-token ratio; "
                "`gspo-token`: sequence ratio with per-token advantages (equals `seq` when advantages "
@@ -1228,7 +1208,7 @@ class PipelineConfig:
     def uses_critic(self) -> bool:
         """PPO: a critic role is started (adv_estimator gae; validation refuses gae without a `critic`
         block and a critic block without gae)."""
-        return self.adv_estimator in CRITIC_ESTIMATORS and self.critic is not None
+        return self.adv_estimator in estimators.names(needs_critic=True) and self.critic is not None
 
     def critic_mini_batch_size(self) -> int:
         """Sequences per critic optimizer step, across the critic's ranks."""

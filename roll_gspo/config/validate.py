@@ -10,12 +10,13 @@ import logging
 import os
 from typing import AbstractSet, List, Optional
 
+from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.config.engine_logprobs import rollout_logprobs_bias, vllm_dtype_name
 from roll_gspo.config.findings import Finding, error, notice, warning
 from roll_gspo.config.registry import check, run_steps
 from roll_gspo.config.rollout_logprobs import choose_old_logprob_source, correction_enabled
 from roll_gspo.config.vllm_prefill import prompt_split_problems
-from roll_gspo.config.schema import AGENTIC_ONLY_ESTIMATORS, FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
+from roll_gspo.config.schema import FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
 
 logger = logging.getLogger("roll_gspo.config")
 
@@ -273,11 +274,12 @@ def _algorithm_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
         problems.append(error("router_replay", "router_replay: true replays the experts recorded while the trainer "
                                                "computes the old log-probs; it needs old_logprob_source: trainer (or "
                                                "auto, the default)"))
-    if rlvr and cfg.adv_estimator in AGENTIC_ONLY_ESTIMATORS:
+    estimator = ESTIMATORS.get(cfg.adv_estimator)
+    if rlvr and estimator is not None and "rlvr" not in estimator.pipelines:  # step_reinforce: turn credit
         problems.append(error("adv_estimator", f"adv_estimator {cfg.adv_estimator!r} credits the turns of multi-turn "
                                                f"episodes (pipeline: agentic); a single-turn response has one turn, "
                                                f"where it is `reinforce`: use that"))
-    if rlvr and cfg.adv_estimator in ("grpo", "rloo") and group < 2:
+    if rlvr and estimator is not None and group < estimator.min_group:
         problems.append(error("adv_estimator", f"adv_estimator {cfg.adv_estimator!r} needs "
                                                f"num_return_sequences_in_group >= 2 (a group baseline of one response "
                                                f"is the response itself), got {group}"))

@@ -8,8 +8,8 @@ project's code sandbox, type-hinted Python functions). The built-in envs (Frozen
 GuessTheNumber, math) are offline, procedural and deterministic per reset seed, with compact
 ASCII observations the built-in character-level model can read.
 
-This package imports only `roll_gspo.utils` and `roll_gspo.rewards` (the code sandbox, math
-answer checking); the trajectory loop and the pipeline live above it.
+This package imports only `roll_gspo.utils`, `roll_gspo.sandbox` (the python tool's code sandbox)
+and `roll_gspo.rewards` (math answer checking); the trajectory loop and the pipeline live above it.
 """
 from roll_gspo.envs.base import Env, is_env_like
 from roll_gspo.envs.registry import ENV_TYPES, env_problems, make_env

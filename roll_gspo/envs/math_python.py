@@ -35,7 +35,7 @@ from fractions import Fraction
 from typing import Any, Dict, List, Optional, Tuple
 
 from roll_gspo.envs.base import Env, as_float, compile_action_pattern, episode_rng, extract_action, positive_int
-from roll_gspo.envs.tools import evaluate_arithmetic
+from roll_gspo.envs.tools.calculator import evaluate_arithmetic
 
 GENERATED_OPERATORS = "+-*"
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:/\d+)?$")

@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from roll_gspo.catalog.reward_workers import loads_model, model_workers
+
 logger = logging.getLogger("roll_gspo.placement")
 PLACEMENT_TIMEOUT_S = float(os.environ.get("ROLL_GSPO_PLACEMENT_TIMEOUT_S", "300"))
 NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node (ray.util.placement_group.NODE_ID_LABEL_KEY)
@@ -125,10 +127,6 @@ def ranks_of(gpus: Sequence[int], num_gpus_per_worker: int, num_gpus_per_node: i
 GPU_ROLES = ("actor_train", "actor_infer", "reference")
 
 
-# Reward workers that load a model and can therefore use the GPUs of a device_mapping.
-MODEL_REWARD_WORKERS = ("LLMJudgeRewardWorker", "RewardModelWorker")
-
-
 def reward_roles(cfg) -> Dict[str, Any]:
     """Each reward block as a placeable role named `rewards.<domain>` (rlvr pipeline; none otherwise)."""
     if getattr(cfg, "pipeline", "rlvr") != "rlvr":
@@ -146,9 +144,9 @@ def mapped_roles(cfg) -> Dict[str, Any]:
 def _reward_mapping_problem(name: str, reward) -> Optional[str]:
     """A reward's device_mapping only acts for a worker that loads a model on those GPUs."""
     worker = str(reward.worker_cls).rpartition(".")[2]
-    if worker not in MODEL_REWARD_WORKERS:
+    if not loads_model(worker):  # only a worker that loads a model can use the GPUs of a mapping
         return (f"{name}.device_mapping: {worker} scores by rules on CPUs and loads no model; only "
-                f"{' and '.join(MODEL_REWARD_WORKERS)} use GPUs. Drop the mapping")
+                f"{' and '.join(model_workers())} use GPUs. Drop the mapping")
     if worker == "LLMJudgeRewardWorker" and (reward.judge_model_type or "api") != "inference":
         return (f"{name}.device_mapping: the judge is an API endpoint (judge_model_type: "
                 f"{reward.judge_model_type or 'api'}); a mapping places a judge model loaded by the worker "

@@ -1,4 +1,5 @@
-"""Run a response's code against a row's tests in a sandbox on this machine.
+"""Run a program against a row's tests in a sandbox on this machine (the code reward and the
+agents' python tool both run here; taking the code out of a response is the reward's part).
 
 Ground truth of a code row (JSON text or a dict), in ROLL's field names::
 
@@ -49,7 +50,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import resource
 import shutil
 import signal
@@ -58,27 +58,18 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from roll_gspo.rewards.math_rule import strip_think
-from roll_gspo.rewards.sandbox_harness import (EXIT_BLOCKED, EXIT_CRASHED, EXIT_EXITED, EXIT_FAILED,
+from roll_gspo.sandbox.sandbox_harness import (EXIT_BLOCKED, EXIT_CRASHED, EXIT_EXITED, EXIT_FAILED,
                                                VERDICTS, folders_between)
 
 SANDBOX_KINDS = ("auto", "bwrap", "rlimits")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 # The in-sandbox half, passed as `python -c` text: the sandbox may not see this checkout (a clone
 # under /tmp is hidden by the private /tmp).
 HARNESS_SOURCE = Path(__file__).with_name("sandbox_harness.py").read_text(encoding="utf-8")
 # Other users' files, hidden behind a small read-only tmpfs (the interpreter is bound back in).
 _HIDDEN_FOLDERS = ("/root", "/home", "/run", "/var/tmp")
 _HIDDEN_FOLDERS_BYTES = 1 << 20
-
-
-def extract_code(response: str) -> str:
-    """The last fenced code block of the answer (after any reasoning), else the answer itself."""
-    text = strip_think(str(response or ""))
-    blocks = _FENCE.findall(text)
-    return blocks[-1][1] if blocks else text
 
 
 def _spec(ground_truth: Any) -> dict:
@@ -351,12 +342,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_tests(sandbox: Sandbox, response: str, ground_truth: Any, *, stop_on_failure: bool = False
-              ) -> List[ProgramResult]:
-    """One program per test case; the verdict of each (``skipped`` for those not run after a
-    failure when ``stop_on_failure``: enough for a hard reward)."""
+def run_program_tests(sandbox: Sandbox, code: str, ground_truth: Any, *, stop_on_failure: bool = False
+                      ) -> List[ProgramResult]:
+    """`code` (after the ground truth's `prefix`) as one program per test case; the verdict of each
+    (``skipped`` for those not run after a failure when ``stop_on_failure``: enough for a hard reward)."""
     kind, cases = parse_tests(ground_truth)
-    code = str(_spec(ground_truth).get("prefix") or "") + extract_code(response)
+    code = str(_spec(ground_truth).get("prefix") or "") + code
     results: List[ProgramResult] = []
     for case in cases:
         if stop_on_failure and results and results[-1].verdict != "passed":
@@ -367,17 +358,3 @@ def run_tests(sandbox: Sandbox, response: str, ground_truth: Any, *, stop_on_fai
             results.append(sandbox.run(code, kind="input", stdin=case["stdin"],
                                        expected_stdout=case["expected_stdout"]))
     return results
-
-
-def code_outcome(results: Sequence[ProgramResult], reward_type: str = "hard") -> Tuple[float, str, str]:
-    """``(score, status, message)``: score the pass fraction (soft) or all-passed (hard); status
-    ``timeout`` when a program overran, ``error`` when one was stopped by a limit or a blocked
-    action (memory, processes, network, writing outside its folder) or killed, else ``ok``."""
-    passed = sum(r.verdict == "passed" for r in results)
-    fraction = passed / len(results) if results else 0.0
-    score = fraction if reward_type == "soft" else float(passed == len(results) and bool(results))
-    verdicts = [r.verdict for r in results]
-    status = "timeout" if "timeout" in verdicts else "error" if {"blocked", "killed"} & set(verdicts) else "ok"
-    counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
-    worst = next((r.detail for r in results if r.verdict != "passed" and r.detail), "")
-    return score, status, f"{passed}/{len(results)} tests passed {counts}" + (f"; {worst[-200:]}" if worst else "")

@@ -9,13 +9,10 @@ from roll_gspo.workers.rewards.base import RewardWorker
 from roll_gspo.workers.rewards.rule import (FunctionRewardWorker, MathRuleRewardWorker, MultipleChoiceRewardWorker,
                                             RegexMatchRewardWorker)
 
-_LAZY = {
-    "CodeSandboxRewardWorker": "roll_gspo.workers.rewards.code_sandbox",
-    "IFEvalRewardWorker": "roll_gspo.workers.rewards.ifeval",
-    "LLMJudgeRewardWorker": "roll_gspo.workers.rewards.llm_judge",
-    "RewardModelWorker": "roll_gspo.workers.rewards.reward_model",
-    "TaskRewardWorker": "roll_gspo.workers.rewards.task",
-}
+from roll_gspo.catalog.reward_workers import PACKAGE, REWARD_WORKERS
+
+# The workers outside `rule` (the catalog names their modules) import on first use.
+_LAZY = {kind.name: f"{PACKAGE}.{kind.module}" for kind in REWARD_WORKERS.values() if kind.module != "rule"}
 
 
 def __getattr__(name):  # heavier workers import on first use

@@ -9,10 +9,11 @@ subtracted from every score. The statuses are counted per domain in the pipeline
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence
 
 import torch
 
+from roll_gspo.catalog.reward_workers import PACKAGE, REWARD_WORKERS, RewardWorkerKind
 from roll_gspo.config.schema import RewardConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
@@ -34,6 +35,14 @@ class RewardWorker(RankWorker):
     #: Raw scores at or above this count as a correct answer (`val/accuracy`); None: no notion
     #: of correct (e.g. a reward model's scores).
     correct_threshold: Optional[float] = 1.0
+    #: The catalog's facts of a built-in worker (whether it loads a model, its module), found by the
+    #: class name; None for a user's own class. Config checks and placement read the catalog itself,
+    #: since they sit below this torch-and-Ray module.
+    kind: ClassVar[Optional[RewardWorkerKind]] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = REWARD_WORKERS.get(cls.__name__) if cls.__module__.startswith(PACKAGE) else None
 
     def __init__(self, reward_cfg: RewardConfig, *, domain: str, dist_env: Dict[str, Any],
                  response_length: Optional[int] = None):
