@@ -4,7 +4,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TORCH_COMPILE_DISABLE ?= 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: install run test test-fast benchmark clean docker-cpu docker-gpu
+.PHONY: install lint run test test-fast benchmark clean docker-cpu docker-gpu
 
 install:
 	@bash scripts/install.sh
@@ -13,10 +13,14 @@ install:
 run: install
 	$(PY) run_pipeline.py --config example_gspo.yaml $(ARGS)
 
-test: install
+# ruff first: a second, before any test starts (ruff.toml says what it checks).
+lint:
+	$(PY) -m ruff check
+
+test: install lint
 	$(PY) -m pytest tests -q --durations=25
 
-test-fast: install
+test-fast: install lint
 	$(PY) -m pytest tests -q -m "not e2e"
 
 benchmark: install

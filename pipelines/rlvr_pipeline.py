@@ -121,7 +121,6 @@ class RLVRPipeline:
            train call when generation is synchronous; async: once the next rollout is complete);
         7. the step's metrics.
         """
-        cfg = self.cfg
         timings: Dict[str, float] = {}
         batch, ahead, pending_rewards, sampling_metrics = self._rollout(step, timings)
         if self.offload:  # shared GPUs: the rollout engine frees its memory for the scoring and training passes

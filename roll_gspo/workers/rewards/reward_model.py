@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, List, Sequence
 
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.rewards import RewardProcess, checked_call, load_reward_fn
+from roll_gspo.rewards import RewardProcess, load_reward_fn
 from roll_gspo.rewards.reward_model import SequenceRewardModel
 from roll_gspo.rewards.scoring import Outcome
 from roll_gspo.workers.rewards.base import RewardWorker
