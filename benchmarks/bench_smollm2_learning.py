@@ -34,6 +34,7 @@ GOAL_RISE = 0.25
 SMOKE_OVERRIDES = ["max_steps=2", "eval_steps=2", "rollout_batch_size=4", "num_return_sequences_in_group=4",
                    "response_length=48", "validation.generating_args.max_new_tokens=48",
                    "actor_train.training_args.per_device_train_batch_size=2",
+                   "actor_train.training_args.gradient_accumulation_steps=2",  # 2 optimizer steps a rollout
                    "actor_infer.strategy_args.strategy_config.max_model_len=144"]
 SMOKE_VAL_SIZE = 8
 
