@@ -152,9 +152,10 @@ def run(args: argparse.Namespace) -> int:
     run_dir = out / "run"
     overrides = [f"output_dir={run_dir}", "save_steps=0", *args.overrides]
     if args.smoke:
-        from omegaconf import OmegaConf
+        from roll_gspo.config import load_config
 
-        tasks = OmegaConf.load(REPO_ROOT / args.config).get("tasks") or {}
+        # the loaded config's tasks: a YAML may take them from its `defaults` (the LoRA example)
+        tasks = load_config(str(REPO_ROOT / args.config)).tasks or {}
         overrides = SMOKE_OVERRIDES + [f"tasks.{t}.val_size={SMOKE_VAL_SIZE}" for t in tasks] + overrides
     command = [sys.executable, "run_pipeline.py", "--config", args.config, *overrides]
     out.mkdir(parents=True, exist_ok=True)
