@@ -351,25 +351,19 @@ def test_lora_run_syncs_exactly_with_colocation_and_kl(tmp_path, tiny_model, ray
 
 
 @pytest.mark.e2e
-def test_roll_deepspeed_lora_recipe_trains_two_steps_on_cpu(tmp_path, tiny_model):
+def test_roll_deepspeed_lora_recipe_trains_two_steps_on_cpu(tmp_path, tiny_model, ray_session, monkeypatch):
     """ROLL's last DeepSpeed ZeRO-3 LoRA recipe (before v0.3; `${lora_target}` anchors at the top level,
     repeated on actor_infer) trains 2 steps on CPU, sizes and placement from tests.test_roll_recipes, on
     the tests' micro model (built in this session: the recipe's built-in model would need its warm
     start); the adapter it saves is ROLL's rank and targets."""
-    import subprocess
-    import sys
-
-    from tests.test_roll_recipes import REPO, ROLL_DIR, recipe_cpu_overrides
+    from tests.test_roll_recipes import ROLL_DIR, recipe_cpu_overrides, run_recipe
 
     recipe = ROLL_DIR / "recipes" / "rlvr_lora_zero3.yaml"
     gpu_only = [f"{role}.model_args.attn_implementation=sdpa" for role in ("actor_train", "actor_infer", "reference")]
     models = [f"pretrain={tiny_model}", f"reward_pretrain={tiny_model}",
               f"rewards.llm_judge.model_args.model_name_or_path={tiny_model}"]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run_pipeline.py"), "--config", str(recipe.relative_to(ROLL_DIR)),
-         *recipe_cpu_overrides(recipe, tmp_path), *gpu_only, *models],
-        cwd=ROLL_DIR, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
+    assert run_recipe(["--config", recipe.relative_to(ROLL_DIR), *recipe_cpu_overrides(recipe, tmp_path), *gpu_only,
+                       *models], monkeypatch) == 0
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps if m.get("step", 0) > 0] == [1, 2]
     adapter = json.loads((tmp_path / "final_model" / "adapter" / "adapter_config.json").read_text())

@@ -260,20 +260,14 @@ def test_roll_total_options_recipe_as_ppo_passes_dry_run(tmp_path, in_roll_dir, 
 
 
 @pytest.mark.e2e
-def test_roll_total_options_recipe_as_ppo_trains_two_steps_on_cpu(tmp_path, session_cache):
-    import subprocess
-    import sys
-
-    from tests.test_roll_recipes import REPO, ROLL_DIR, recipe_cpu_overrides
+def test_roll_total_options_recipe_as_ppo_trains_two_steps_on_cpu(tmp_path, session_cache, ray_session, monkeypatch):
+    from tests.test_roll_recipes import ROLL_DIR, recipe_cpu_overrides, run_recipe
 
     recipe = ROLL_DIR / "recipes" / "example_total_rl_options.yaml"
     over = recipe_cpu_overrides(recipe, tmp_path) + [
         "adv_estimator=gae", ROLL_CRITIC_BLOCK, "critic.device_mapping=null", "critic.model_args.dtype=fp32",
         "critic.training_args.gradient_accumulation_steps=5", "critic.num_cpus_per_worker=0.25"]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run_pipeline.py"), "--config", str(recipe.relative_to(ROLL_DIR)), *over],
-        cwd=ROLL_DIR, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
+    assert run_recipe(["--config", recipe.relative_to(ROLL_DIR), *over], monkeypatch) == 0
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in steps if m.get("step", 0) > 0]
     assert [m["step"] for m in steps] == [1, 2]

@@ -382,19 +382,17 @@ def test_entropy_bonus_enters_the_loss(tiny_model):
 # --------------------------------------------------------------------------------------------
 # The ROLL files train for 2 steps on CPU
 # --------------------------------------------------------------------------------------------
-def _run(path, tmp_path, extra=()):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run_pipeline.py"), "--config", path.name, *cpu_overrides(path, tmp_path),
-         "actor_train.num_cpus_per_worker=0.5", "actor_infer.num_cpus_per_worker=0.5", *extra],
-        cwd=ROLL_DIR, capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
+def _run(path, tmp_path, monkeypatch, extra=()):
+    from tests.test_roll_recipes import run_recipe
+
+    assert run_recipe(["--config", path.name, *cpu_overrides(path, tmp_path), "actor_train.num_cpus_per_worker=0.5",
+                       "actor_infer.num_cpus_per_worker=0.5", *extra], monkeypatch) == 0
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.e2e
-def test_zero3_sp2_trains_two_steps_on_cpu(tmp_path, session_cache):
-    metrics = _run(ZERO3_SP2, tmp_path)
+def test_zero3_sp2_trains_two_steps_on_cpu(tmp_path, session_cache, ray_session, monkeypatch):
+    metrics = _run(ZERO3_SP2, tmp_path, monkeypatch)
     assert [m["step"] for m in metrics][-2:] == [1, 2]
     steps = [m for m in metrics if m["step"] > 0]
     assert all("actor/difficulty_mask_ratio" in m and "actor/max_len_mask_ratio" in m for m in steps)
@@ -407,8 +405,8 @@ def test_zero3_sp2_trains_two_steps_on_cpu(tmp_path, session_cache):
 
 
 @pytest.mark.e2e
-def test_gspo_example_trains_two_steps_with_zero3_cpu_offload(tmp_path, session_cache):
-    metrics = _run(GSPO, tmp_path, ["+entropy_loss_coef=0.01"])
+def test_gspo_example_trains_two_steps_with_zero3_cpu_offload(tmp_path, session_cache, ray_session, monkeypatch):
+    metrics = _run(GSPO, tmp_path, monkeypatch, ["+entropy_loss_coef=0.01"])
     steps = [m for m in metrics if m["step"] > 0]
     assert len(steps) == 2 and all("actor/kl_loss" in m and "actor/entropy_loss" in m for m in steps)
 

@@ -42,6 +42,21 @@ def in_roll_dir(monkeypatch):
     monkeypatch.chdir(ROLL_DIR)  # ROLL runs from its repository root; its data paths are relative
 
 
+def run_recipe(args, monkeypatch) -> int:
+    """`run_pipeline.py ARGS` from ROLL's repository root, as `roll_gspo.cli.main` in this process
+    on the session's Ray (`ray_session`): the same code path from the command line down, without a
+    fresh interpreter importing the stack and a private Ray starting and stopping (~12 s a run on
+    2 cores). The drivers whose own process matters (kill -9, SIGTERM, the console) stay
+    subprocesses elsewhere."""
+    import ray
+
+    from roll_gspo.cli import main
+
+    assert ray.is_initialized(), "run_recipe needs the ray_session fixture"
+    monkeypatch.chdir(ROLL_DIR)  # ROLL runs from its repository root; its data paths are relative
+    return main([str(arg) for arg in args])
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
 def test_roll_recipe_loads_and_passes_preflight(recipe, model_folder, in_roll_dir, caplog):
     with caplog.at_level(logging.WARNING):
@@ -144,16 +159,13 @@ def recipe_cpu_overrides(recipe: Path, out: Path) -> list:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", ["rlvr_config", "example_gspo"])
-def test_five_domain_roll_recipe_trains_two_steps_on_cpu(name, tmp_path, session_cache):
+def test_five_domain_roll_recipe_trains_two_steps_on_cpu(name, tmp_path, session_cache, ray_session, monkeypatch):
     """ROLL's five-domain recipe (math, code sandbox, LLM judge in the worker, ifeval,
     CrossThinkQA; a vLLM judge) and its GSPO example (an hf_infer judge) train 2 steps on CPU
     with the built-in model; every domain is scored."""
     recipe = ROLL_DIR / "recipes" / f"{name}.yaml"
-    result = subprocess.run(
-        [sys.executable, str(REPO / "run_pipeline.py"), "--config", str(recipe.relative_to(ROLL_DIR)),
-         *recipe_cpu_overrides(recipe, tmp_path)],
-        cwd=ROLL_DIR, capture_output=True, text=True, timeout=1200, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
+    assert run_recipe(["--config", recipe.relative_to(ROLL_DIR), *recipe_cpu_overrides(recipe, tmp_path)],
+                      monkeypatch) == 0
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if m.get("step", 0) > 0]
     assert [m["step"] for m in steps] == [1, 2]
