@@ -179,9 +179,10 @@ def test_bad_tasks_are_refused_before_workers_start(tmp_path):
         assert expected in message, (expected, message)
 
 
-def test_task_reward_worker_counts_the_answer_not_the_format():
+def in_process_task_reward_worker():
+    """A TaskRewardWorker set up in this process (timeout_s 0: scored here, no reward process);
+    the environment its setup writes (rank, world size) is put back."""
     from roll_gspo.config.schema import RewardConfig
-    from roll_gspo.distributed.batch import Batch
     from roll_gspo.workers.rewards import TaskRewardWorker
 
     saved = dict(os.environ)
@@ -193,6 +194,13 @@ def test_task_reward_worker_counts_the_answer_not_the_format():
     finally:
         os.environ.clear()
         os.environ.update(saved)
+    return worker
+
+
+def test_task_reward_worker_counts_the_answer_not_the_format():
+    from roll_gspo.distributed.batch import Batch
+
+    worker = in_process_task_reward_worker()
     spec = TaskSpec("sums", name="chain_sum", config=ONE_DIGIT_SUMS, train_size=2, val_size=1,
                     format_weight=0.5).resolved()
     row = task_rows(spec, "val")[0]
@@ -207,19 +215,9 @@ def test_task_reward_worker_counts_the_answer_not_the_format():
 def test_task_reward_worker_scores_cut_replies_by_the_task_and_counts_them():
     """A reply cut at response_length (`finished` False) is scored by the task's rule on what it
     wrote, like a finished one, and counted: metric `truncated` (-> `reward/<task>/truncated`)."""
-    from roll_gspo.config.schema import RewardConfig
     from roll_gspo.distributed.batch import Batch
-    from roll_gspo.workers.rewards import TaskRewardWorker
 
-    saved = dict(os.environ)
-    try:  # timeout_s 0: scored in this process
-        worker = TaskRewardWorker(RewardConfig(worker_cls="roll_gspo.workers.rewards.TaskRewardWorker", timeout_s=0),
-                                  domain="tasks", dist_env={"RANK": 0, "WORLD_SIZE": 1, "MASTER_ADDR": "127.0.0.1",
-                                                            "MASTER_PORT": 1})
-        worker.setup()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    worker = in_process_task_reward_worker()
     spec = TaskSpec("sums", name="chain_sum", config=ONE_DIGIT_SUMS, train_size=2, val_size=1).resolved()
     row = task_rows(spec, "val")[0]
     replies = [f"The answer is {row['answer']}", f"First, {row['answer']}", "First, 3 + 4 is"]
