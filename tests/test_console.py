@@ -99,6 +99,34 @@ def test_a_build_says_so_once_and_keeps_the_libraries_output_in_the_log_file(tmp
     assert "a library's progress bar" in logged and "a C library's warning" in logged
 
 
+def test_console_records_follow_stderr_when_the_stream_they_started_on_is_closed(tmp_path, monkeypatch):
+    """A console handler made while stderr was a stream that is later closed and replaced (pytest
+    capturing one test, a program embedding the CLI) writes to the stderr of the moment, and a
+    build's output capture does not trip over the closed stream."""
+    import io
+    import logging
+
+    from roll_gspo.utils import logging as roll_logging
+
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    handler = roll_logging.console_handler()
+    logger = logging.getLogger("roll_gspo.test_console_follows_stderr")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        first.close()
+        second = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", second)
+        logger.warning("after the swap")
+        monkeypatch.setenv(roll_logging.LOG_DIR_ENV, str(tmp_path))
+        with roll_logging.output_in_log_file():
+            logger.warning("while captured")
+        assert "after the swap" in second.getvalue()
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_a_dead_rank_is_one_line_naming_its_log_file(tmp_path, monkeypatch):
     import ray
 

@@ -25,7 +25,6 @@ import sys
 LOG_DIR_ENV = "ROLL_GSPO_LOG_DIR"
 QUIET_WARNING_CATEGORIES = ("FutureWarning", "DeprecationWarning")
 _FILE_HANDLERS = {}
-_CONSOLE_HANDLERS = []  # ours, writing to the console; `capture_output` points them at the real one
 _console = None  # while this process's stdout/stderr are captured: the console they had before
 
 
@@ -44,13 +43,30 @@ class LineFormatter(logging.Formatter):
         return line
 
 
+class ConsoleHandler(logging.StreamHandler):
+    """Writes to the console this process has when a record is written: the real one while its
+    stdout/stderr go to its log file (`capture_output`), else `sys.stderr` as it is then. Looked
+    up per record, not kept: a stream kept from when the handler was made may have been replaced
+    and closed since (a test harness capturing one test's output, an embedding program)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return _console or sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns one; the console is looked up instead
+        pass
+
+
 def console_handler(level: int = logging.NOTSET) -> logging.Handler:
     """A handler writing our one-line records to the console (the real one even while this
     process's own stdout/stderr go to its log file)."""
-    handler = logging.StreamHandler(_console or sys.stderr)
+    handler = ConsoleHandler()
     handler.setFormatter(LineFormatter())
     handler.setLevel(level)
-    _CONSOLE_HANDLERS.append(handler)
     return handler
 
 
@@ -140,8 +156,6 @@ def capture_output():
     _console = os.fdopen(os.dup(saved[2]), "w", buffering=1)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # a crash loses no buffered lines of the file
-    for handler in _CONSOLE_HANDLERS:
-        handler.setStream(_console)
 
     def restore():
         global _console
@@ -150,10 +164,8 @@ def capture_output():
         for fd, copy in saved.items():
             os.dup2(copy, fd)
             os.close(copy)
-        for handler in _CONSOLE_HANDLERS:
-            handler.setStream(sys.stderr)
-        _console.close()
-        _console = None
+        console, _console = _console, None  # records from here on go to sys.stderr
+        console.close()
 
     return restore
 
