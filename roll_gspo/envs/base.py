@@ -78,6 +78,51 @@ class Env(gymnasium.Env):
         raise NotImplementedError
 
 
+class GridGameEnv(Env):
+    """An Env whose state is a grid of symbols and whose turn is one named move (FrozenLake,
+    Sokoban): ROLL's shared text keys (`grid_lookup`, `grid_vocab`, `action_lookup`,
+    `action_pattern`, `format_penalty`, `special_token_list`, ...) read and checked in one place."""
+
+    def configure_text(self, *, max_steps: Any, action_pattern: str, format_penalty: Any,
+                       env_instruction: Optional[str], grid_lookup: Optional[Mapping[Any, str]],
+                       grid_vocab: Optional[Mapping[str, str]], action_lookup: Optional[Mapping[Any, str]],
+                       special_token_list: Optional[Sequence[str]], render_mode: str,
+                       default_grid: Mapping[int, str], default_vocab: Mapping[str, str],
+                       default_actions: Mapping[int, str], moves: Mapping[int, Any], moves_text: str) -> None:
+        """Check and set the text keys; `moves` are the action codes the game knows (`moves_text`
+        names them in the error for an `action_lookup` code outside them)."""
+        self.max_steps = positive_int(max_steps, "max_steps")
+        self.action_pattern = action_pattern
+        self._pattern = compile_action_pattern(action_pattern)
+        self.format_penalty = as_float(format_penalty, "format_penalty")
+        self.grid_chars = code_chars(grid_lookup, default_grid, "grid_lookup")
+        self.grid_vocab = symbol_legend(self.grid_chars, default_grid, default_vocab, grid_vocab)
+        self.actions = ActionNames(action_lookup if action_lookup is not None else default_actions)
+        unknown = sorted(set(self.actions.names) - set(moves))
+        if unknown:
+            raise ValueError(f"action_lookup: codes {unknown} are not moves ({moves_text})")
+        self.special_tokens = tuple(text_list(special_token_list, "special_token_list"))
+        if render_mode != "text":
+            raise ValueError(f"render_mode {render_mode!r}: only 'text' is supported")
+        self.render_mode = render_mode
+        self.env_instruction = env_instruction
+
+    def action_code(self, text: str) -> Optional[int]:
+        """The move a turn's text names (None: no well-formed action in it)."""
+        return self.actions.code(extract_action(text, self._pattern, special_tokens=self.special_tokens))
+
+    def legend_and_format(self) -> Tuple[str, str]:
+        """The symbol legend and the answer-format sentence of the instructions."""
+        legend = ", ".join(f"{k} {v}" for k, v in self.grid_vocab.items())
+        fmt = (" Answer with one action, e.g. <answer>Right</answer>."
+               if self.action_pattern == DEFAULT_ACTION_PATTERN else " Answer with one action.")
+        return legend, fmt
+
+    def sample_random_action(self) -> str:
+        return f"<answer>{random.choice(list(self.actions.names.values()))}</answer>"
+
+
+
 def is_env_like(obj: Any) -> bool:
     """Whether `obj` (a class or instance) has callable `reset` and `step`: the duck type a user's
     environment class must satisfy (it need not subclass `Env`)."""

@@ -33,9 +33,8 @@ import random
 from collections import deque
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from roll_gspo.envs.base import (DEFAULT_ACTION_PATTERN, DEFAULT_SPECIAL_TOKENS, ActionNames, Env, as_float,
-                                 code_chars, compile_action_pattern, episode_rng, extract_action, positive_int,
-                                 symbol_legend, text_list)
+from roll_gspo.envs.base import (DEFAULT_ACTION_PATTERN, DEFAULT_SPECIAL_TOKENS, GridGameEnv, as_float, episode_rng,
+                                 positive_int, text_list)
 
 # Cell codes of the renderer (ROLL's grid_lookup keys).
 PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = range(6)
@@ -107,7 +106,7 @@ def check_desc(desc: Any) -> List[str]:
     return rows
 
 
-class FrozenLakeEnv(Env):
+class FrozenLakeEnv(GridGameEnv):
     """FrozenLake with procedural maps; see the module docstring for rules and keys."""
 
     def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True, map_seed: Optional[int] = None,
@@ -124,21 +123,11 @@ class FrozenLakeEnv(Env):
         self.is_slippery = bool(is_slippery)
         self.map_seed = map_seed
         self.fixed_desc = check_desc(desc) if desc is not None else None
-        self.max_steps = positive_int(max_steps, "max_steps")
-        self.action_pattern = action_pattern
-        self._pattern = compile_action_pattern(action_pattern)
-        self.format_penalty = as_float(format_penalty, "format_penalty")
-        self.grid_chars = code_chars(grid_lookup, DEFAULT_GRID, "grid_lookup")
-        self.grid_vocab = symbol_legend(self.grid_chars, DEFAULT_GRID, DEFAULT_VOCAB, grid_vocab)
-        self.actions = ActionNames(action_lookup if action_lookup is not None else DEFAULT_ACTIONS)
-        unknown = sorted(set(self.actions.names) - set(MOVES))
-        if unknown:
-            raise ValueError(f"action_lookup: codes {unknown} are not moves (0 Left, 1 Down, 2 Right, 3 Up)")
-        self.special_tokens = tuple(text_list(special_token_list, "special_token_list"))
-        if render_mode != "text":
-            raise ValueError(f"render_mode {render_mode!r}: only 'text' is supported")
-        self.render_mode = render_mode
-        self.env_instruction = env_instruction
+        self.configure_text(max_steps=max_steps, action_pattern=action_pattern, format_penalty=format_penalty,
+                            env_instruction=env_instruction, grid_lookup=grid_lookup, grid_vocab=grid_vocab,
+                            action_lookup=action_lookup, special_token_list=special_token_list,
+                            render_mode=render_mode, default_grid=DEFAULT_GRID, default_vocab=DEFAULT_VOCAB,
+                            default_actions=DEFAULT_ACTIONS, moves=MOVES, moves_text="0 Left, 1 Down, 2 Right, 3 Up")
         self.desc: List[str] = []
         self.position = (0, 0)
         self.step_count = 0
@@ -164,7 +153,7 @@ class FrozenLakeEnv(Env):
         if self.done:
             raise RuntimeError("FrozenLakeEnv.step after the episode ended: call reset() first")
         self.step_count += 1
-        code = self.actions.code(extract_action(action, self._pattern, special_tokens=self.special_tokens))
+        code = self.action_code(action)
         info: Dict[str, Any] = {"action_is_valid": code is not None}
         if code is None:
             reward, terminated, moved = self.format_penalty, False, False
@@ -216,14 +205,9 @@ class FrozenLakeEnv(Env):
         if self.env_instruction is not None:
             return self.env_instruction
         slip = " The ice is slippery: a move may go sideways." if self.is_slippery else ""
-        legend = ", ".join(f"{k} {v}" for k, v in self.grid_vocab.items())
-        fmt = (" Answer with one action, e.g. <answer>Right</answer>."
-               if self.action_pattern == DEFAULT_ACTION_PATTERN else " Answer with one action.")
+        legend, fmt = self.legend_and_format()
         return (f"FrozenLake: move the player to the goal without falling into a hole.{slip}"
                 f" Symbols: {legend}. Actions: {self.actions.listing()}.{fmt}")
-
-    def sample_random_action(self) -> str:
-        return f"<answer>{random.choice(list(self.actions.names.values()))}</answer>"
 
     def shortest_path(self) -> Optional[List[str]]:
         """Action names of a shortest path from the player to a goal on this map (ignoring slips);

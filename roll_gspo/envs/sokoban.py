@@ -32,9 +32,7 @@ import random
 from collections import deque
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
-from roll_gspo.envs.base import (DEFAULT_ACTION_PATTERN, DEFAULT_SPECIAL_TOKENS, ActionNames, Env, as_float,
-                                 code_chars, compile_action_pattern, episode_rng, extract_action, positive_int,
-                                 symbol_legend, text_list)
+from roll_gspo.envs.base import DEFAULT_ACTION_PATTERN, DEFAULT_SPECIAL_TOKENS, GridGameEnv, episode_rng, positive_int
 
 Cell = Tuple[int, int]
 # Cell codes of the renderer (ROLL's grid_lookup keys).
@@ -128,7 +126,7 @@ def generate_room(dim_room: Tuple[int, int], num_boxes: int, search_depth: int, 
                        f"or a larger search_depth)")
 
 
-class SokobanEnv(Env):
+class SokobanEnv(GridGameEnv):
     """Procedural Sokoban; see the module docstring for rules, rewards and keys."""
 
     def __init__(self, dim_room: Sequence[int] = (10, 10), num_boxes: int = 4, search_depth: int = 300,
@@ -150,21 +148,11 @@ class SokobanEnv(Env):
             raise ValueError(f"dim_room {list(self.dim_room)} has {inner_cells} inner cells: too few for "
                              f"num_boxes={self.num_boxes} boxes, a player and a free cell")
         self.search_depth = positive_int(search_depth, "search_depth")
-        self.max_steps = positive_int(max_steps, "max_steps")
-        self.action_pattern = action_pattern
-        self._pattern = compile_action_pattern(action_pattern)
-        self.format_penalty = as_float(format_penalty, "format_penalty")
-        self.grid_chars = code_chars(grid_lookup, DEFAULT_GRID, "grid_lookup")
-        self.grid_vocab = symbol_legend(self.grid_chars, DEFAULT_GRID, DEFAULT_VOCAB, grid_vocab)
-        self.actions = ActionNames(action_lookup if action_lookup is not None else DEFAULT_ACTIONS)
-        unknown = sorted(set(self.actions.names) - set(MOVES))
-        if unknown:
-            raise ValueError(f"action_lookup: codes {unknown} are not moves (1 Up, 2 Down, 3 Left, 4 Right)")
-        self.special_tokens = tuple(text_list(special_token_list, "special_token_list"))
-        if render_mode != "text":
-            raise ValueError(f"render_mode {render_mode!r}: only 'text' is supported")
-        self.render_mode = render_mode
-        self.env_instruction = env_instruction
+        self.configure_text(max_steps=max_steps, action_pattern=action_pattern, format_penalty=format_penalty,
+                            env_instruction=env_instruction, grid_lookup=grid_lookup, grid_vocab=grid_vocab,
+                            action_lookup=action_lookup, special_token_list=special_token_list,
+                            render_mode=render_mode, default_grid=DEFAULT_GRID, default_vocab=DEFAULT_VOCAB,
+                            default_actions=DEFAULT_ACTIONS, moves=MOVES, moves_text="1 Up, 2 Down, 3 Left, 4 Right")
         self.room: Optional[Room] = None
         self.step_count = 0
         self.done = True
@@ -180,7 +168,7 @@ class SokobanEnv(Env):
             raise RuntimeError("SokobanEnv.step after the episode ended: call reset() first")
         room = self.room
         self.step_count += 1
-        code = self.actions.code(extract_action(action, self._pattern, special_tokens=self.special_tokens))
+        code = self.action_code(action)
         reward, moved = STEP_PENALTY, False
         if code is None:
             reward += self.format_penalty
@@ -237,14 +225,9 @@ class SokobanEnv(Env):
     def instructions(self) -> str:
         if self.env_instruction is not None:
             return self.env_instruction
-        legend = ", ".join(f"{k} {v}" for k, v in self.grid_vocab.items())
-        fmt = (" Answer with one action, e.g. <answer>Right</answer>."
-               if self.action_pattern == DEFAULT_ACTION_PATTERN else " Answer with one action.")
+        legend, fmt = self.legend_and_format()
         return ("Sokoban: push every box onto a target. Walking into a box pushes it if the cell behind it is "
                 f"free; boxes cannot be pulled. Symbols: {legend}. Actions: {self.actions.listing()}.{fmt}")
-
-    def sample_random_action(self) -> str:
-        return f"<answer>{random.choice(list(self.actions.names.values()))}</answer>"
 
     def solve(self, max_states: int = 200000) -> Optional[List[str]]:
         """A shortest action sequence solving the current room (breadth-first search over pushes
