@@ -40,7 +40,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from benchmarks.harness import ChildProcess, child_env, free_port, rank_env, read_json  # noqa: E402
+from benchmarks.harness import ChildProcess, add_child_flags, child_env, free_port, read_json, served_as_child  # noqa: E402
 
 GIB = float(1 << 30)
 ROLES = ("actor_infer", "actor_train")
@@ -331,8 +331,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "0: never); its phases so far are reported")
     parser.add_argument("--smoke", action="store_true", help="one step of each role (tests)")
     parser.add_argument("--json", dest="json_path")
-    parser.add_argument("--_child", help=argparse.SUPPRESS)
-    parser.add_argument("--_reply_fd", type=int, help=argparse.SUPPRESS)
+    add_child_flags(parser)
     args, overrides = parser.parse_known_args(argv)
     args.overrides = overrides
     if args.smoke:
@@ -342,8 +341,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    if args._child:
-        child_main(args._child, args._reply_fd)
+    if served_as_child(args, child_main):
         return 0
     from roll_gspo.config import load_config
 

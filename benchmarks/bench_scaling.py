@@ -42,7 +42,8 @@ if REPO_ROOT not in sys.path:
 
 from benchmarks.bench_peers import (PROMPT_LENGTH, cycle_flops, measure_matmul_peak,  # noqa: E402
                                     parameter_count, choose_prompts)
-from benchmarks.harness import ChildProcess, child_env, fmt, median, print_report, read_json  # noqa: E402
+from benchmarks.harness import (ChildProcess, add_child_flags, child_env, median, print_report,  # noqa: E402
+                                read_json, served_as_child)
 
 CONFIG = "example_gspo_0.5b_cpu.yaml"
 PROMPTS, GROUP, MICRO_BATCH = 8, 4, 2
@@ -179,8 +180,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="micro shapes, 8 and 16 tokens, 1 step (tests)")
     parser.add_argument("--json", dest="json_path")
-    parser.add_argument("--_child", help=argparse.SUPPRESS)
-    parser.add_argument("--_reply_fd", type=int, help=argparse.SUPPRESS)
+    add_child_flags(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.series, args.reps, args.warmup = ["smoke"], 1, 0
@@ -189,8 +189,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    if args._child:
-        child_main(args._child, args._reply_fd)
+    if served_as_child(args, child_main):
         return 0
     for key, value in WORKER_ENV.items():
         os.environ.setdefault(key, value)

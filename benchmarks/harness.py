@@ -9,6 +9,7 @@ Keep it out of code that runs inside Ray actors: they need not have the reposito
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -182,6 +183,21 @@ def serve(reply_fd: int, ready: Dict[str, Any], handle: Callable[[Dict[str, Any]
         if command.get("exit"):
             break
         replies.write(json.dumps(handle(command)) + "\n")
+
+
+def add_child_flags(parser) -> None:
+    """The hidden flags a benchmark passes to itself when it runs as a `ChildProcess`: the spec
+    file and the descriptor its replies go to."""
+    parser.add_argument("--_child", help=argparse.SUPPRESS)
+    parser.add_argument("--_reply_fd", type=int, help=argparse.SUPPRESS)
+
+
+def served_as_child(args, child_main: Callable[[str, int], None]) -> bool:
+    """Run `child_main(spec, reply_fd)` when this process was started as a child; True if it was."""
+    if not args._child:
+        return False
+    child_main(args._child, args._reply_fd)
+    return True
 
 
 class ChildProcess:
