@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from roll_gspo.models.causal_lm import length_mask, pad_2d
+from roll_gspo.models.causal_lm import build_sequences, pad_2d
 
 # Why an episode ended (`traj/stop/<reason>` counts them).
 STOP_REASONS = ("terminated", "truncated", "max_turns", "max_length", "env_error", "env_timeout")
@@ -86,14 +86,9 @@ def trajectory_tensors(trajectories: List[Trajectory], pad_token_id: int) -> Dic
     generated ids only: observations and tool results stay out of the loss, KL and entropy),
     rollout_log_probs (N, T), turn_index (N, T) (long; -1 on padding).
     """
-    prompts = [t.prompt_ids for t in trajectories]
-    responses = [t.response_ids for t in trajectories]
-    input_ids = pad_2d([p + r for p, r in zip(prompts, responses)], pad_token_id)
-    prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    response_lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
-    attention_mask = length_mask(prompt_lengths + response_lengths, input_ids.shape[1])
-    width = int(response_lengths.max()) if trajectories else 0
-    response_mask = length_mask(response_lengths, width).float()
+    input_ids, attention_mask, prompt_lengths, response_mask = build_sequences(
+        [t.prompt_ids for t in trajectories], [t.response_ids for t in trajectories], pad_token_id)
+    width = response_mask.shape[1]
     loss_mask = pad_2d([t.agent_mask for t in trajectories], 0, width).float()
     log_probs = torch.zeros(len(trajectories), width)
     for i, t in enumerate(trajectories):
@@ -126,14 +121,10 @@ def turn_samples(trajectories: List[Trajectory]) -> List[TurnSample]:
 
 def turn_sample_tensors(samples: List[TurnSample], pad_token_id: int) -> Dict[str, torch.Tensor]:
     """As `trajectory_tensors`, one row per turn: prompt = the episode's ids before the turn."""
-    prompts = [s.trajectory.prompt_ids + s.trajectory.response_ids[:s.start] for s in samples]
-    responses = [s.trajectory.response_ids[s.start:s.end] for s in samples]
-    input_ids = pad_2d([p + r for p, r in zip(prompts, responses)], pad_token_id)
-    prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-    response_lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
-    attention_mask = length_mask(prompt_lengths + response_lengths, input_ids.shape[1])
-    width = int(response_lengths.max()) if samples else 0
-    response_mask = length_mask(response_lengths, width).float()
+    input_ids, attention_mask, prompt_lengths, response_mask = build_sequences(
+        [s.trajectory.prompt_ids + s.trajectory.response_ids[:s.start] for s in samples],
+        [s.trajectory.response_ids[s.start:s.end] for s in samples], pad_token_id)
+    width = response_mask.shape[1]
     log_probs = torch.zeros(len(samples), width)
     for i, s in enumerate(samples):
         log_probs[i, :s.end - s.start] = torch.tensor(s.trajectory.log_probs[s.start:s.end], dtype=torch.float32)
