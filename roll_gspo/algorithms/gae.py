@@ -21,6 +21,14 @@ from .losses import LOSS_AGG_MODES, _bool_mask, aggregate_loss, masked_mean
 __all__ = ["gae_advantages", "value_loss", "compute_gae_advantages"]
 
 
+def _zero_off_mask(mask: torch.Tensor, like: torch.Tensor, *tensors: torch.Tensor):
+    """``(zero, tensors)``: each ``(B, T)`` tensor in ``like``'s dtype promoted to at least fp32,
+    0 where ``mask`` (bool ``(B, T)``) is False; ``zero`` is that dtype's scalar 0 on ``like``'s device."""
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    zero = torch.zeros((), dtype=dtype, device=like.device)
+    return zero, [torch.where(mask, t.to(dtype), zero) for t in tensors]
+
+
 @torch.no_grad()
 def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, *,
                    gamma: float = 1.0, lambd: float = 0.95) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -36,10 +44,8 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
     if len(shapes) != 1 or len(next(iter(shapes))) != 2:
         raise ValueError(f"expected tensors of one (batch, response_len) shape, got {sorted(shapes)}")
     mask = _bool_mask(response_mask)
-    dtype = torch.promote_types(values.dtype, torch.float32)
-    zero = torch.zeros((), dtype=dtype, device=values.device)
-    rewards = torch.where(mask, token_rewards.to(dtype), zero)
-    values = torch.where(mask, values.to(dtype), zero)
+    zero, (rewards, values) = _zero_off_mask(mask, values, token_rewards, values)
+    dtype = zero.dtype
     rows, width = mask.shape
     next_value = torch.zeros(rows, dtype=dtype, device=values.device)
     next_advantage = torch.zeros(rows, dtype=dtype, device=values.device)
@@ -72,12 +78,9 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid values: {LOSS_AGG_MODES}")
     mask = _bool_mask(response_mask)
-    dtype = torch.promote_types(values.dtype, torch.float32)
-    zero = torch.zeros((), dtype=dtype, device=values.device)
     # Garbage off the mask is replaced before any arithmetic so it cannot reach the gradient.
-    v = torch.where(mask, values.to(dtype), zero)
-    old = torch.where(mask, old_values.to(dtype), zero)
-    target = torch.where(mask, returns.to(dtype), zero)
+    zero, (v, old, target) = _zero_off_mask(mask, values, values, old_values, returns)
+    dtype = zero.dtype
     unclipped = (v - target).square()
     if value_clip is None:
         per_token, clipped = 0.5 * unclipped, torch.zeros_like(mask)
