@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .losses import _bool_mask, masked_mean, masked_sum
+from .losses import _bool_mask, masked_mean, masked_sum, registering
 
 __all__ = [
     "REWARD_NORMS",
@@ -274,12 +274,7 @@ def register_adv_estimator(name: str) -> Callable[[AdvEstimatorFn], AdvEstimator
     The function is ``fn(token_rewards (B, T), response_mask (B, T), group_size, eps=1e-6)`` and
     returns ``(B, T)`` advantages, 0 outside the mask.
     """
-    def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
-        if name in ADV_ESTIMATORS and ADV_ESTIMATORS[name] is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADV_ESTIMATORS[name] = fn
-        return fn
-    return decorator
+    return registering(ADV_ESTIMATORS, "advantage estimator", name)
 
 
 def get_adv_estimator(name: str) -> AdvEstimatorFn:

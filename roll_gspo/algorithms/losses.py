@@ -20,7 +20,7 @@ dict of python floats.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -79,6 +79,17 @@ def _check_same_shape(**tensors: torch.Tensor) -> None:
     first = next(iter(shapes.values()))
     if len(first) != 2 or any(s != first for s in shapes.values()):
         raise ValueError(f"expected tensors of one (batch, response_len) shape, got {shapes}")
+
+
+def registering(table: Dict[str, Any], kind: str, name: str) -> Callable[[Any], Any]:
+    """A decorator putting a function in `table` under `name`; a different function under a name
+    already taken is an error (the same one again, e.g. a module imported twice, is not)."""
+    def decorator(fn):
+        if name in table and table[name] is not fn:
+            raise ValueError(f"{kind} {name!r} is already registered")
+        table[name] = fn
+        return fn
+    return decorator
 
 
 def _check_choice(kind: str, value: object, valid: List) -> None:
@@ -245,12 +256,7 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     The function is called as ``fn(log_probs, old_log_probs, advantages, response_mask, *,
     clip_low, clip_high, dual_clip_c)`` with ``(B, T)`` tensors and returns ``SurrogateTerms``.
     """
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-    return decorator
+    return registering(POLICY_LOSSES, "policy loss", name)
 
 
 def get_policy_loss(name: str) -> PolicyLossFn:
