@@ -111,12 +111,26 @@ class GridGameEnv(Env):
         """The move a turn's text names (None: no well-formed action in it)."""
         return self.actions.code(extract_action(text, self._pattern, special_tokens=self.special_tokens))
 
-    def legend_and_format(self) -> Tuple[str, str]:
-        """The symbol legend and the answer-format sentence of the instructions."""
+    def cell_codes(self) -> List[List[int]]:
+        """The grid as renderer codes (`grid_lookup`'s keys), row by row."""
+        raise NotImplementedError
+
+    def game_text(self, legend: str, answer_format: str) -> str:
+        """The game's instructions around its symbol legend and answer-format sentence."""
+        raise NotImplementedError
+
+    def render(self) -> str:
+        """The grid, one character per cell, rows separated by newlines."""
+        return "\n".join("".join(self.grid_chars[code] for code in row) for row in self.cell_codes())
+
+    def instructions(self) -> str:
+        """`env_instruction` when given, else the game's own text."""
+        if self.env_instruction is not None:
+            return self.env_instruction
         legend = ", ".join(f"{k} {v}" for k, v in self.grid_vocab.items())
-        fmt = (" Answer with one action, e.g. <answer>Right</answer>."
-               if self.action_pattern == DEFAULT_ACTION_PATTERN else " Answer with one action.")
-        return legend, fmt
+        answer_format = (" Answer with one action, e.g. <answer>Right</answer>."
+                         if self.action_pattern == DEFAULT_ACTION_PATTERN else " Answer with one action.")
+        return self.game_text(legend, answer_format)
 
     def sample_random_action(self) -> str:
         return f"<answer>{random.choice(list(self.actions.names.values()))}</answer>"

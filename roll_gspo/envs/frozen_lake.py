@@ -186,28 +186,16 @@ class FrozenLakeEnv(GridGameEnv):
         """The map letter under the player (S/F/H/G)."""
         return self.desc[self.position[0]][self.position[1]]
 
-    def render(self) -> str:
-        """The grid, one character per cell, rows separated by newlines."""
+    def cell_codes(self) -> List[List[int]]:
+        """Each cell's renderer code, the player's cell marked (in a hole, on the goal)."""
         codes = {"S": FROZEN, "F": FROZEN, "H": HOLE, "G": GOAL}
-        rows = []
-        for r, row in enumerate(self.desc):
-            line = []
-            for c, letter in enumerate(row):
-                if (r, c) == self.position:
-                    code = {"H": PLAYER_IN_HOLE, "G": PLAYER_ON_GOAL}.get(letter, PLAYER)
-                else:
-                    code = codes[letter]
-                line.append(self.grid_chars[code])
-            rows.append("".join(line))
-        return "\n".join(rows)
+        return [[{"H": PLAYER_IN_HOLE, "G": PLAYER_ON_GOAL}.get(letter, PLAYER) if (r, c) == self.position
+                 else codes[letter] for c, letter in enumerate(row)] for r, row in enumerate(self.desc)]
 
-    def instructions(self) -> str:
-        if self.env_instruction is not None:
-            return self.env_instruction
+    def game_text(self, legend: str, answer_format: str) -> str:
         slip = " The ice is slippery: a move may go sideways." if self.is_slippery else ""
-        legend, fmt = self.legend_and_format()
         return (f"FrozenLake: move the player to the goal without falling into a hole.{slip}"
-                f" Symbols: {legend}. Actions: {self.actions.listing()}.{fmt}")
+                f" Symbols: {legend}. Actions: {self.actions.listing()}.{answer_format}")
 
     def shortest_path(self) -> Optional[List[str]]:
         """Action names of a shortest path from the player to a goal on this map (ignoring slips);

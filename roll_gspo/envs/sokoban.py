@@ -200,10 +200,11 @@ class SokobanEnv(GridGameEnv):
             info["metrics"]["success"] = float(solved)
         return self.render(), reward, solved, truncated, info
 
-    def render(self) -> str:
+    def cell_codes(self) -> List[List[int]]:
+        """Each cell's renderer code (none before the first reset)."""
         room = self.room
         if room is None:
-            return ""
+            return []
         rows = []
         for r in range(room.height):
             line = []
@@ -218,16 +219,13 @@ class SokobanEnv(GridGameEnv):
                     code = BOX_ON_TARGET if on_target else BOX
                 else:
                     code = TARGET if on_target else FLOOR
-                line.append(self.grid_chars[code])
-            rows.append("".join(line))
-        return "\n".join(rows)
+                line.append(code)
+            rows.append(line)
+        return rows
 
-    def instructions(self) -> str:
-        if self.env_instruction is not None:
-            return self.env_instruction
-        legend, fmt = self.legend_and_format()
+    def game_text(self, legend: str, answer_format: str) -> str:
         return ("Sokoban: push every box onto a target. Walking into a box pushes it if the cell behind it is "
-                f"free; boxes cannot be pulled. Symbols: {legend}. Actions: {self.actions.listing()}.{fmt}")
+                f"free; boxes cannot be pulled. Symbols: {legend}. Actions: {self.actions.listing()}.{answer_format}")
 
     def solve(self, max_states: int = 200000) -> Optional[List[str]]:
         """A shortest action sequence solving the current room (breadth-first search over pushes
