@@ -7,7 +7,7 @@ every cycle, same prompt / response lengths, temperature 1, no top-p / top-k.
 
 Variants:
 
-* ``pipeline``: ``RLVRPipeline`` from ``examples/example_gspo.yaml`` as it is (ZeRO-2 x 2 training
+* ``pipeline``: the RLVR ``TrainerLoop`` from ``examples/example_gspo.yaml`` as it is (ZeRO-2 x 2 training
   ranks, one micro-batch per optimizer step and rank, vLLM rollout on both cores, jemalloc in the
   model roles, old log-probs by ``old_logprob_source: auto``), in its own process, driven one
   ``step()`` at a time; at ``--sizes 0.5b`` from ``examples/example_gspo_0.5b_cpu.yaml`` (one
@@ -405,7 +405,8 @@ class PipelineRunner:
     def __init__(self, overrides: List[str], ray_address: Optional[str] = None, config: str = DEFAULT_CONFIG):
         import ray
 
-        from pipelines.rlvr_pipeline import RLVRPipeline
+        from pipelines.rlvr_pipeline import PromptGroupSource
+        from pipelines.trainer_loop import TrainerLoop
         from roll_gspo.config import load_config
 
         cfg = load_config(config, overrides)
@@ -413,7 +414,7 @@ class PipelineRunner:
             ray.init(address=ray_address, log_to_driver=False)
         else:
             init_local_ray(required_cpus(cfg))
-        self.pipeline = RLVRPipeline(cfg)
+        self.pipeline = TrainerLoop(cfg, PromptGroupSource)
         self.step_index = 0
 
     def cycle(self) -> Dict[str, Any]:

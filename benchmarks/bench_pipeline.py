@@ -3,7 +3,7 @@
 
 In one run, on the same tiny model and the same batches, step by step:
 
-1. the real pipeline (``RLVRPipeline`` from a YAML, Ray actors, vLLM rollout, DeepSpeed ranks)
+1. the real pipeline (``TrainerLoop`` fed by ``PromptGroupSource``, from a YAML, Ray actors, vLLM rollout, DeepSpeed ranks)
    runs W warm-up + N measured steps; every phase time of every step is kept, with the wall time
    of each ``step()`` call. The prompts given to the rollout and the batch given to the trainer
    are recorded on the way (a spy on ``Cluster.dispatch``, nothing in the pipeline changes);
@@ -356,11 +356,12 @@ def run_interleaved(args, cfg, overrides: List[str], workdir: str) -> Dict[str, 
     the pipeline's metrics and wall times, the recorded inputs, thread facts, probe and raw timings."""
     import ray
 
-    from pipelines.rlvr_pipeline import RLVRPipeline
+    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.trainer_loop import TrainerLoop
 
     init_local_ray(required_cpus(cfg), log_to_driver=args.verbose)
     start = time.perf_counter()
-    pipeline = RLVRPipeline(cfg)
+    pipeline = TrainerLoop(cfg, PromptGroupSource)
     startup = time.perf_counter() - start
     # `auto` resolved by the pipeline: the raw trainer and the probe do the old-log-prob pass only
     # when the pipeline does.

@@ -1,12 +1,11 @@
-"""Agentic pipeline (`pipeline: agentic`): GSPO / GRPO on multi-turn episodes against environments.
+"""Agentic pipeline (`pipeline: agentic`): GSPO / GRPO on multi-turn episodes against environments:
+the trainer loop (`pipelines.trainer_loop`) fed by episodes.
 
-Each step reads like the algorithm: play rollout_batch_size episodes (groups of group_size from one
-env seed each; environments step while the rollout engine generates), turn them into samples (the
-exact token ids; observations and tool results masked out of the loss), score the old policy (and
-the reference for a KL term), advantages from the env rewards per group, train, sync the weights.
-
-The scoring, training, weight sync, checkpoints and the step loop are the RLVR pipeline's
-(`RLVRPipeline`); what differs is where samples and rewards come from.
+`EpisodeSource` plays rollout_batch_size episodes a step (groups of group_size from one env seed
+each; environments step while the rollout engine generates) and turns them into samples (the exact
+token ids; observations and tool results masked out of the loss); their rewards are the
+environments'. The loop scores the old policy (and the reference for a KL term), takes the source's
+advantages (per group of trajectories, or per turn), trains and syncs the weights.
 """
 from __future__ import annotations
 
@@ -29,16 +28,12 @@ from roll_gspo.algorithms.trajectory_advantages import (discounted_turn_returns,
 from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.config import PipelineConfig
 from roll_gspo.config.agentic_checks import env_manager_kind, error_penalty, manager_generating_args
-from roll_gspo.config.roll_compat import checkpoint_base
-from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.lifecycle.checkpoint import resolve_resume
 from roll_gspo.lifecycle.seeding import rollout_seeds
-from roll_gspo.models.moe_routing import folder_is_moe
 
-from pipelines.common import prepare_models
-from pipelines.rlvr_pipeline import RLVRPipeline, _mean_over_ranks, _timed
-from pipelines.rlvr_setup import log_colocation, start_clusters
+from pipelines.common import timed
+from pipelines.sources import RewardFuture, Rollout, RolloutSource
+from pipelines.trainer_loop import run_loop
 
 logger = logging.getLogger("roll_gspo")
 
@@ -67,19 +62,14 @@ def build_env_setups(cfg: PipelineConfig) -> Dict[str, EnvSetup]:
     return setups
 
 
-class AgenticPipeline(RLVRPipeline):
-    def __init__(self, cfg: PipelineConfig):  # noqa: D107 - no prompt data and no reward workers
-        from transformers import AutoTokenizer
+class EpisodeSource(RolloutSource):
+    """Agentic rollouts: episodes played against environments, turned into samples, their rewards
+    the environments' (known when the episodes end)."""
 
+    def __init__(self, cfg: PipelineConfig, tokenizer):
         self.cfg = cfg
-        prepare_models(cfg, ["actor_train", "actor_infer", "reference"])
-        self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.old_logprobs = choose_old_logprob_source(
-            cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
-        logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
-        stitcher = ChatStitcher(self.tokenizer, cfg.actor_train.data_args.template)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        stitcher = ChatStitcher(tokenizer, cfg.actor_train.data_args.template)
         setups = build_env_setups(cfg)
         self.train_gen = manager_generating_args(cfg, cfg.train_env_manager)
         self.val_gen = manager_generating_args(cfg, cfg.val_env_manager)
@@ -92,50 +82,31 @@ class AgenticPipeline(RLVRPipeline):
         self.step_wise = env_manager_kind(cfg) == "step"
         self.health = HealthMonitor([tag for tag, s in setups.items()
                                      if s.config.tool_wrapper is not None and s.config.tool_wrapper.tool_configs])
-        # Driver state (RLVRPipeline's names): no prompt sampler, env seeds follow the step.
-        self.sampler, self.filtered_prompts, self.running_stats = None, 0, None
-        self.start_step, self.next_rollout, self.reward_worker_restarts, self.stopped_by = 0, None, 0, None
-        self.offload = log_colocation(cfg)
-        clusters = start_clusters(cfg)
-        self.placement, self.actor_train, self.actor_infer = (clusters.placement, clusters.actor_train,
-                                                              clusters.actor_infer)
-        self.reference, self.rewards = clusters.reference, clusters.rewards
-        self.critic = clusters.critic  # None: gae is refused for agentic runs (RLVRPipeline's steps read it)
-        if self.resume_dir:
-            self._load_checkpoint(self.resume_dir)
-        elif cfg.actor_train.model_args.adapter_name_or_path:  # the rollout engine starts from the base model
-            self.sync_weights(version=0)
+        self.actor_infer = None  # connect()
 
-    # -- one step -----------------------------------------------------------------------------------
-    def step(self, step: int) -> Dict[str, float]:
-        """1. play rollout_batch_size episodes; 2. samples (a trajectory each, or a turn each with
-        env_manager_cls: step); 3. the old policy's (and reference's) log-probs; 4. advantages from
-        the env rewards; 5. train and sync; 6. the step's metrics and health warnings."""
+    def connect(self, clusters) -> None:
+        """The rollout engine the episodes' turns are generated on."""
+        self.actor_infer = clusters.actor_infer
+
+    # -- rollouts -----------------------------------------------------------------------------------
+    def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
+        """rollout_batch_size episodes as samples (a trajectory each, or a turn each with
+        env_manager_cls: step); health warnings; not trainable when no token was generated."""
         cfg = self.cfg
-        timings: Dict[str, float] = {}
-        with _timed(timings, "generate"):
+        with timed(timings, "generate"):
             trajectories = self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train", self.train_gen,
                                       self.train_runner)
-        batch = self._samples(trajectories, step)
-        metrics: Dict[str, float] = {}
+        batch = self.samples(trajectories, step)
         self.health.check(step, trajectories)
-        if not batch["loss_mask"].sum():  # no generated token at all (every opening too long, every reset failed)
+        trainable = bool(batch["loss_mask"].sum())
+        if not trainable:  # no generated token at all (every opening too long, every reset failed)
             logger.warning("step %d: no trajectory has a generated token (stops: %s); nothing to train on, the "
                            "step is skipped", step, {t.stop_reason for t in trajectories})
-            return {**trajectory_metrics(trajectories, "traj"), "train/skipped": 1.0,
-                    **self._agentic_step_metrics(step, batch, timings)}
-        if self.offload:
-            with _timed(timings, "offload"):
-                metrics.update(_mean_over_ranks(self.actor_infer.execute_all("offload_states")))
-        self._score_log_probs(batch, [], timings)
-        with _timed(timings, "advantages"):
-            batch["advantages"], adv_metrics = self._agentic_advantages(batch)
-        train_metrics, sync_metrics = self._train_and_sync(step, batch, timings)
-        return {**trajectory_metrics(trajectories, "traj"), **metrics, **adv_metrics, **train_metrics,
-                **sync_metrics, **self.health.metrics(), "train/skipped": 0.0,
-                **self._agentic_step_metrics(step, batch, timings)}
+        return Rollout(batch, RewardFuture.ready(), trajectory_metrics(trajectories, "traj"),
+                       weight_versions=list(batch["weight_version"]), trainable=trainable)
 
     def _play(self, manager, count: int, step: int, stream: str, gen, runner: EpisodeRunner) -> List[Trajectory]:
+        """`count` episodes of `manager`'s envs, their turns generated by the rollout engine."""
         specs = episode_specs(manager, count, self.cfg.seed, step, stream)
 
         def generate(requests: List[TurnRequest]) -> List[TurnOutput]:
@@ -152,7 +123,7 @@ class AgenticPipeline(RLVRPipeline):
                 t.prompt_ids = [self.pad_id]
         return trajectories
 
-    def _samples(self, trajectories: List[Trajectory], step: int) -> Batch:
+    def samples(self, trajectories: List[Trajectory], step: int) -> Batch:
         """Trainer tensors plus the rows' meta: a sample per trajectory, or per turn (step-wise).
         `turn_returns`: per row, {turn: G_t} of the turns it trains on, so that each turn is one value
         of its normalisation set however many rows share its episode."""
@@ -164,7 +135,7 @@ class AgenticPipeline(RLVRPipeline):
             rows = [(t, i) for i, t in enumerate(trajectories)]
             returns = [dict(enumerate(r)) for r in episode_returns]
         else:
-            samples = _adjust(turn_samples(trajectories), cfg, step)
+            samples = adjust_to_mini_batches(turn_samples(trajectories), cfg, step)
             tensors = turn_sample_tensors(samples, self.pad_id)
             index = {id(t): i for i, t in enumerate(trajectories)}
             rows = [(s.trajectory, index[id(s.trajectory)]) for s in samples]
@@ -178,7 +149,8 @@ class AgenticPipeline(RLVRPipeline):
         batch["finished"] = [t.stop_reason in ("terminated", "truncated", "max_turns") for t, _ in rows]
         return batch
 
-    def _agentic_advantages(self, batch: Batch):
+    # -- advantages, metrics ------------------------------------------------------------------------
+    def advantages(self, batch: Batch):
         """ROLL's agentic chain: normalise in sets (episodes whose env never started in none),
         reward_clip, the token-level KL penalty (add_token_level_kl), whiten, advantage_clip."""
         cfg = self.cfg
@@ -194,15 +166,12 @@ class AgenticPipeline(RLVRPipeline):
         metrics["critic/unstarted_samples"] = float((~batch["started"]).sum())
         return advantages, metrics
 
-    def _agentic_step_metrics(self, step: int, batch: Batch, timings: Dict[str, float]) -> Dict[str, float]:
-        step_seconds = sum(timings.values())
-        agent_tokens = float(batch["loss_mask"].sum())
-        return {**{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": step_seconds,
-                "rollout/staleness": float(step - 1 - min(batch["weight_version"])),
-                "rollout/weight_version": float(min(batch["weight_version"])),
-                "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
+    def step_metrics(self, rollout: Rollout, step_seconds: float) -> Dict[str, float]:
+        """Health counters (on a trained step), whether the step was skipped, agent-token throughput."""
+        agent_tokens = float(rollout.batch["loss_mask"].sum())
+        return {**(self.health.metrics() if rollout.trainable else {}), "train/skipped": float(not rollout.trainable),
                 "throughput/agent_tokens_per_s": agent_tokens / max(step_seconds, 1e-9),
-                "data/samples": float(len(batch))}
+                "data/samples": float(len(rollout.batch))}
 
     # -- validation ---------------------------------------------------------------------------------
     def validate(self, step: int) -> Dict[str, float]:
@@ -223,7 +192,7 @@ class AgenticPipeline(RLVRPipeline):
         return {**metrics, "val/samples": float(len(trajectories)), "time/validation_s": time.perf_counter() - start}
 
 
-def _adjust(samples: list, cfg: PipelineConfig, step: int) -> list:
+def adjust_to_mini_batches(samples: list, cfg: PipelineConfig, step: int) -> list:
     """Step-wise samples to a multiple of the mini-batch (batch_adjust_mode), as ROLL: the samples
     copied or dropped are drawn at random (never a fixed position: the tail holds the last group's
     final turns, which carry the terminal reward), from a generator of (seed, step) for exact resume."""
@@ -249,8 +218,5 @@ def _adjust(samples: list, cfg: PipelineConfig, step: int) -> list:
 
 
 def run_agentic(cfg: PipelineConfig) -> Dict[str, float]:
-    pipeline = AgenticPipeline(cfg)
-    try:
-        return pipeline.run()
-    finally:
-        pipeline.shutdown()
+    """Train `cfg`'s agentic run to the end; the last step's metrics."""
+    return run_loop(cfg, EpisodeSource)

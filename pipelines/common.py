@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import contextmanager
-from typing import Iterable, Sequence
+from typing import Dict, Iterable, Sequence
 
 from roll_gspo.config import PipelineConfig
-
 
 
 def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> None:
@@ -29,3 +29,11 @@ def progress_bar(steps: Iterable[int], description: str):
     with tqdm(list(steps), desc=description, unit="step", dynamic_ncols=True, disable=None) as bar, \
             logging_redirect_tqdm([logging.getLogger("roll_gspo")]):
         yield bar
+
+
+@contextmanager
+def timed(timings: Dict[str, float], name: str):
+    """Adds the time the block takes to `timings[name]` (a phase may run more than once a step)."""
+    start = time.perf_counter()
+    yield
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start

@@ -36,12 +36,12 @@ def _trajectory(group: str, index: int, rewards, *, gen: int = 2, ctx: int = 1, 
 
 
 def _pipeline(step_wise: bool, **keys):
-    from pipelines.agentic_pipeline import AgenticPipeline
+    from pipelines.agentic_pipeline import EpisodeSource
 
     if "reward_normalization" in keys:
         keys["reward_normalization"] = RewardNormalizationConfig(**keys["reward_normalization"])
     cfg = PipelineConfig(**keys)
-    pipeline = AgenticPipeline.__new__(AgenticPipeline)
+    pipeline = EpisodeSource.__new__(EpisodeSource)
     pipeline.cfg, pipeline.step_wise, pipeline.pad_id = cfg, step_wise, 0
     return pipeline
 
@@ -71,9 +71,9 @@ def test_step_wise_returns_count_each_turn_once():
     pipeline = _pipeline(True, adv_estimator="step_reinforce", step_reward_gamma=gamma,
                          reward_normalization={"grouping": "traj_group_id", "method": "mean_std"})
     pipeline.cfg.actor_train.training_args.per_device_train_batch_size = 10
-    batch = pipeline._samples(trajectories, step=1)
+    batch = pipeline.samples(trajectories, step=1)
     assert len(batch) == 10
-    advantages, metrics = pipeline._agentic_advantages(batch)
+    advantages, metrics = pipeline.advantages(batch)
     # ROLL, re-typed: each turn sample's discounted return, z-scored over the group's samples.
     returns = []
     for rewards in episodes:
@@ -93,8 +93,8 @@ def test_trajectory_rows_of_step_reinforce_count_each_turn_once():
     trajectories = [_trajectory("g", i, r, gen=1) for i, r in enumerate(episodes)]
     pipeline = _pipeline(False, adv_estimator="step_reinforce", importance_sampling="token",
                          reward_normalization={"grouping": "batch", "method": "mean_std"})
-    batch = pipeline._samples(trajectories, step=1)
-    advantages, _ = pipeline._agentic_advantages(batch)
+    batch = pipeline.samples(trajectories, step=1)
+    advantages, _ = pipeline.advantages(batch)
     expected = _zscore([1.0, 1.0, 1.0, 0.0, 0.0])
     generated = [[float(a) for a, m in zip(row, mask) if m] for row, mask in zip(advantages, batch["loss_mask"])]
     assert generated[0] == pytest.approx(expected[:1], abs=1e-5)
@@ -168,13 +168,13 @@ def test_reward_clip_and_token_level_kl_follow_roll():
 def test_the_pipeline_passes_its_kl_and_reward_clip():
     trajectories = [_trajectory("g", i, [r]) for i, r in enumerate([1.0, 0.0, 0.0, 3.0])]
     plain = _pipeline(False, reward_normalization={"grouping": "batch", "method": "identity"})
-    batch = plain._samples(trajectories, step=1)
+    batch = plain.samples(trajectories, step=1)
     batch["old_log_probs"] = torch.full(batch["loss_mask"].shape, -1.0)
     batch["ref_log_probs"] = torch.full(batch["loss_mask"].shape, -2.0)  # kl = 1 a token
-    base, _ = plain._agentic_advantages(batch)
+    base, _ = plain.advantages(batch)
     shaped = _pipeline(False, reward_normalization={"grouping": "batch", "method": "identity"},
                        add_token_level_kl=True, init_kl_coef=0.1, reward_clip=2.0)
-    advantages, metrics = shaped._agentic_advantages(batch)
+    advantages, metrics = shaped.advantages(batch)
     # Two generated tokens a row: the first gets r - 0.2, the last r - 0.1; the 3.0 is clipped to 2.0.
     assert advantages[0, :2].tolist() == pytest.approx([0.8, 0.9])
     assert advantages[3, :2].tolist() == pytest.approx([1.8, 1.9])
@@ -198,17 +198,17 @@ def test_an_episode_that_never_started_is_outside_its_group_baseline():
     trajectories = runner.run(specs, _engine(tok), lambda i, n: n)
     assert [t.opened for t in trajectories] == [True, True, True, False]
     assert [t.reward for t in trajectories] == [1.0, 1.0, 1.0, 0.0]
-    trajectories[3].prompt_ids = [0]  # as AgenticPipeline._play leaves it
+    trajectories[3].prompt_ids = [0]  # as EpisodeSource._play leaves it
     pipeline = _pipeline(False, reward_normalization={"grouping": "traj_group_id", "method": "mean_std"})
-    batch = pipeline._samples(trajectories, step=1)
-    advantages, metrics = pipeline._agentic_advantages(batch)
+    batch = pipeline.samples(trajectories, step=1)
+    advantages, metrics = pipeline.advantages(batch)
     assert float(advantages.abs().max()) == 0.0  # three equal winners: no signal (not +0.577 each)
     assert metrics["critic/unstarted_samples"] == 1
 
 
 # -- 6. batch_adjust_mode draws what it copies or drops ------------------------------------------------
 def test_batch_adjust_draws_its_samples_from_seed_and_step():
-    from pipelines.agentic_pipeline import _adjust
+    from pipelines.agentic_pipeline import adjust_to_mini_batches as _adjust
 
     samples = list(range(10))
 

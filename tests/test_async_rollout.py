@@ -30,8 +30,8 @@ def test_next_rollout_comes_from_the_previous_weights_and_resume_is_exact(tmp_pa
     for record in records:
         assert 0.0 <= record["actor/padding_frac"] < 0.5 and record["sync/seconds"] > 0
     checkpoints = os.path.join(cfg.output_dir, "checkpoints")
-    assert os.path.exists(os.path.join(checkpoints, "step_2", "next_rollout.pt"))  # generated ahead, saved
-    assert not os.path.exists(os.path.join(checkpoints, "step_3", "next_rollout.pt"))  # nothing after the last
+    assert os.path.exists(os.path.join(checkpoints, "step_2", "rollout_buffer.pt"))  # generated ahead, saved
+    assert not os.path.exists(os.path.join(checkpoints, "step_3", "rollout_buffer.pt"))  # nothing after the last
     weights = load_weights(os.path.join(cfg.output_dir, "final_model"))
 
     resumed = write_config(tmp_path, tiny_model, actor_train=DYNAMIC, **{

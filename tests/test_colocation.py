@@ -114,7 +114,7 @@ def test_colocation_keys_refused_naming_the_key(load, changes, message):
 
 
 def test_cpu_run_says_once_that_sleep_and_offload_are_skipped(load, caplog, monkeypatch):
-    from pipelines.rlvr_pipeline import _log_colocation
+    from pipelines.setup import log_colocation as _log_colocation
 
     monkeypatch.delenv("ROLL_GSPO_OFFLOAD_ON_CPU", raising=False)
     cfg = load(is_offload_states=True)
@@ -257,7 +257,8 @@ def test_colocated_run_on_cpu_sleeps_offloads_and_syncs_exactly(tmp_path, tiny_m
     import ray
     import torch
 
-    from pipelines.rlvr_pipeline import RLVRPipeline
+    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.distributed.batch import Batch
     from tests.test_pipeline_e2e import write_config
 
@@ -265,7 +266,7 @@ def test_colocated_run_on_cpu_sleeps_offloads_and_syncs_exactly(tmp_path, tiny_m
     cfg = write_config(tmp_path, tiny_model, is_offload_states=True, offload_train_params=True,
                        system_envs={"ROLL_GSPO_OFFLOAD_ON_CPU": "1"},
                        actor_infer={"strategy_args": {"strategy_config": {"sleep_level": 2}}})
-    pipeline = RLVRPipeline(cfg)
+    pipeline = TrainerLoop(cfg, PromptGroupSource)
     try:
         infer, train = pipeline.actor_infer.workers[0], pipeline.actor_train.workers[0]
 

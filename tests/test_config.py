@@ -735,7 +735,7 @@ def test_old_logprob_source_auto_outside_fp32_follows_the_measured_gap(tmp_path)
     tenth of pg_clip_low), then the rollout engine's, and back when the gap grows again."""
     from types import SimpleNamespace
 
-    from pipelines.rlvr_pipeline import RLVRPipeline
+    from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
 
     cfg = load(tmp_path, overrides=["actor_infer.model_args.dtype=bf16", "pg_clip_low=3e-3"])
@@ -744,7 +744,7 @@ def test_old_logprob_source_auto_outside_fp32_follows_the_measured_gap(tmp_path)
     pipeline = SimpleNamespace(old_logprobs=choice)
     sources = []
     for step, gap in enumerate([2e-2, 1e-4, None, 2e-4, 5e-4, 4e-4], start=1):
-        RLVRPipeline._follow_logprob_gap(pipeline, step, gap)
+        TrainerLoop._follow_logprob_gap(pipeline, step, gap)
         sources.append(pipeline.old_logprobs.source)
     assert sources == ["trainer", "rollout", "rollout", "rollout", "trainer", "trainer"]
     assert "5e-04" in pipeline.old_logprobs.reason or "0.0005" in pipeline.old_logprobs.reason

@@ -61,7 +61,7 @@ def test_query_filter_keys_are_checked(tmp_path):
 
 @pytest.mark.e2e
 def test_dynamic_sampling_trains_only_informative_groups(tmp_path, tiny_model, ray_session, monkeypatch):
-    from pipelines.rlvr_pipeline import RLVRPipeline
+    from pipelines.rlvr_pipeline import PromptGroupSource
     from tests.test_pipeline_e2e import read_metrics, run, write_config
 
     rows = []
@@ -78,8 +78,8 @@ def test_dynamic_sampling_trains_only_informative_groups(tmp_path, tiny_model, r
                        rewards={"a": reward, "b": reward}, validation={"data_args": {"file_name": []}})
     cfg.rewards.pop("math_rule", None)
     rounds, trained = [], []
-    keep = RLVRPipeline._groups_to_keep
-    advantages = RLVRPipeline._advantages
+    keep = PromptGroupSource._groups_to_keep
+    advantages = PromptGroupSource.advantages
 
     def record_rounds(self, batch):
         kept = keep(self, batch)
@@ -92,8 +92,8 @@ def test_dynamic_sampling_trains_only_informative_groups(tmp_path, tiny_model, r
         trained.append((list(batch["domain"]), batch["scores"].clone()))
         return advantages(self, batch)
 
-    monkeypatch.setattr(RLVRPipeline, "_groups_to_keep", record_rounds)
-    monkeypatch.setattr(RLVRPipeline, "_advantages", record_trained)
+    monkeypatch.setattr(PromptGroupSource, "_groups_to_keep", record_rounds)
+    monkeypatch.setattr(PromptGroupSource, "advantages", record_trained)
     records = [r for r in run(cfg) if "data/filtered_groups" in r]
     assert [r["step"] for r in records] == [1, 2]
     group = cfg.num_return_sequences_in_group

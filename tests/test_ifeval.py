@@ -261,12 +261,12 @@ def test_error_rows_are_logged_with_the_instruction(caplog):
 
 
 def test_domain_metrics_average_what_the_workers_report():
-    from pipelines.rlvr_pipeline import RLVRPipeline
+    from pipelines.reward_scoring import reward_metrics
 
     batch = Batch({"scores": torch.tensor([1.0, 0.0, 0.0, 1.0])},
                   {"domain": ["ifeval", "ifeval", "ifeval", "math"], "reward_status": ["ok", "ok", "error", "ok"],
                    "reward_metrics": [{"prompt_level_strict_acc": 1.0}, {"prompt_level_strict_acc": 0.0}, None, None]})
-    metrics = RLVRPipeline._reward_metrics(SimpleNamespace(reward_worker_restarts=0), batch, prefix="val")
+    metrics = reward_metrics(batch, prefix="val")
     assert metrics["val/ifeval/prompt_level_strict_acc"] == 0.5 and metrics["val/ifeval/errors"] == 1.0
     assert not any(k.startswith("val/math/prompt") for k in metrics)
 

@@ -16,6 +16,8 @@ LAYERS: List[Set[str]] = [
     # catalog: the facts of estimators and reward workers, torch-free; sandbox: the code sandbox (the
     # code reward's and the python tool's)
     {"roll_gspo.utils", "roll_gspo.catalog", "roll_gspo.sandbox"},
+    # schema: the config's dataclasses (and their read-only mode), named by every layer above
+    {"roll_gspo.schema"},
     {"roll_gspo.algorithms", "roll_gspo.builtin", "roll_gspo.distributed", "roll_gspo.lifecycle",
      "roll_gspo.metrics", "roll_gspo.placement", "roll_gspo.rewards"},
     # Agentic environments and tools: config's --dry-run checks env declarations with them.
@@ -117,3 +119,17 @@ def test_no_import_circle():
 def test_the_walk_sees_lazy_imports():
     # The walk is only as good as its reading: a lazy import inside a function must count.
     assert "roll_gspo.lifecycle.checkpoint" in GRAPH["roll_gspo.cli"]
+
+
+def test_no_pipeline_module_imports_another_modules_private_name():
+    # A driver reaching into another's underscore helpers is how the agentic pipeline came to lean
+    # on the RLVR one; shared code is public in the module that owns it (`pipelines.common`, ...).
+    reached = []
+    for module, path in MODULES.items():
+        if _concept(module) != "pipelines":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
+                reached += [f"{module} -> {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and node.module.split(".")[0] in ("pipelines", "roll_gspo")]
+    assert reached == []

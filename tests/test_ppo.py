@@ -13,7 +13,7 @@ from roll_gspo.config import ConfigError, load_config
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 
-from pipelines.rlvr_critic import actor_trains, gae_advantages_and_returns
+from pipelines.critic import actor_trains, gae_advantages_and_returns
 from tests.test_roll_recipes import in_roll_dir, model_folder  # noqa: F401  (fixtures)
 
 

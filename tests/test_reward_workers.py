@@ -203,7 +203,7 @@ def test_multiple_choice_worker():
 
 # ------------------------------------------------------------------ 9.9 validation accuracy
 def test_val_accuracy_is_an_accuracy():
-    from pipelines.rlvr_pipeline import _accuracies
+    from pipelines.reward_scoring import accuracies as _accuracies
 
     got = _accuracies(["m", "m", "c", "rm"], [1.0, 0.0, 1.0, None])
     assert got == {"val/accuracy": pytest.approx(2 / 3), "val/m/accuracy": 0.5, "val/c/accuracy": 1.0}

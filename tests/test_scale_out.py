@@ -138,7 +138,8 @@ def test_weight_sync_reaches_every_tensor_parallel_worker(tmp_path, tiny_model, 
     many buckets, so a layer's tensors span buckets)."""
     import ray
 
-    from pipelines.rlvr_pipeline import RLVRPipeline
+    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.distributed.batch import Batch
     from tests.test_pipeline_e2e import write_config
 
@@ -146,7 +147,7 @@ def test_weight_sync_reaches_every_tensor_parallel_worker(tmp_path, tiny_model, 
     cfg = write_config(tmp_path, tiny_model, max_steps=2, weight_sync_transport=transport,
                        weight_sync_bucket_mb=bucket_mb, weight_sync_timeout_s=300,
                        actor_infer={"strategy_args": {"strategy_config": engine}, "num_cpus_per_worker": tp_size})
-    pipeline = RLVRPipeline(cfg)
+    pipeline = TrainerLoop(cfg, PromptGroupSource)
     try:
         infer = pipeline.actor_infer.workers[0]
         assert ray.get(infer.weight_receivers.remote()) == tp_size

@@ -154,7 +154,7 @@ def load_tasks_run(tmp_path, text=TASKS_RUN, overrides=()):
 
 
 def test_a_task_run_loads_and_its_rows_route_to_the_task_worker(tmp_path):
-    from pipelines.rlvr_setup import reward_routes
+    from pipelines.setup import reward_routes
     from roll_gspo.config.task_checks import task_specs
 
     cfg = load_tasks_run(tmp_path, overrides=["eval_steps=5"])
@@ -269,7 +269,7 @@ def test_eval_model_names(tmp_path):
 
 
 def test_validation_reports_pass_at_k_with_the_eval_code():
-    from pipelines.rlvr_pipeline import _sample_metrics
+    from pipelines.reward_scoring import sample_metrics as _sample_metrics
     from roll_gspo.distributed.batch import Batch
 
     batch = Batch(meta={"domain": ["sums"] * 4 + ["legs"] * 4, "reward_correct": [1.0, 0.0, 0.0, 0.0] + [0.0] * 4,

@@ -1,41 +1,44 @@
-"""Saving, resuming and ending an RLVR run: the checkpoint's files and driver state, restoring them,
-when a checkpoint is due, the line a graceful stop prints, and the final model a finished run
-leaves (`roll_gspo.lifecycle` holds the folder protocol and the signal handling these use)."""
+"""Saving, resuming and ending a run: the checkpoint's files and driver state, restoring them, when
+a checkpoint is due, the line a graceful stop prints, and the final model a finished run leaves
+(`roll_gspo.lifecycle` holds the folder protocol and the signal handling these use)."""
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
 from roll_gspo.config import PipelineConfig
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.config.rollout_logprobs import OldLogprobChoice
+from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, WorkerDiedError
 from roll_gspo.lifecycle.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_failure,
     commit_checkpoint, discard, read_state)
 from roll_gspo.lifecycle.graceful_stop import GracefulStop, resume_command
 
 logger = logging.getLogger("roll_gspo")
-NEXT_ROLLOUT_FILE = "next_rollout.pt"  # async: the next step's rollout, saved with the checkpoint
+ROLLOUT_BUFFER_FILE = "rollout_buffer.pt"  # the rollouts generated ahead (async), saved with the checkpoint
+NEXT_ROLLOUT_FILE = "next_rollout.pt"  # what checkpoints before the rollout buffer saved instead: one rollout
 
 
-def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, next_rollout, sampler,
-                    running_stats, old_logprobs: OldLogprobChoice, critic: Optional[Cluster] = None) -> str:
-    """The trainer ranks' state (and the critic's, PPO), the rollout generated ahead (async) and the driver's state (sampler,
-    running reward stats, where old log-probs come from); written to a temporary folder, fsynced,
-    renamed into place (`roll_gspo.lifecycle.checkpoint`). Returns the folder."""
+def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, buffered: List[Batch],
+                     driver_state: dict, critic: Optional[Cluster] = None) -> str:
+    """The trainer ranks' state (and the critic's, PPO), the rollouts generated ahead (async) and the
+    driver's state (`driver_state`: the source's sampler and running reward stats, where old
+    log-probs come from); written to a temporary folder, fsynced, renamed into place
+    (`roll_gspo.lifecycle.checkpoint`). Returns the folder."""
     output_dir = checkpoint_base(cfg)
     folder = begin_checkpoint(output_dir, step)
     try:
         actor_train.execute_all("save_checkpoint", folder)
         if critic is not None:  # in its own subfolder (roll_gspo.workers.critic)
             critic.execute_all("save_checkpoint", folder)
-        if next_rollout is not None:  # async: its prompts are drawn already, its weights gone
-            torch.save(next_rollout, os.path.join(folder, NEXT_ROLLOUT_FILE))
+        if buffered:  # async: their prompts are drawn already, the weights that sampled them gone
+            torch.save(buffered, os.path.join(folder, ROLLOUT_BUFFER_FILE))
     except WorkerDiedError:
         discard(folder)
         raise
@@ -43,24 +46,16 @@ def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, ne
         message = checkpoint_failure(output_dir, step, exc)
         discard(folder)
         raise CheckpointError(message) from exc
-    state = {"step": step, "sampler": sampler.state_dict() if sampler is not None else None,
-             "running_stats": running_stats.state_dict() if running_stats else None,
-             "old_logprob_source": old_logprobs.source}
-    return commit_checkpoint(folder, state, output_dir, step, cfg.save_total_limit)
+    return commit_checkpoint(folder, {"step": step, **driver_state}, output_dir, step, cfg.save_total_limit)
 
 
-def restore_trainer_and_data(folder: str, actor_train: Cluster, sampler, running_stats,
-                             critic: Optional[Cluster] = None) -> dict:
-    """Load the trainer ranks' state (and the critic's, PPO) and the sampler's and running reward stats' from `folder`;
-    returns the driver state saved there (its `step` is the last one done)."""
+def restore_trainer(folder: str, actor_train: Cluster, critic: Optional[Cluster] = None) -> dict:
+    """Load the trainer ranks' state (and the critic's, PPO) from `folder`; returns the driver state
+    saved there (its `step` is the last one done)."""
     state = read_state(folder)
     actor_train.execute_all("load_checkpoint", folder)
     if critic is not None:
         critic.execute_all("load_checkpoint", folder)
-    if sampler is not None:  # the agentic pipeline has no prompt data: its env seeds follow the step
-        sampler.load_state_dict(state["sampler"])
-    if running_stats is not None and state.get("running_stats"):
-        running_stats.load_state_dict(state["running_stats"])
     return state
 
 
@@ -72,12 +67,14 @@ def resumed_old_logprobs(choice: OldLogprobChoice, state: dict, step: int) -> Ol
     return choice
 
 
-def load_next_rollout(folder: str, default=None):
-    """async: the rollout generated ahead (by older weights) that was saved with the checkpoint,
-    `default` when there is none."""
+def load_buffered(folder: str) -> List[Batch]:
+    """async: the rollouts generated ahead (by older weights) that were saved with the checkpoint,
+    oldest first; a checkpoint from before the rollout buffer holds one as `next_rollout.pt`."""
+    if os.path.exists(os.path.join(folder, ROLLOUT_BUFFER_FILE)):
+        return torch.load(os.path.join(folder, ROLLOUT_BUFFER_FILE), weights_only=False)
     if os.path.exists(os.path.join(folder, NEXT_ROLLOUT_FILE)):
-        return torch.load(os.path.join(folder, NEXT_ROLLOUT_FILE), weights_only=False)
-    return default
+        return [torch.load(os.path.join(folder, NEXT_ROLLOUT_FILE), weights_only=False)]
+    return []
 
 
 def checkpoint_due(cfg: PipelineConfig, step: int, stop: GracefulStop) -> bool:

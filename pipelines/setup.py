@@ -1,6 +1,6 @@
-"""Setting up an RLVR run before its first step: the prompts and the reward block that scores each
-data domain, and the Ray clusters of its roles (actor_train, actor_infer, reference, one per reward
-block), placed on the GPUs their `device_mapping` reserves."""
+"""Setting up a run before its first step: the prompts and the reward block that scores each data
+domain (RLVR), and the Ray clusters of its roles (actor_train, actor_infer, reference, critic, one per
+reward block), placed on the GPUs their `device_mapping` reserves."""
 from __future__ import annotations
 
 import dataclasses
@@ -71,7 +71,7 @@ def log_colocation(cfg: PipelineConfig) -> bool:
 
 
 @dataclasses.dataclass
-class RLVRClusters:
+class RunClusters:
     """The started roles of a run, and the GPU reservation they are placed in (None without any
     `device_mapping`)."""
     placement: Optional[GpuPlacement]
@@ -82,7 +82,7 @@ class RLVRClusters:
     critic: Optional[Cluster] = None  # PPO (adv_estimator: gae): the value model's ranks
 
 
-def start_clusters(cfg: PipelineConfig) -> RLVRClusters:
+def start_clusters(cfg: PipelineConfig) -> RunClusters:
     """Start Ray, reserve the mapped GPUs, and create and set up every role's cluster (the rollout
     engine first when it shares GPUs)."""
     from roll_gspo.workers.actor_infer import ActorInferWorker
@@ -134,4 +134,4 @@ def start_clusters(cfg: PipelineConfig) -> RLVRClusters:
     for group in (first, [c for c in clusters if c not in first]):
         ray.get([ref for c in group for ref in c.setup_async()])  # the roles of a group load in parallel
     logger.info("workers ready in %.1f s", time.perf_counter() - start)
-    return RLVRClusters(placement, actor_train, actor_infer, reference, rewards, critic)
+    return RunClusters(placement, actor_train, actor_infer, reference, rewards, critic)

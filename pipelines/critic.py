@@ -18,6 +18,7 @@ CRITIC_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mas
 
 
 def critic_view(batch: Batch) -> Batch:
+    """Only the tensors the critic's ranks read."""
     return Batch({k: v for k, v in batch.tensors.items() if k in CRITIC_TENSORS})
 
 

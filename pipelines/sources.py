@@ -1,0 +1,119 @@
+"""What a `TrainerLoop` trains on and where it comes from: a `Rollout` (one step's samples, their
+rewards as a future, the source's metrics, the weight versions that sampled them) and the
+`RolloutSource` contract a pipeline's producer of rollouts fulfils (prompt groups for RLVR,
+episodes for agentic runs)."""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from roll_gspo.distributed.batch import Batch
+from roll_gspo.models.causal_lm import build_sequences
+
+_NOT_STARTED = object()
+
+
+class RewardFuture:
+    """A rollout's rewards: scoring starts once (`start` may be called any number of times; the
+    loop calls it right after sending its first log-prob pass, so the CPU reward workers score
+    meanwhile) and its result is awaited once (`result`: the reward metrics; the scores are in the
+    rollout's batch by then)."""
+
+    def __init__(self, start: Optional[Callable[[], Any]], finish: Callable[[Any], Dict[str, float]]):
+        self._start, self._finish = start, finish
+        self._pending: Any = _NOT_STARTED
+        self._awaited = False
+
+    @classmethod
+    def ready(cls, metrics: Callable[[], Dict[str, float]] = dict) -> "RewardFuture":
+        """Rewards known already (scored while sampling, or the environments'): nothing to start;
+        `metrics` is evaluated when the result is awaited."""
+        return cls(None, lambda _: metrics())
+
+    @property
+    def started(self) -> bool:
+        """Whether scoring has been started (always, once the result was awaited)."""
+        return self._pending is not _NOT_STARTED
+
+    def start(self) -> None:
+        """Start scoring, unless it has been started already."""
+        if not self.started:
+            self._pending = self._start() if self._start is not None else None
+
+    def result(self) -> Dict[str, float]:
+        """Wait for the scores (starting them if nobody has); returns the reward metrics. Once."""
+        if self._awaited:
+            raise RuntimeError("a rollout's rewards are awaited once; this one was already")
+        self.start()
+        self._awaited = True
+        return self._finish(self._pending)
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One step's samples as a source produced them: `batch` holds the trainer's tensors (input_ids,
+    attention_mask (B, P+T); prompt_lengths (B,); response_mask, rollout_log_probs (B, T)) and the
+    rows' meta; `rewards` fills its `scores` (B,) when awaited."""
+    batch: Batch
+    rewards: RewardFuture
+    metrics: Dict[str, float]  # the source's own: data/* (prompt groups), traj/* (episodes)
+    weight_versions: List[int]  # per row: the pipeline step whose weights sampled it
+    trainable: bool = True  # False: not one generated token to train on, the step is skipped
+
+
+class RolloutSource(abc.ABC):
+    """Produces what a `TrainerLoop` trains on: one `Rollout` per step, the validation and the
+    advantage estimate of its kind of samples, and the state a checkpoint keeps of it."""
+
+    @abc.abstractmethod
+    def connect(self, clusters) -> None:
+        """The started clusters (`pipelines.setup.RunClusters`): the rollout engine and reward workers."""
+
+    @abc.abstractmethod
+    def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
+        """`step`'s rollout, sampled now by the rollout engine's current weights."""
+
+    def start_ahead(self, step: int) -> Any:
+        """Start sampling `step`'s rollout without waiting for it (a buffer of depth 1); returns what
+        `finish_ahead` takes."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate ahead")
+
+    def finish_ahead(self, started: Any) -> Rollout:
+        """Wait for the rollout `start_ahead` started."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate ahead")
+
+    def restore(self, batch: Batch) -> Rollout:
+        """A rollout generated ahead again from the batch a checkpoint saved of it."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate ahead")
+
+    @abc.abstractmethod
+    def advantages(self, batch: Batch) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """(B, T) advantages of a scored batch (with log-probs, and the critic's `values` for PPO),
+        and their metrics."""
+
+    @abc.abstractmethod
+    def step_metrics(self, rollout: Rollout, step_seconds: float) -> Dict[str, float]:
+        """The source's metrics of a finished step (lengths, throughput, data position)."""
+
+    @abc.abstractmethod
+    def validate(self, step: int) -> Dict[str, float]:
+        """The `val/*` metrics at `step` (empty when the run has no validation)."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What a checkpoint keeps of the source (its prompt sampler, running reward statistics)."""
+        return {"sampler": None, "running_stats": None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Back to where `state` (a checkpoint's driver state) was."""
+
+
+def add_sequence_tensors(batch: Batch, pad_id: int) -> None:
+    """The trainer's tensors of prompts and their responses: input_ids, attention_mask (B, P+T),
+    prompt_lengths (B,), response_mask (B, T)."""
+    input_ids, attention, prompt_lengths, response_mask = build_sequences(
+        batch["prompt_ids"], batch["response_ids"], pad_id)
+    batch["input_ids"], batch["attention_mask"] = input_ids, attention
+    batch["prompt_lengths"], batch["response_mask"] = prompt_lengths, response_mask

@@ -1,0 +1,291 @@
+"""The trainer loop every RL pipeline runs: it takes each step's rollout from a source (prompt groups
+for RLVR, episodes for agentic runs; `pipelines.sources`), scores it with the reference and the old
+policy, estimates advantages, trains ppo_epochs x mini-batches, syncs the new weights into the
+rollout engine, and around the steps: validation, checkpoints, metrics, the final model.
+
+With `async_generation_ratio: 1` the rollout buffer between source and loop is one step deep
+(`pipelines.rollout_buffer`): the rollout engine generates step N+1's responses while step N scores
+and trains; they are sampled by the weights of step N-1, and the importance ratio's old log-probs
+are the rollout engine's own (the policy that sampled them).
+
+Setting up (Ray clusters) lives in `pipelines.setup`; saving, resuming and ending a run in
+`pipelines.checkpoint`; PPO's critic in `pipelines.critic`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Callable, Dict, List, Optional
+
+from roll_gspo.config import PipelineConfig
+from roll_gspo.config.async_rollout import generates_ahead
+from roll_gspo.config.roll_compat import checkpoint_base
+from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+from roll_gspo.distributed.batch import Batch
+from roll_gspo.lifecycle.checkpoint import resolve_resume
+from roll_gspo.lifecycle.graceful_stop import GracefulStop
+from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
+from roll_gspo.models.moe_routing import folder_is_moe
+
+from pipelines.checkpoint import (announce_stop, checkpoint_due, load_buffered, restore_trainer, resumed_old_logprobs,
+    save_final_model, write_checkpoint)
+from pipelines.common import prepare_models, progress_bar, timed
+from pipelines.critic import actor_trains, collect_values, critic_view, start_values
+from pipelines.rollout_buffer import RolloutBuffer
+from pipelines.setup import log_colocation, start_clusters
+from pipelines.sources import RewardFuture, Rollout, RolloutSource, add_sequence_tensors
+
+logger = logging.getLogger("roll_gspo")
+TRAINER_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "old_log_probs",
+                   "advantages", "ref_log_probs", "rollout_log_probs", "loss_mask",
+                   "routed_experts")
+
+
+class TrainerLoop:
+    """Owns the clusters and trains on what `source` produces: log-prob passes, advantages (the
+    source's estimate), train and sync, checkpoints, metrics, the run loop."""
+
+    def __init__(self, cfg: PipelineConfig, make_source: Callable[[PipelineConfig, object], RolloutSource]):
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        prepare_models(cfg, ["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else []))
+        self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
+        self.old_logprobs = choose_old_logprob_source(
+            cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
+        logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
+        self.source = make_source(cfg, self.tokenizer)  # its data (or environments), before any worker starts
+        self.buffer = RolloutBuffer(self.source, depth=1 if generates_ahead(cfg) else 0, last_step=cfg.max_steps)
+        self.start_step = 0
+        self.stopped_by = None  # the signal that stopped run() early, if one did
+        self.offload = log_colocation(cfg)
+        # Workers: Ray, the GPU reservation, one cluster per role (then the checkpoint, if resuming).
+        clusters = start_clusters(cfg)
+        self.placement, self.actor_train, self.actor_infer = (clusters.placement, clusters.actor_train,
+                                                              clusters.actor_infer)
+        self.reference, self.rewards = clusters.reference, clusters.rewards
+        self.critic = clusters.critic  # PPO (adv_estimator: gae): the value model's ranks; None otherwise
+        self.source.connect(clusters)
+        if self.resume_dir:
+            self._load_checkpoint(self.resume_dir)
+        elif cfg.actor_train.model_args.adapter_name_or_path:  # the rollout engine starts from the base model
+            self.sync_weights(version=0)
+
+    # -- one step -----------------------------------------------------------------------------------
+    def step(self, step: int) -> Dict[str, float]:
+        """One RL iteration, in the algorithm's order:
+
+        1. the rollout (the source's samples; async: generated during the last step, the next starts);
+        2. shared GPUs: the rollout engine offloads, freeing its memory for the passes below;
+        3. log-probs of the responses: the reference's (a KL term) and the old policy's (the
+           trainer's pass, or the rollout engine's own); the reward workers score meanwhile;
+           PPO: the critic's values, scored beside them;
+        4. the rewards, then advantages (the source's estimate: per group, GAE, per trajectory or turn);
+        5. train ppo_epochs x mini-batches (PPO: the critic each step, the actor after critic_warmup steps);
+        6. every model_update_frequency steps, the new weights into the rollout engine;
+        7. the step's metrics.
+        """
+        timings: Dict[str, float] = {}
+        rollout = self.buffer.take(step, timings)
+        batch, metrics = rollout.batch, dict(rollout.metrics)
+        if not rollout.trainable:
+            return {**metrics, **self._step_metrics(step, rollout, timings)}
+        if self.offload:
+            with timed(timings, "offload"):
+                metrics.update(_mean_over_ranks(self.actor_infer.execute_all("offload_states")))
+        value_calls = start_values(self.critic, batch) if self.critic is not None else None
+        self._score_log_probs(batch, rollout.rewards, timings)
+        with timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
+            reward_metrics = rollout.rewards.result()
+        if value_calls is not None:
+            with timed(timings, "values"):  # what is left of the critic's pass
+                batch["values"] = collect_values(self.critic, value_calls)
+        with timed(timings, "advantages"):
+            batch["advantages"], adv_metrics = self.source.advantages(batch)
+        train_metrics, sync_metrics = self._train_and_sync(step, batch, timings)
+        return {**reward_metrics, **metrics, **adv_metrics, **train_metrics, **sync_metrics,
+                **self._step_metrics(step, rollout, timings)}
+
+    # -- the step's phases --------------------------------------------------------------------------
+    def _score_log_probs(self, batch: Batch, rewards: RewardFuture, timings: Dict[str, float]) -> None:
+        """Adds `ref_log_probs` (with a reference) and `old_log_probs` (and MoE `routed_experts`) to
+        the batch. The rewards start right after the first pass is sent, so that both run at once."""
+        view = self._view(batch)  # both passes read the same tensors
+        if self.reference is not None:
+            with timed(timings, "reference"):
+                calls = self.reference.dispatch_async("compute_log_probs", view)
+                rewards.start()
+                batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
+        elif self.cfg.needs_reference_log_probs():  # LoRA: the reference is the trainer without its adapter
+            with timed(timings, "reference"):
+                calls = self.actor_train.dispatch_async("compute_log_probs", view, adapter_disabled=True)
+                rewards.start()
+                batch["ref_log_probs"] = self.actor_train.collect(calls)["ref_log_probs"]
+        if self.old_logprobs.source == "trainer":
+            with timed(timings, "old_log_probs"):
+                calls = self.actor_train.dispatch_async("compute_log_probs", view)
+                rewards.start()
+                scored = self.actor_train.collect(calls)
+                batch["old_log_probs"] = scored["old_log_probs"]
+                if "routed_experts" in scored:  # MoE: the experts the old policy chose (replay, volatility)
+                    batch["routed_experts"] = scored["routed_experts"]
+        else:  # the rollout engine's log-probs are the trainer's (choose_old_logprob_source): no pass
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+
+    def _train_and_sync(self, step: int, batch: Batch, timings: Dict[str, float]):
+        """Train on the batch and, when due, sync the new weights into the rollout engine (within
+        the train call when generation is synchronous; async: once the rollout generated ahead is
+        complete). Returns the training metrics and the sync's (`sync/*`, empty without one)."""
+        cfg = self.cfg
+        sync_due = step % cfg.model_update_frequency == 0
+        train_actor = actor_trains(cfg, step)  # PPO: not during critic_warmup
+        sync_in_train = sync_due and not self.buffer.depth and train_actor
+        with timed(timings, "train"):
+            critic_calls = (self.critic.dispatch_async("train_step", critic_view(batch)) if self.critic is not None
+                            else None)
+            # With a sync due, the ranks send the new weights to the rollout ranks at the end of the
+            # same call (one driver round trip less); its own time is the `sync` phase.
+            per_rank = self.actor_train.dispatch("train_step", self._view(batch), weight_version=step,
+                                                 sync_to=self.actor_infer.workers if sync_in_train else None
+                                                 ) if train_actor else None
+            critic_metrics = _mean_over_ranks(self.critic.collect(critic_calls)) if critic_calls else {}
+        train_metrics, sync_metrics = _split_sync_metrics(per_rank) if per_rank else ({}, {})
+        train_metrics.update(critic_metrics)
+        self._follow_logprob_gap(step, train_metrics.get("rollout/logprob_gap"))
+        self.buffer.fill(timings)  # async: the rollout being generated completes before the engine takes new weights
+        if sync_due and not sync_in_train:
+            sync_metrics = self.sync_weights(version=step)
+        if sync_due:
+            timings["sync"] = sync_metrics["sync/seconds"]
+            timings["train"] -= timings["sync"] if sync_in_train else 0.0
+        return train_metrics, sync_metrics
+
+    def _step_metrics(self, step: int, rollout: Rollout, timings: Dict[str, float]) -> Dict[str, float]:
+        """Phase times, rollout staleness, where old log-probs came from, and the source's own."""
+        step_seconds = sum(timings.values())
+        return {
+            **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": step_seconds,
+            # Steps between the weights that sampled this rollout and those it trains (step - 1).
+            "rollout/staleness": float(step - 1 - min(rollout.weight_versions)),
+            "rollout/weight_version": float(min(rollout.weight_versions)),
+            "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
+            **self.source.step_metrics(rollout, step_seconds)}
+
+    def _follow_logprob_gap(self, step: int, gap) -> None:
+        """auto outside fp32: the rollout engine's old log-probs while the measured trainer-rollout
+        gap (first mini-batch, before any update) stays below the threshold, the trainer's otherwise."""
+        choice = self.old_logprobs
+        if choice.max_gap is None or gap is None:
+            return
+        wanted = "rollout" if gap < choice.max_gap else "trainer"
+        if wanted != choice.source:
+            reason = (f"auto: the mean trainer-rollout gap at step {step} is {gap:.3g}, "
+                      f"{'below' if wanted == 'rollout' else 'above'} old_logprob_auto_max_gap = {choice.max_gap:g}")
+            self.old_logprobs = dataclasses.replace(choice, source=wanted, reason=reason)
+            logger.info("old log-probs from the %s from step %d on (%s)", wanted, step + 1, reason)
+
+    # -- trainer tensors, weight sync ----------------------------------------------------------------
+    def _add_sequence_tensors(self, batch: Batch) -> None:
+        """The trainer's tensors of a batch of prompts and responses (what a test or benchmark scores)."""
+        add_sequence_tensors(batch, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+
+    def _view(self, batch: Batch) -> Batch:
+        """Only the tensors the training/reference ranks read (less to serialise)."""
+        return Batch({k: v for k, v in batch.tensors.items() if k in TRAINER_TENSORS})
+
+    def sync_weights(self, version: Optional[int] = None) -> Dict[str, float]:
+        """The trainer's weights (those of pipeline step `version`; None keeps the rollout ranks'
+        stamp) into every rollout rank."""
+        results = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)
+        return results[0]
+
+    # -- checkpoints, the loop ----------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> str:
+        """Written to a temporary folder, fsynced, renamed into place (`roll_gspo.lifecycle.checkpoint`)."""
+        return write_checkpoint(self.cfg, self.actor_train, step, buffered=self.buffer.batches(),
+                                driver_state={**self.source.state_dict(),
+                                              "old_logprob_source": self.old_logprobs.source},
+                                critic=self.critic)
+
+    def _load_checkpoint(self, folder: str) -> None:
+        """The trainer's state, the source's and the rollouts generated ahead, from `folder`; the
+        rollout engine then holds the trainer's weights."""
+        state = restore_trainer(folder, self.actor_train, critic=self.critic)
+        self.source.load_state_dict(state)
+        self.start_step = int(state["step"])
+        self.old_logprobs = resumed_old_logprobs(self.old_logprobs, state, self.start_step)  # where the gap had led
+        self.sync_weights(version=self.start_step)  # the rollout engine starts from `pretrain`
+        self.buffer.restore(load_buffered(folder))
+        logger.info("resumed from %s at step %d", folder, self.start_step)
+
+    def run(self) -> Dict[str, float]:
+        """The step loop. SIGTERM / SIGINT: the step in progress finishes, a checkpoint is saved
+        and run returns (a second signal stops at once)."""
+        cfg = self.cfg
+        tracker = MetricsTracker(cfg.output_dir, cfg.logging_dir, cfg.track_with, cfg.tracker_kwargs,
+                                 resume_step=self.start_step if self.resume_dir is not None else None,
+                                 exp_name=cfg.exp_name, config=dataclasses.asdict(cfg))
+        last: Dict[str, float] = {}
+        try:
+            with GracefulStop() as stop:
+                if cfg.eval_steps and self.start_step == 0:
+                    first = self.source.validate(0)
+                    tracker.log(0, first)
+                    logger.info(MetricsTracker.console_line(0, cfg.max_steps, first))
+                with progress_bar(range(self.start_step + 1, cfg.max_steps + 1), cfg.exp_name) as steps:
+                    for step in steps:
+                        metrics = self.step(step)
+                        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+                            metrics.update(self.source.validate(step))
+                        tracker.log(step, metrics)
+                        if step % cfg.logging_steps == 0 or step == cfg.max_steps:
+                            logger.info(MetricsTracker.console_line(step, cfg.max_steps, metrics))
+                        last = metrics
+                        if checkpoint_due(cfg, step, stop):
+                            folder = self.save_checkpoint(step)
+                        if stop.requested and step < cfg.max_steps:
+                            self.stopped_by = stop.requested
+                            announce_stop(stop.requested, step, cfg.max_steps, folder)
+                            break
+            if self.stopped_by is None:
+                save_final_model(cfg, self.actor_train)
+        finally:
+            tracker.close()
+        plot_metrics(tracker.path, os.path.join(cfg.output_dir, "metrics.png"), cfg.exp_name)
+        return last
+
+    def shutdown(self) -> None:
+        """Every cluster's ranks, then the GPU reservation."""
+        clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
+        for cluster in clusters:
+            if cluster is not None:
+                cluster.shutdown()
+        if self.placement is not None:
+            self.placement.shutdown()
+
+
+def run_loop(cfg: PipelineConfig, make_source: Callable[[PipelineConfig, object], RolloutSource]) -> Dict[str, float]:
+    """Train on `make_source`'s rollouts until max_steps (or a stop signal); the last step's metrics."""
+    loop = TrainerLoop(cfg, make_source)
+    try:
+        return loop.run()
+    finally:
+        loop.shutdown()
+
+
+def _split_sync_metrics(per_rank: List[Dict[str, float]]):
+    """Training metrics merged over ranks, and the weight sync's (`sync/*`) as rank 0, the
+    sender, measured them (empty without a sync)."""
+    train = [{k: v for k, v in metrics.items() if not k.startswith("sync/")} for metrics in per_rank]
+    return _mean_over_ranks(train), {k: v for k, v in per_rank[0].items() if k.startswith("sync/")}
+
+
+def _mean_over_ranks(per_rank: List[Dict[str, float]]) -> Dict[str, float]:
+    """Means of per-rank metrics; extremes (`*_min`, `*_max`) stay extremes."""
+    merged = {}
+    for key in per_rank[0]:
+        values = [r[key] for r in per_rank]
+        merged[key] = min(values) if key.endswith("_min") else max(values) if key.endswith("_max") else sum(values) / len(values)
+    return merged
