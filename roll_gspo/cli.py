@@ -81,14 +81,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.dry_run:
+        from roll_gspo.config.plan import build_run_plan, freeze_config
+
+        freeze_config(cfg)  # nothing below changes the config: what it decides is the plan
+        plan = build_run_plan(cfg)
+        print(plan.text())
         placed = _placement_plan_fits(cfg, args)
         if not (_host_plan_fits(cfg, args) and placed):
             return 1
-        if cfg.pipeline == "agentic":
+        if plan.pipeline == "agentic":
             from roll_gspo.agentic.episodes import describe_episodes
 
             print("\n".join(describe_episodes(cfg)))
-        print(f"dry run: config {args.config!r} is valid ({cfg.pipeline} pipeline, "
+        print(f"dry run: config {args.config!r} is valid ({plan.pipeline} pipeline, "
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
         return 0
     from pipelines import run_pipeline_from_config

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Optional
 
 from roll_gspo.placement.memory import ModelShape, shape_of_model_folder
+from roll_gspo.schema.config import PipelineConfig, install_policy_size_reader
 
 
-def policy_shape(cfg) -> Optional[ModelShape]:
+def policy_shape(cfg: PipelineConfig) -> Optional[ModelShape]:
     """The policy's shape (actor_train's model): its folder's config.json, or a built-in's
     registered config (known before it is built); None when neither says."""
     name = cfg.actor_train.model_args.model_name_or_path or ""
@@ -17,3 +18,12 @@ def policy_shape(cfg) -> Optional[ModelShape]:
         config = builtin_model_config(name)
         return ModelShape.from_hf_config(config) if config else None
     return shape_of_model_folder(name)
+
+
+def policy_parameters(cfg: PipelineConfig) -> Optional[int]:
+    """The policy's parameter count when its shape is known (`PipelineConfig.policy_parameters`)."""
+    shape = policy_shape(cfg)
+    return shape.num_parameters() if shape else None
+
+
+install_policy_size_reader(policy_parameters)

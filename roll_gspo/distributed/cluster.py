@@ -17,6 +17,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_gspo.distributed.batch import Batch
+from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.utils.logging import (LOG_DIR_ENV, capture_output, configure_vllm_logging, keep_logs_in_file,
                                      log_path, setup_logging, trace_to_log_file)
 
@@ -33,7 +34,7 @@ DEFAULT_WORKER_ENV = {
 }
 
 
-def worker_env(cfg, role=None) -> Dict[str, str]:
+def worker_env(cfg: PipelineConfig, role: Optional[RoleConfig] = None) -> Dict[str, str]:
     """The environment a role's workers get: a model role's allocator (`memory_allocator`), then
     the top-level `system_envs`, then the role's own."""
     from roll_gspo.distributed.allocator import allocator_env

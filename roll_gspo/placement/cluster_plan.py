@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from roll_gspo.placement.memory import (GIB, MARGIN, ModelShape, frozen_memory, rollout_memory,
                                          lora_parameters, shape_of_model_folder, training_memory)
 from roll_gspo.placement.weight_routes import DevicePlace, WeightRouteError, route_lines, weight_routes
+from roll_gspo.schema.config import PipelineConfig
 
 PHASES = ("rollout", "train")
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's own default for gpu_memory_utilization
@@ -203,7 +204,7 @@ def _ranges(values: List[int]) -> str:
 # --------------------------------------------------------------------------------------------
 # Building the plan
 # --------------------------------------------------------------------------------------------
-def gpu_roles(cfg) -> Dict[str, Any]:
+def gpu_roles(cfg: PipelineConfig) -> Dict[str, Any]:
     """The roles the pipeline starts, by the key that configures them (SFT: the trainer alone;
     rlvr and agentic: the trainer, the rollout engine and the reference when a KL term needs it)."""
     if not cfg.has_rollout():
@@ -211,7 +212,7 @@ def gpu_roles(cfg) -> Dict[str, Any]:
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
     if cfg.needs_reference():
         roles["reference"] = cfg.reference
-    if getattr(cfg, "uses_critic", lambda: False)():
+    if cfg.uses_critic():
         roles["critic"] = cfg.critic
     return roles
 
@@ -221,7 +222,7 @@ def gpus_per_rank(role) -> float:
     return float(role.num_gpus_per_worker or 0)
 
 
-def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) -> ClusterPlan:
+def plan_cluster(cfg: PipelineConfig, cluster: ClusterSpec, shape: Optional[ModelShape] = None) -> ClusterPlan:
     """Place every rank of the config's roles on `cluster` and estimate each device's memory.
     `shape` defaults to the actor model folder's config.json (none: placement only)."""
     from roll_gspo.placement.device_mapping import PlacementError, assign_node_indices, plan_for_roles, reward_roles
@@ -302,7 +303,7 @@ def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) 
                 placed[name].append(spot)
     cpu_ranks = [f"{name} {role.world_size} x {role.num_cpus_per_worker:g} CPU" for name, role in roles.items()
                  if name not in placed]
-    for domain, reward in (cfg.rewards.items() if getattr(cfg, "pipeline", "rlvr") == "rlvr" else []):
+    for domain, reward in (cfg.rewards.items() if cfg.pipeline == "rlvr" else []):
         if reward.device_mapping is not None:  # ROLL's judge GPUs, where the mapping says
             placed[f"rewards.{domain}"] = [[(where[s.node_index], g % npn) for g in s.gpus]
                                            for s in mapped.slots[f"rewards.{domain}"]]
@@ -337,7 +338,7 @@ def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) 
         problems += _too_small(nodes, devices, roles, placed, cluster)
         cpus_needed = (sum(r.world_size * r.num_cpus_per_worker for r in roles.values())
                        + sum(r.world_size * r.num_cpus_per_worker for r in
-                             (cfg.rewards.values() if getattr(cfg, "pipeline", "rlvr") == "rlvr" else [])))
+                             (cfg.rewards.values() if cfg.pipeline == "rlvr" else [])))
         cpus_have = [n.cpus for n in cluster.nodes or []]
         if cpus_have and None not in cpus_have and sum(cpus_have) + 1e-6 < cpus_needed:
             problems.append(f"the cluster is too small: the roles reserve {cpus_needed:g} CPUs "
@@ -347,7 +348,7 @@ def plan_cluster(cfg, cluster: ClusterSpec, shape: Optional[ModelShape] = None) 
     return ClusterPlan(cluster, nodes, devices, cpu_ranks, problems, notes, routes, route_problems)
 
 
-def _weight_sync_routes(cfg, roles, placed: Dict[str, List[List[Tuple[int, int]]]],
+def _weight_sync_routes(cfg: PipelineConfig, roles, placed: Dict[str, List[List[Tuple[int, int]]]],
                         cpu_node: Optional[int]) -> Tuple[List[str], List[str]]:
     """(printable lines, problems): the route of each rollout rank's weights from actor_train rank 0,
     decided by `weight_routes` from the planned devices as the run decides from the real ones.
@@ -381,11 +382,11 @@ def _weight_sync_routes(cfg, roles, placed: Dict[str, List[List[Tuple[int, int]]
             + ["  " + line for line in route_lines(routes)]), []
 
 
-def weight_route_problems(cfg) -> List[str]:
+def weight_route_problems(cfg: PipelineConfig) -> List[str]:
     """`weight_sync_transport: collective` where the planned placement has a rollout worker the
     collective cannot reach (on the sender's GPU, say): refused before any worker starts. The
     placement is the plan's on a cluster of num_gpus_per_node-GPU nodes (config validated)."""
-    if getattr(cfg, "pipeline", "rlvr") != "rlvr" or cfg.weight_sync_transport != "collective":
+    if cfg.pipeline != "rlvr" or cfg.weight_sync_transport != "collective":
         return []
     return plan_cluster(cfg, ClusterSpec(max(cfg.num_gpus_per_node, 1))).route_problems
 
@@ -407,7 +408,7 @@ def _first_fit(share: float, nodes: List[NodeSpec], devices: Dict[Tuple[int, int
     return None
 
 
-def _occupant(cfg, name: str, role, rank: int, tp_rank: int, tp: int, shape: Optional[ModelShape],
+def _occupant(cfg: PipelineConfig, name: str, role, rank: int, tp_rank: int, tp: int, shape: Optional[ModelShape],
               capacity: float) -> Occupant:
     strategy = role.strategy_args.strategy_name
     engine = role.strategy_args.strategy_config or {}
@@ -454,7 +455,7 @@ def _occupant(cfg, name: str, role, rank: int, tp_rank: int, tp: int, shape: Opt
     return occupant
 
 
-def _reward_occupant(cfg, name: str, rank: int, tp_rank: int, tp: int, capacity: float) -> Occupant:
+def _reward_occupant(cfg: PipelineConfig, name: str, rank: int, tp_rank: int, tp: int, capacity: float) -> Occupant:
     """A model-backed reward worker on a GPU, from its own model folder: a vLLM judge claims its
     gpu_memory_utilization and holds weights + KV cache for its share of a batch's verdicts; an
     hf_infer judge or a reward model holds its weights and one scoring pass."""
@@ -492,26 +493,23 @@ def vllm_utilization(name: str, role) -> Tuple[float, str]:
     return VLLM_DEFAULT_UTILIZATION, key + " (vLLM's default)"
 
 
-def _rollout_concurrency(cfg, role) -> int:
+def _rollout_concurrency(cfg: PipelineConfig, role) -> int:
     """Sequences one rollout rank keeps in flight: its part of the batch, at most max_num_seqs."""
     per_rank = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1))
     limit = (role.strategy_args.strategy_config or {}).get("max_num_seqs")
     return min(per_rank, int(limit)) if limit else per_rank
 
 
-def _phase_holdings(cfg, device: Device) -> None:
+def _phase_holdings(cfg: PipelineConfig, device: Device) -> None:
     """What each rank on a device shared with the rollout engine holds while the other role works.
 
     Freeing memory between phases is `is_offload_states` (ROLL's key; null: when actor_infer shares
     a GPU): vLLM sleeps through training (level 1 moves its weights to CPU, level 2 drops them; the
     KV cache goes either way), and actor_train moves its optimizer states and gradients to CPU
     while vLLM generates (its weights too with `offload_train_params`). Without it, every rank
-    holds all of it in both phases and colocated roles add up. The keys are read with getattr: a
-    config from before they existed holds everything."""
+    holds all of it in both phases and colocated roles add up."""
     roles = {o.role for o in device.occupants}
     if "actor_infer" not in roles or len(device.occupants) < 2:
-        return
-    if not hasattr(cfg, "is_offload_states"):  # a config without the colocation keys frees nothing
         return
     offload = cfg.is_offload_states
     if offload is None:
@@ -523,7 +521,7 @@ def _phase_holdings(cfg, device: Device) -> None:
             o.held["train"] = 0.0
             o.what += ", asleep while training"
         elif o.role == "actor_train" and o.parts:
-            o.held["rollout"] = 0.0 if getattr(cfg, "offload_train_params", False) else o.parts.get("weights", 0.0)
+            o.held["rollout"] = 0.0 if cfg.offload_train_params else o.parts.get("weights", 0.0)
             o.what += ", states on CPU while generating"
 
 

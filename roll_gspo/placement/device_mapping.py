@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from roll_gspo.catalog.reward_workers import loads_model, model_workers
+from roll_gspo.schema.config import PipelineConfig
 
 logger = logging.getLogger("roll_gspo.placement")
 PLACEMENT_TIMEOUT_S = float(os.environ.get("ROLL_GSPO_PLACEMENT_TIMEOUT_S", "300"))
@@ -127,17 +128,17 @@ def ranks_of(gpus: Sequence[int], num_gpus_per_worker: int, num_gpus_per_node: i
 GPU_ROLES = ("actor_train", "actor_infer", "reference")
 
 
-def reward_roles(cfg) -> Dict[str, Any]:
+def reward_roles(cfg: PipelineConfig) -> Dict[str, Any]:
     """Each reward block as a placeable role named `rewards.<domain>` (rlvr pipeline; none otherwise)."""
-    if getattr(cfg, "pipeline", "rlvr") != "rlvr":
+    if cfg.pipeline != "rlvr":
         return {}
     return {f"rewards.{domain}": reward for domain, reward in cfg.rewards.items()}
 
 
-def mapped_roles(cfg) -> Dict[str, Any]:
+def mapped_roles(cfg: PipelineConfig) -> Dict[str, Any]:
     """Everything a device_mapping can place: the three roles, the critic (when there is one) and
     the reward blocks."""
-    critic = {"critic": cfg.critic} if getattr(cfg, "critic", None) is not None else {}
+    critic = {"critic": cfg.critic} if cfg.critic is not None else {}
     return {**{name: getattr(cfg, name) for name in GPU_ROLES}, **critic, **reward_roles(cfg)}
 
 
@@ -154,7 +155,7 @@ def _reward_mapping_problem(name: str, reward) -> Optional[str]:
     return None
 
 
-def device_mapping_problems(cfg) -> List[Tuple[str, str]]:
+def device_mapping_problems(cfg: PipelineConfig) -> List[Tuple[str, str]]:
     """Parse each role's (and reward block's) device_mapping (in place, to a list) and derive its
     world_size and whole num_gpus_per_worker; a mapping that cannot split into ranks is a problem:
     (the key it is about, the message)."""

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from roll_gspo.placement.memory import DTYPE_BYTES, GIB, MARGIN, ModelShape, lora_parameters
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.utils.allocator_choice import AUTO_JEMALLOC_MAX_PARAMETERS, auto_uses_jemalloc
 
 # Resident memory of a process before it holds any model state, measured on the test machine
@@ -206,29 +207,29 @@ def frozen_rank_memory(shape: ModelShape, *, dtype: str, tokens: int, logit_toke
 # --------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------
-def uses_gpus(cfg) -> bool:
+def uses_gpus(cfg: PipelineConfig) -> bool:
     """Whether any model role of the run has a GPU (then the device plan applies, not this one)."""
     roles = [cfg.actor_train] + ([cfg.actor_infer] if cfg.has_rollout() else []) + (
         [cfg.reference] if cfg.has_rollout() and cfg.needs_reference() else []) + (
-        [cfg.critic] if getattr(cfg, "uses_critic", lambda: False)() else [])
+        [cfg.critic] if cfg.uses_critic() else [])
     return any(r.num_gpus_per_worker or r.device_mapping is not None for r in roles)
 
 
-def _role_env(cfg, role) -> Dict[str, str]:
-    return {**(getattr(cfg, "system_envs", None) or {}), **(getattr(role, "system_envs", None) or {})}
+def _role_env(cfg: PipelineConfig, role) -> Dict[str, str]:
+    return {**(cfg.system_envs or {}), **(role.system_envs or {})}
 
 
-def _jemalloc(cfg, role, shape: Optional[ModelShape] = None) -> bool:
+def _jemalloc(cfg: PipelineConfig, role, shape: Optional[ModelShape] = None) -> bool:
     """Whether the role's workers run jemalloc (roll_gspo.distributed.allocator decides the same way)."""
     env = _role_env(cfg, role)
     if "LD_PRELOAD" in env:
         return "jemalloc" in env["LD_PRELOAD"]
-    choice = getattr(cfg, "memory_allocator", "auto")
+    choice = cfg.memory_allocator
     return choice == "jemalloc" or (choice == "auto" and auto_uses_jemalloc(
         False, shape.num_parameters() if shape is not None else None))
 
 
-def _unbounded_jemalloc(cfg, role, shape: ModelShape) -> Optional[str]:
+def _unbounded_jemalloc(cfg: PipelineConfig, role, shape: ModelShape) -> Optional[str]:
     """A training rank of a large policy on jemalloc without decay: its growth has no bound to plan."""
     if not _jemalloc(cfg, role, shape) or shape.num_parameters() < AUTO_JEMALLOC_MAX_PARAMETERS:
         return None
@@ -242,7 +243,7 @@ def _unbounded_jemalloc(cfg, role, shape: ModelShape) -> Optional[str]:
             f"system_envs.MALLOC_CONF: dirty_decay_ms:1000,muzzy_decay_ms:0 (measured: 9.73 GiB peak at that setting)")
 
 
-def _kv_cache_bytes(cfg, role) -> float:
+def _kv_cache_bytes(cfg: PipelineConfig, role) -> float:
     value = _role_env(cfg, role).get("VLLM_CPU_KVCACHE_SPACE")
     try:
         return float(int(value)) * GIB if value not in (None, "") else DEFAULT_KV_CACHE_GIB * GIB
@@ -267,7 +268,7 @@ def _zero_stage(role) -> int:
         return 0
 
 
-def _train_estimate(cfg, shape: ModelShape, name: str = "actor_train") -> ProcessEstimate:
+def _train_estimate(cfg: PipelineConfig, shape: ModelShape, name: str = "actor_train") -> ProcessEstimate:
     """A training rank's estimate: actor_train's, or (`name` critic) the critic's, counted as a trainer
     of the policy's shape whose output is one value per token instead of vocabulary-wide logits."""
     role = getattr(cfg, name)
@@ -275,7 +276,7 @@ def _train_estimate(cfg, shape: ModelShape, name: str = "actor_train") -> Proces
     strategy = role.strategy_args.strategy_name
     fsdp = strategy.startswith("fsdp2")
     zero = 3 if fsdp else _zero_stage(role)
-    seq_len = cfg.max_sequence_tokens() if hasattr(cfg, "max_sequence_tokens") else cfg.prompt_length + cfg.response_length
+    seq_len = cfg.max_sequence_tokens()
     response = max(seq_len - cfg.prompt_length, 1) if cfg.pipeline != "sft" else seq_len
     rows = _micro_rows(role, "train", seq_len)
     shard = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(role.world_size, 1)) \
@@ -318,9 +319,9 @@ def _train_estimate(cfg, shape: ModelShape, name: str = "actor_train") -> Proces
                            role.world_size, parts, knobs)
 
 
-def _infer_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
+def _infer_estimate(cfg: PipelineConfig, shape: ModelShape) -> ProcessEstimate:
     role = cfg.actor_infer
-    seq_len = cfg.max_sequence_tokens() if hasattr(cfg, "max_sequence_tokens") else cfg.prompt_length + cfg.response_length
+    seq_len = cfg.max_sequence_tokens()
     if role.strategy_args.strategy_name == "vllm":
         engine = role.strategy_args.strategy_config or {}
         seqs = int(engine.get("max_num_seqs") or VLLM_MAX_NUM_SEQS)
@@ -341,9 +342,9 @@ def _infer_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
                            role.world_size, parts, ["actor_infer.world_size", "rollout_batch_size"])
 
 
-def _reference_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
+def _reference_estimate(cfg: PipelineConfig, shape: ModelShape) -> ProcessEstimate:
     role = cfg.reference
-    seq_len = cfg.max_sequence_tokens() if hasattr(cfg, "max_sequence_tokens") else cfg.prompt_length + cfg.response_length
+    seq_len = cfg.max_sequence_tokens()
     rows = _micro_rows(role, "infer", seq_len)
     parts = frozen_rank_memory(shape, dtype=role.model_args.dtype, tokens=rows * seq_len,
                                logit_tokens=rows * (seq_len - cfg.prompt_length + 1))
@@ -352,7 +353,7 @@ def _reference_estimate(cfg, shape: ModelShape) -> ProcessEstimate:
                            ["reference.infer_batch_size lower", "use_kl_loss: false (no reference process)"])
 
 
-def plan_host_memory(cfg, shape: Optional[ModelShape], host_bytes: float, source: str) -> Optional[HostPlan]:
+def plan_host_memory(cfg: PipelineConfig, shape: Optional[ModelShape], host_bytes: float, source: str) -> Optional[HostPlan]:
     """The host plan of a CPU run (None when a model role uses a GPU: the device plan applies).
     `shape`: the policy's (None: the model roles are not estimated, and the plan says so)."""
     if uses_gpus(cfg):
@@ -368,7 +369,7 @@ def plan_host_memory(cfg, shape: Optional[ModelShape], host_bytes: float, source
             processes.append(_infer_estimate(cfg, shape))
             if cfg.needs_reference():
                 processes.append(_reference_estimate(cfg, shape))
-            if getattr(cfg, "uses_critic", lambda: False)():
+            if cfg.uses_critic():
                 processes.append(_train_estimate(cfg, shape, "critic"))
     for domain, reward in (cfg.rewards.items() if cfg.has_rollout() else []):
         if getattr(getattr(reward, "model_args", None), "model_name_or_path", None):

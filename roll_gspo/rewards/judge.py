@@ -16,12 +16,11 @@ import re
 import time
 from typing import Any, Dict, Optional, Tuple
 
+# The judge's token budget when `generating_args.max_new_tokens` is unset: the schema's default.
+from roll_gspo.schema.config import DEFAULT_JUDGE_MAX_NEW_TOKENS  # noqa: F401
+
 logger = logging.getLogger("roll_gspo.rewards")
 
-# The judge's token budget when `generating_args.max_new_tokens` is unset: the default prompt asks
-# it to think briefly before the verdict line, which 64 tokens (the old default) cut off, scoring
-# the response 0 as `error`.
-DEFAULT_JUDGE_MAX_NEW_TOKENS = 512
 # Share of a batch's verdicts cut at the token budget above which the worker warns.
 TRUNCATED_WARN_FRACTION = 0.2
 
