@@ -175,22 +175,23 @@ def two_node_cluster(tmp_path_factory):
 
 
 def _stop(processes, grace_s=10):
-    """SIGTERM both nodes at once, SIGKILL their process groups after a grace period."""
+    """SIGTERM both `ray start --block` processes at once (each stops its node's processes), then
+    SIGKILL what is left in their process groups after at most a grace period. (SIGTERM sent to
+    the whole groups left the `ray start` processes running: every stop waited out the grace.)"""
     for process in processes:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
     deadline = time.time() + grace_s
     for process in processes:
         try:
             process.wait(timeout=max(deadline - time.time(), 0.1))
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait(timeout=30)
+            pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=30)
 
 
 def _wait_for_nodes(address, count, env, log_path, processes, timeout_s=300):
