@@ -4,7 +4,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TORCH_COMPILE_DISABLE ?= 1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 
-.PHONY: install lint run test test-fast benchmark clean docker-cpu docker-gpu
+.PHONY: install lint typecheck run test test-fast benchmark clean docker-cpu docker-gpu
 
 install:
 	@bash scripts/install.sh
@@ -17,10 +17,14 @@ run: install
 lint:
 	$(PY) -m ruff check
 
-test: install lint
+# mypy over config/, placement/ and the schema (mypy.ini): seconds, after ruff, before any test.
+typecheck:
+	$(PY) -m mypy
+
+test: install lint typecheck
 	$(PY) -m pytest tests -q --durations=25
 
-test-fast: install lint
+test-fast: install lint typecheck
 	$(PY) -m pytest tests -q -m "not e2e"
 
 benchmark: install

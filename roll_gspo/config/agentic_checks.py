@@ -46,8 +46,8 @@ def env_manager_kind(cfg: PipelineConfig) -> str:
     """`traj` or `step`: how the training tags' episodes become samples (all tags agree)."""
     kinds = {ENV_MANAGER_CLASSES.get(cfg.custom_envs[tag].env_manager_cls) for tag in cfg.train_env_manager.tags
              if tag in cfg.custom_envs}
-    kinds.discard(None)
-    return kinds.pop() if len(kinds) == 1 else "traj"
+    known = {kind for kind in kinds if kind is not None}
+    return known.pop() if len(known) == 1 else "traj"
 
 
 def error_penalty(env_cfg: CustomEnvConfig) -> float:
@@ -297,8 +297,9 @@ def agentic_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
             notices.append(notice(path, f"{path} is ignored by the agentic pipeline; what acts is {instead}"))
     # ROLL's defaults differ from GRPO's z-score: say which acted when the YAML leaves them out (a
     # block written whole as one interpolation has no leaves here and counts as written).
-    unset = [k for k in ("grouping", "method") if yaml_keys is not None and f"reward_normalization.{k}" not in yaml_keys]
-    if unset and not (len(unset) == 2 and "reward_normalization" in yaml_keys):
+    written = yaml_keys if yaml_keys is not None else frozenset()
+    unset = [k for k in ("grouping", "method") if yaml_keys is not None and f"reward_normalization.{k}" not in written]
+    if unset and not (len(unset) == 2 and "reward_normalization" in written):
         norm = cfg.reward_normalization
         notices.append(notice("reward_normalization",
                               f"reward_normalization.{' and '.join(unset)} not set: ROLL's default (grouping: "

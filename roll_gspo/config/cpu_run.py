@@ -21,10 +21,11 @@ its `world_size` ranks on CPUs. A config loaded for a GPU cluster is never chang
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from roll_gspo.catalog.reward_workers import loads_model
 from roll_gspo.config.findings import Finding, notice
+from roll_gspo.schema.config import PipelineConfig
 
 SOURCE = "cpu_run"  # the findings' source: settings replaced by what runs on CPUs
 # Megatron-Core runs on CUDA only; DeepSpeed's ranks take its place (roll_compat translates the
@@ -59,10 +60,11 @@ def _placed_on_gpu(role) -> bool:
     return role.device_mapping is not None or bool(role.num_gpus_per_worker)
 
 
-def _roles(cfg) -> Dict[str, object]:
-    """Every block that may start ranks: the three roles, the critic and the reward blocks."""
-    roles = {name: getattr(cfg, name) for name in ("actor_train", "actor_infer", "reference")}
-    if getattr(cfg, "critic", None) is not None:
+def _roles(cfg: PipelineConfig) -> Dict[str, Any]:
+    """Every block that may start ranks: the three roles, the critic and the reward blocks (a
+    RoleConfig or a RewardConfig: the placement keys are the same)."""
+    roles: Dict[str, Any] = {name: getattr(cfg, name) for name in ("actor_train", "actor_infer", "reference")}
+    if cfg.critic is not None:
         roles["critic"] = cfg.critic
     roles.update({f"rewards.{domain}": reward for domain, reward in cfg.rewards.items()})
     return roles

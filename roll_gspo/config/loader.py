@@ -16,7 +16,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -77,7 +77,7 @@ def _search_path_override(path: Path) -> str:
     `deepspeed_zero3@_here_`) and the root that maps ROLL's `../config/` onto configs/."""
     own = []
     try:
-        own = list((OmegaConf.load(path).get("hydra") or {}).get("searchpath") or [])
+        own = list((cast(DictConfig, OmegaConf.load(path)).get("hydra") or {}).get("searchpath") or [])
     except Exception:  # unreadable: Hydra reports it with the file name
         pass
     ours = [f"file://{(REPO_ROOT / 'configs').resolve()}", f"file://{_roll_config_search_root()}"]
@@ -87,7 +87,7 @@ def _search_path_override(path: Path) -> str:
 def hydra_block_problems(path: Path) -> List[Finding]:
     """Problems with the YAML's own `hydra:` block (see roll_compat.hydra_block_problems)."""
     try:
-        block = OmegaConf.to_container(OmegaConf.load(path)).get("hydra")
+        block = _container(OmegaConf.load(path)).get("hydra")
     except Exception:
         return []
     return [dataclasses.replace(p, message=f"{path.name}: {p.message}")
@@ -189,6 +189,12 @@ def interpolation_anchors(raw: Dict[str, Any]) -> Set[str]:
     return {key for key in raw if isinstance(key, str) and key in referenced and key not in schema_keys}
 
 
+def _container(node: Any, resolve: bool = False) -> Dict[str, Any]:
+    """A config node as plain Python: a YAML config's top level is a mapping (OmegaConf's own type
+    allows a list too)."""
+    return cast(Dict[str, Any], OmegaConf.to_container(node, resolve=resolve))
+
+
 def defaults_file_keys(path: Path, raw_cfg: DictConfig) -> Set[str]:
     """Top-level keys the composed config got from its `defaults:` files only (ROLL's
     `../config/traj_envs@_here_` defines anchors for many examples; a given example reads some)."""
@@ -204,12 +210,12 @@ def defaults_file_keys(path: Path, raw_cfg: DictConfig) -> Set[str]:
 
 
 def load_config_dict(raw_cfg: DictConfig,
-                     from_defaults: Set[str] = frozenset()) -> Tuple[PipelineConfig, List[Finding]]:
+                     from_defaults: AbstractSet[str] = frozenset()) -> Tuple[PipelineConfig, List[Finding]]:
     """Strictly check a composed config (interpolations unresolved) and build the dataclass; with
     the notices of the load. `from_defaults`: top-level keys only a `defaults:` file wrote; those
     that are no pipeline key and that nothing interpolates are ROLL's anchors for other examples,
     dropped with one notice."""
-    raw = OmegaConf.to_container(raw_cfg, resolve=False)
+    raw = _container(raw_cfg)
     _normalise_legacy_values(raw)  # before the walk, which would reject a bool here
     roll_compat.normalise_roll_values(raw)
     anchors = {k for k in raw if isinstance(k, str) and (k.startswith("_") or k in roll_compat.DEEPSPEED_ANCHORS)}
@@ -234,7 +240,7 @@ def load_config_dict(raw_cfg: DictConfig,
         defaults["rewards"] = {k: dataclasses.asdict(RewardConfig()) for k in (raw["rewards"] or {})}
     merged = OmegaConf.merge(OmegaConf.create(defaults), raw_cfg)
     try:
-        resolved = OmegaConf.to_container(merged, resolve=True)
+        resolved = _container(merged, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError([f"interpolation failed: {exc}".replace("\n", " ")], notices) from None
     for key in anchors:

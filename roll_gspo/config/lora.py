@@ -457,19 +457,20 @@ def lora_preflight_problems(cfg: PipelineConfig) -> List[str]:
             for name in LORA_KEYS:  # actor_infer follows (it was derived from the keys as written)
                 if cfg.has_rollout() and getattr(infer, name) in (None, getattr(_DEFAULTS, name)):
                     setattr(infer, name, getattr(train, name))
-    if problems:
+    folder, target = train.model_name_or_path, train.lora_target
+    if problems or folder is None or target is None:  # derive filled the folder; the YAML or the adapter the targets
         return problems
-    model = weightless_model(train.model_name_or_path)
+    model = weightless_model(folder)
     if model is None:
         return problems  # the model is built on first use: the trainer checks the same when it loads it
     if any((getattr(model.config, k, None) or 0) > 0 for k in ("num_experts", "num_local_experts", "n_routed_experts")):
         return [f"actor_train.model_args.lora_target: LoRA on a Mixture-of-Experts model "
                 f"({train.model_name_or_path!r}) is not built; train every weight (remove the lora_* keys)"]
     try:
-        selected = resolve_lora_targets(model, train.lora_target, "actor_train.model_args.lora_target")
+        selected = resolve_lora_targets(model, target, "actor_train.model_args.lora_target")
     except ValueError as exc:
         return problems + [str(exc)]
-    if cfg.has_rollout() and infer.lora_target != train.lora_target:
+    if cfg.has_rollout() and infer.lora_target is not None and infer.lora_target != target:
         try:
             theirs = resolve_lora_targets(model, infer.lora_target, "actor_infer.model_args.lora_target")
         except ValueError as exc:

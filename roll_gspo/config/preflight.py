@@ -245,6 +245,6 @@ def preflight(cfg: PipelineConfig) -> None:
         from roll_gspo.config.lora import lora_preflight_problems
 
         problems += [error("actor_train.model_args.lora_target", p) for p in lora_preflight_problems(cfg)]
-    problems = [p for p in problems if p]
-    if problems:
-        raise ConfigError(problems)
+    found = [p for p in problems if p]
+    if found:
+        raise ConfigError(found)

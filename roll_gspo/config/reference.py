@@ -16,10 +16,11 @@ import json
 import re
 import sys
 import typing
-from typing import Any, List
+from typing import Any, List, Optional
 
 from roll_gspo.config.loader import REPO_ROOT, _field_types, _unwrap_optional
 from roll_gspo.config.schema import FSDP2StrategyConfig, PipelineConfig, RewardConfig
+from roll_gspo.schema.config import is_block_type
 
 DOC_PATH = REPO_ROOT / "docs" / "config_reference.md"
 
@@ -145,7 +146,7 @@ def _section(instance: Any, path: str, level: int, title_help: str, note: str = 
         inner, _ = _unwrap_optional(tp)
         full = f"{path}.{field.name}" if path else field.name
         value = getattr(instance, field.name)
-        if dataclasses.is_dataclass(inner):
+        if is_block_type(inner):
             nested.append((field, full, value if value is not None else inner()))  # an optional block
         elif typing.get_origin(inner) is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
             nested.append((field, full, (value, typing.get_args(inner)[1])))
@@ -214,7 +215,7 @@ def _schema_field(path: str):
     return field
 
 
-def _roll_note(path: str, note: str) -> str:
+def _roll_note(path: str, note: Optional[str]) -> str:
     if note:
         return note
     field = _schema_field(path)

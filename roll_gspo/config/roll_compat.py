@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional
 from roll_gspo.catalog.reward_workers import REWARD_WORKERS, loads_model
 from roll_gspo.config.findings import Finding, error, warning
 from roll_gspo.config.registry import check
+from roll_gspo.schema.config import is_block_type
 
 # Top-level blocks of configs/deepspeed_zero*.yaml (ROLL's DeepSpeed presets), composed in by a
 # `defaults:` list: interpolation anchors (`${deepspeed_zero3}`), removed after resolution.
@@ -161,14 +162,14 @@ def _fields(cls: type) -> Dict[str, dataclasses.Field]:
 def _nested(cls: type) -> Dict[str, Any]:
     """Field name -> dataclass type (or ('dict', type) for `rewards`) of nested blocks."""
     hints = typing.get_type_hints(cls)
-    out = {}
+    out: Dict[str, Any] = {}
     for name in _fields(cls):
         tp = hints[name]
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         inner = args[0] if typing.get_origin(tp) in (typing.Union,) and args else tp
-        if dataclasses.is_dataclass(inner):
+        if is_block_type(inner):
             out[name] = inner
-        elif typing.get_origin(inner) is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
+        elif typing.get_origin(inner) is dict and is_block_type(typing.get_args(inner)[1]):
             out[name] = ("dict", typing.get_args(inner)[1])
     return out
 
@@ -243,7 +244,7 @@ def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], probl
     """ROLL keys that act through several of ours."""
     # pg_clip / use_pg_clip_range
     if checked.get("pg_clip") is not None and not checked.get("use_pg_clip_range"):
-        clash = [k for k in ("pg_clip_low", "pg_clip_high")
+        clash: List[str] = [k for k in ("pg_clip_low", "pg_clip_high")
                  if k in written and checked[k] != checked["pg_clip"]]
         if clash:
             problems.append(error("pg_clip", f"pg_clip = {checked['pg_clip']} sets both clip bounds (use_pg_clip_range "
@@ -306,7 +307,7 @@ def apply_verl_rollout_correction(checked: Dict[str, Any], written: Dict[str, An
     if verl.get("rollout_is") is None and verl.get("rollout_rs") is None:
         return
     target = checked.setdefault("train_infer_correction", {})
-    weight = {"enabled": False}
+    weight: Dict[str, Any] = {"enabled": False}
     if verl.get("rollout_is") is not None:
         weight = {"enabled": True, "weight_type": verl["rollout_is"], "upper_bound": verl.get("rollout_is_threshold")}
     filters = []
@@ -319,7 +320,8 @@ def apply_verl_rollout_correction(checked: Dict[str, Any], written: Dict[str, An
                                                                    f"upper bound of the kept weights, > 1)"))
             return
         low = verl.get("rollout_rs_threshold_lower")
-        low = 1.0 / high if low is None and high > 0 else low
+        if low is None:  # a threshold <= 0 is refused with the filter's own check
+            low = 1.0 / high if high > 0 else 0.0
         filters = [{"enabled": True, "agg_type": verl["rollout_rs"], "ratio_enabled": True,
                     "ratio_low": float(low), "ratio_high": float(high), "diff_enabled": False}]
     roll_written = written.get("train_infer_correction")

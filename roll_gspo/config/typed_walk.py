@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from roll_gspo.config import roll_compat
 from roll_gspo.config.findings import Finding, error
 from roll_gspo.config.schema import PipelineConfig
+from roll_gspo.schema.config import is_block_type
 
 
 def _unwrap_optional(tp: Any) -> Tuple[Any, bool]:
@@ -39,9 +40,9 @@ def _schema_paths(cls: type, prefix: str = "") -> List[str]:
         path = f"{prefix}.{name}" if prefix else name
         paths.append(path)
         inner, _ = _unwrap_optional(tp)
-        if dataclasses.is_dataclass(inner):
+        if is_block_type(inner):
             paths += _schema_paths(inner, path)
-        elif typing.get_origin(inner) is dict and dataclasses.is_dataclass(typing.get_args(inner)[1]):
+        elif typing.get_origin(inner) is dict and is_block_type(typing.get_args(inner)[1]):
             block = typing.get_args(inner)[1]
             paths += _schema_paths(block, f"{path}.<{'domain' if block.__name__ == 'RewardConfig' else 'tag'}>")
     return paths
@@ -86,7 +87,7 @@ def _walk(value: Any, tp: Any, path: str, problems: List[Finding], choices: Opti
         if not optional:
             problems.append(error(path, f"{path}: null is not allowed (expected {_type_name(inner)})"))
         return None
-    if dataclasses.is_dataclass(inner):
+    if is_block_type(inner):
         if not isinstance(value, dict):
             problems.append(error(path, f"{path}: expected a mapping of keys, got {type(value).__name__} {value!r}"))
             return value
@@ -137,15 +138,15 @@ def _build(cls: type, values: Dict[str, Any]) -> Any:
             continue
         inner, _ = _unwrap_optional(tp)
         value = values[name]
-        if dataclasses.is_dataclass(inner) and isinstance(value, dict):
+        if is_block_type(inner) and isinstance(value, dict):
             value = _build(inner, value)
         elif typing.get_origin(inner) is dict and isinstance(value, dict):
             _, value_type = typing.get_args(inner)
-            if dataclasses.is_dataclass(value_type):
+            if is_block_type(value_type):
                 value = {k: _build(value_type, v) for k, v in value.items()}
         elif typing.get_origin(inner) is list and isinstance(value, list):
             (item_type,) = typing.get_args(inner)
-            if dataclasses.is_dataclass(item_type):
+            if is_block_type(item_type):
                 value = [_build(item_type, v) if isinstance(v, dict) else v for v in value]
         kwargs[name] = value
     return cls(**kwargs)

@@ -96,7 +96,7 @@ def _range_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     if cfg.weight_sync_timeout_s <= 0:
         problems.append(error("weight_sync_timeout_s",
                               f"weight_sync_timeout_s: must be > 0, got {cfg.weight_sync_timeout_s}"))
-    if cfg.loss_norm_length < 1:
+    if (cfg.loss_norm_length or 0) < 1:  # filled by the derive phase: null became response_length
         problems.append(error("loss_norm_length",
                               f"loss_norm_length: must be >= 1 (null means response_length), got "
                               f"{cfg.loss_norm_length}"))
@@ -158,7 +158,8 @@ def _positive(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None)
     return problems
 
 
-def _model_key(name: str) -> str:
+def _model_key(name: Optional[str]) -> str:
+    name = name or ""  # filled by the derive phase (null follows `pretrain`)
     return name if name.startswith("builtin:") else os.path.realpath(os.path.expanduser(name))
 
 
@@ -304,7 +305,7 @@ def _algorithm_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
                               f"actor_infer.generating_args.num_return_sequences = {gen.num_return_sequences} "
                               f"contradicts num_return_sequences_in_group = {group}; leave it null"))
     for key, generating in (("actor_infer", gen), ("validation", cfg.validation.generating_args)) if rlvr else ():
-        if generating.max_new_tokens > cfg.response_length:
+        if (generating.max_new_tokens or 0) > cfg.response_length:  # null was filled by the derive phase
             problems.append(error(f"{key}.generating_args.max_new_tokens",
                                   f"{key}.generating_args.max_new_tokens = {generating.max_new_tokens} exceeds "
                                   f"response_length = {cfg.response_length}"))

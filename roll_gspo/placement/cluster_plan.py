@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from roll_gspo.placement.memory import (GIB, MARGIN, ModelShape, frozen_memory, rollout_memory,
                                          lora_parameters, shape_of_model_folder, training_memory)
 from roll_gspo.placement.weight_routes import DevicePlace, WeightRouteError, route_lines, weight_routes
-from roll_gspo.schema.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig, RoleConfig
 
 PHASES = ("rollout", "train")
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's own default for gpu_memory_utilization
@@ -168,7 +168,7 @@ class ClusterPlan:
         lines += self.notes
         if capacity and not self.problems:
             fullest = max((d for d in self.devices.values() if d.occupants), key=lambda d: sum(d.peak()), default=None)
-            if fullest is not None and sum(fullest.peak()):
+            if fullest is not None and sum(fullest.peak()) > 0:
                 lines.append(f"memory: fits; fullest device node {fullest.node} GPU {fullest.gpu} at "
                              f"{sum(fullest.peak()) / capacity:.0%} of {capacity / GIB:g} GiB (estimates keep a "
                              f"{1 - MARGIN:.0%} margin)")
@@ -193,18 +193,20 @@ def _parts(parts: Dict[str, float]) -> str:
 
 
 def _ranges(values: List[int]) -> str:
-    groups, start = [], values[0]
+    groups: List[str] = []
+    start = values[0]
     for prev, cur in zip(values, values[1:] + [None]):
-        if cur != prev + 1 if cur is not None else True:
+        if cur is None or cur != prev + 1:
             groups.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = cur
+            if cur is not None:
+                start = cur
     return ", ".join(groups)
 
 
 # --------------------------------------------------------------------------------------------
 # Building the plan
 # --------------------------------------------------------------------------------------------
-def gpu_roles(cfg: PipelineConfig) -> Dict[str, Any]:
+def gpu_roles(cfg: PipelineConfig) -> Dict[str, RoleConfig]:
     """The roles the pipeline starts, by the key that configures them (SFT: the trainer alone;
     rlvr and agentic: the trainer, the rollout engine and the reference when a KL term needs it)."""
     if not cfg.has_rollout():
@@ -212,7 +214,7 @@ def gpu_roles(cfg: PipelineConfig) -> Dict[str, Any]:
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
     if cfg.needs_reference():
         roles["reference"] = cfg.reference
-    if cfg.uses_critic():
+    if cfg.uses_critic() and cfg.critic is not None:
         roles["critic"] = cfg.critic
     return roles
 
@@ -251,6 +253,7 @@ def plan_cluster(cfg: PipelineConfig, cluster: ClusterSpec, shape: Optional[Mode
     except PlacementError as exc:  # validated configs do not get here
         return ClusterPlan(cluster, nodes, devices, [], [str(exc)], [])
     where: Dict[int, int] = {}  # node index -> position in `nodes`
+    slots_of = mapped.slots if mapped is not None else {}
     if mapped is not None:
         needs = {index: (len(gpus), sum(mapped.bundle_cpus(g) for g in gpus))
                  for index, gpus in mapped.node_gpus().items()}
@@ -263,7 +266,7 @@ def plan_cluster(cfg: PipelineConfig, cluster: ClusterSpec, shape: Optional[Mode
             for index in sorted(needs):
                 if chosen[index] is None:
                     chosen[index], spare = spare, spare + 1
-            where = {i: p for i, p in chosen.items()}
+            where = {i: p for i, p in chosen.items() if p is not None}  # every index has a node now
         else:
             where = {index: index for index in needs}
         for name, slots in mapped.slots.items():
@@ -290,7 +293,7 @@ def plan_cluster(cfg: PipelineConfig, cluster: ClusterSpec, shape: Optional[Mode
     placed: Dict[str, List[List[Tuple[int, int]]]] = {}
     for name, role in roles.items():
         if role.device_mapping is not None:
-            placed[name] = [[(where[s.node_index], g % npn) for g in s.gpus] for s in mapped.slots[name]]
+            placed[name] = [[(where[s.node_index], g % npn) for g in s.gpus] for s in slots_of[name]]
         elif gpus_per_rank(role) > 0:
             notes.append(f"{name}: no device_mapping, so Ray places its ranks at run time; shown: first fit")
             placed[name] = []
@@ -306,12 +309,12 @@ def plan_cluster(cfg: PipelineConfig, cluster: ClusterSpec, shape: Optional[Mode
     for domain, reward in (cfg.rewards.items() if cfg.pipeline == "rlvr" else []):
         if reward.device_mapping is not None:  # ROLL's judge GPUs, where the mapping says
             placed[f"rewards.{domain}"] = [[(where[s.node_index], g % npn) for g in s.gpus]
-                                           for s in mapped.slots[f"rewards.{domain}"]]
+                                           for s in slots_of[f"rewards.{domain}"]]
         elif reward.num_gpus_per_worker:
-            spots = [_first_fit(reward.num_gpus_per_worker, nodes, devices, node_at, cluster.gpus_per_node)
-                     for _ in range(reward.world_size)]
-            placed[f"rewards.{domain}"] = [spot for spot in spots if spot is not None]
-            if None in spots:
+            fits = [_first_fit(reward.num_gpus_per_worker, nodes, devices, node_at, cluster.gpus_per_node)
+                    for _ in range(reward.world_size)]
+            placed[f"rewards.{domain}"] = [fit for fit in fits if fit is not None]
+            if None in fits:
                 problems.append(f"rewards.{domain}: a worker needs {reward.num_gpus_per_worker:g} GPUs on one node "
                                 f"(rewards.{domain}.num_gpus_per_worker) but a node has {cluster.gpus_per_node}")
         else:
@@ -325,12 +328,13 @@ def plan_cluster(cfg: PipelineConfig, cluster: ClusterSpec, shape: Optional[Mode
                      f"{cfg.actor_train.model_args.model_name_or_path!r} to read the model's shape from)")
     capacity = (cluster.device_memory_gib or 0) * GIB
     for name, ranks in placed.items():
-        role = roles.get(name)
-        for rank, spots in enumerate(ranks):
-            for tp_rank, (node, gpu) in enumerate(spots):
-                device(node, gpu).occupants.append(
-                    _occupant(cfg, name, role, rank, tp_rank, len(spots), shape, capacity) if role is not None else
-                    _reward_occupant(cfg, name, rank, tp_rank, len(spots), capacity))
+        model_role = roles.get(name)
+        for rank, rank_spots in enumerate(ranks):
+            for tp_rank, (node_index, gpu_index) in enumerate(rank_spots):
+                device(node_index, gpu_index).occupants.append(
+                    _occupant(cfg, name, model_role, rank, tp_rank, len(rank_spots), shape, capacity)
+                    if model_role is not None
+                    else _reward_occupant(cfg, name, rank, tp_rank, len(rank_spots), capacity))
     for d in devices.values():
         _phase_holdings(cfg, d)
     # 4. checks against the cluster
@@ -340,9 +344,10 @@ def plan_cluster(cfg: PipelineConfig, cluster: ClusterSpec, shape: Optional[Mode
                        + sum(r.world_size * r.num_cpus_per_worker for r in
                              (cfg.rewards.values() if cfg.pipeline == "rlvr" else [])))
         cpus_have = [n.cpus for n in cluster.nodes or []]
-        if cpus_have and None not in cpus_have and sum(cpus_have) + 1e-6 < cpus_needed:
+        known = [c for c in cpus_have if c is not None]
+        if cpus_have and len(known) == len(cpus_have) and sum(known) + 1e-6 < cpus_needed:
             problems.append(f"the cluster is too small: the roles reserve {cpus_needed:g} CPUs "
-                            f"(num_cpus_per_worker x world_size, rewards included), it has {sum(cpus_have):g}")
+                            f"(num_cpus_per_worker x world_size, rewards included), it has {sum(known):g}")
     if capacity and shape is not None:
         problems += _grouped(list(devices.values()), capacity)
     return ClusterPlan(cluster, nodes, devices, cpu_ranks, problems, notes, routes, route_problems)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from roll_gspo.placement.device_mapping import reward_roles
-from roll_gspo.schema.config import PipelineConfig, RoleConfig
+from roll_gspo.schema.config import PipelineConfig, RewardConfig, RoleConfig
 
 SLEEP_LEVELS = (1, 2)
 DEFAULT_SLEEP_LEVEL = 1  # ROLL's default
@@ -57,7 +57,7 @@ class Colocation:
         return bool(self.shared_with)
 
 
-def _gpu_roles(cfg: PipelineConfig) -> Dict[str, object]:
+def _gpu_roles(cfg: PipelineConfig) -> Dict[str, RoleConfig]:
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer}
     if cfg.needs_reference():
         roles["reference"] = cfg.reference
@@ -76,7 +76,7 @@ def gpus_per_rollout_rank(role: RoleConfig) -> int:
 def rank_gpus(role: RoleConfig) -> List[List[int]]:
     """The global GPU indices of each rank of a role with a (parsed) device_mapping."""
     per_worker = max(1, int(role.num_gpus_per_worker or 1))
-    gpus = list(role.device_mapping)
+    gpus = list(role.device_mapping or ())
     return [gpus[i:i + per_worker] for i in range(0, len(gpus), per_worker)]
 
 
@@ -188,7 +188,7 @@ def colocation_problems(cfg: PipelineConfig) -> List[Tuple[str, str]]:
     return problems + reward_colocation_problems(cfg, offload)
 
 
-def _reward_shares(cfg: PipelineConfig) -> List[Tuple[str, object, Dict[str, List[int]]]]:
+def _reward_shares(cfg: PipelineConfig) -> List[Tuple[str, RewardConfig, Dict[str, List[int]]]]:
     """(name, reward, {other role: the GPUs they share}) of each reward whose device_mapping
     (parsed) shares GPUs (rlvr pipeline)."""
     if cfg.pipeline != "rlvr":

@@ -345,7 +345,7 @@ def check_plan_against_nodes(plan: PlacementPlan, nodes: List[Dict[str, Any]]) -
             f"node. The mapping uses {total} GPUs on {len(needs)} node(s), each node index on a node of its "
             f"own: add GPUs or nodes, shrink the device_mapping, or drop it (null) to run the role with "
             f"world_size / num_cpus_per_worker (CPU)")
-    return {index: alive[position] for index, position in chosen.items()}
+    return {index: alive[position] for index, position in chosen.items() if position is not None}  # all placed
 
 
 def _node_name(node: Dict[str, Any]) -> str:

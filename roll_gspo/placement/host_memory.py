@@ -211,7 +211,7 @@ def uses_gpus(cfg: PipelineConfig) -> bool:
     """Whether any model role of the run has a GPU (then the device plan applies, not this one)."""
     roles = [cfg.actor_train] + ([cfg.actor_infer] if cfg.has_rollout() else []) + (
         [cfg.reference] if cfg.has_rollout() and cfg.needs_reference() else []) + (
-        [cfg.critic] if cfg.uses_critic() else [])
+        [cfg.critic] if cfg.uses_critic() and cfg.critic is not None else [])
     return any(r.num_gpus_per_worker or r.device_mapping is not None for r in roles)
 
 

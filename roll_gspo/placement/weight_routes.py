@@ -147,7 +147,8 @@ def _forced_collective(sender: DevicePlace, named, sender_name: str) -> List[Lis
     backend = NCCL if sender.gpu is not None else GLOO
     why = (f"weight_sync_transport: collective; {sender_name} is on a GPU" if backend == NCCL else
            f"weight_sync_transport: collective; {sender_name} is on CPU")
-    problems, taken = [], {}
+    problems: List[str] = []
+    taken: dict = {}  # (node, gpu) -> the worker holding that GPU's place in the group
     for rank in named:
         for who, place in rank:
             if backend == GLOO:

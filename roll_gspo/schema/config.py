@@ -11,8 +11,9 @@ with ``model_args``, ``training_args``, ``generating_args``, ``data_args`` and `
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, TypeGuard
 
 from roll_gspo.catalog import estimators, reward_workers
 from roll_gspo.schema.frozen import SchemaBlock
@@ -67,12 +68,17 @@ def install_policy_size_reader(reader: Callable[["PipelineConfig"], Optional[int
 
 def _f(default: Any, help: str, choices: Optional[list] = None) -> Any:
     """A dataclass field with help text (and optional choices) attached as metadata."""
-    metadata = {"help": help}
+    metadata: Dict[str, Any] = {"help": help}
     if choices is not None:
         metadata["choices"] = list(choices)
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
+        return field(default_factory=_copier(default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def _copier(default: Any) -> Callable[[], Any]:
+    """A default factory: a fresh copy of a list or dict default for each instance."""
+    return lambda: type(default)(default)
 
 
 def _alias(target: str, help: str, default: Any = None, invert: bool = False) -> Any:
@@ -89,7 +95,7 @@ def _refused_unless(default: Any, help: str, reason: str) -> Any:
     metadata = {"help": f"{help} Only `{default}` is accepted: {reason}", "refused_unless": default,
                 "refusal": reason}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
+        return field(default_factory=_copier(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
@@ -1228,8 +1234,11 @@ class PipelineConfig(SchemaBlock):
 
     def critic_mini_batch_size(self) -> int:
         """Sequences per critic optimizer step, across the critic's ranks."""
-        args = self.critic.training_args
-        return args.per_device_train_batch_size * args.gradient_accumulation_steps * self.critic.world_size
+        critic = self.critic
+        if critic is None:
+            raise ValueError("critic_mini_batch_size: the config has no critic block")
+        args = critic.training_args
+        return args.per_device_train_batch_size * args.gradient_accumulation_steps * critic.world_size
 
     def needs_reference_log_probs(self) -> bool:
         """A KL term needs the reference's log-probs (from the reference role, or LoRA's base model)."""
@@ -1239,3 +1248,8 @@ class PipelineConfig(SchemaBlock):
         """Sequences per optimizer step, across all data-parallel ranks."""
         args = self.actor_train.training_args
         return args.per_device_train_batch_size * args.gradient_accumulation_steps * self.actor_train.world_size
+
+
+def is_block_type(tp: Any) -> TypeGuard[type]:
+    """Whether the annotation `tp` is a block of the schema (a dataclass type, not an instance)."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)

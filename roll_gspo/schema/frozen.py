@@ -52,9 +52,13 @@ class SchemaBlock:
 
 class FrozenDict(Dict[Any, Any]):
     """A dict of a frozen config: reads as a dict (equal to one, same repr), refuses writes with the
-    key path. `path` None: writable (a copy made by `dataclasses.asdict` or `copy`)."""
+    key path. Calling the class makes a plain dict (so `dataclasses.asdict`, `copy.copy` and
+    `type(d)(d)` give writable copies that OmegaConf and JSON take); `_frozen_dict` makes one."""
 
     _path: Optional[str] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # a copy of a frozen dict is a plain dict
+        return dict(*args, **kwargs)
 
     def _refuse(self, key: Any = None) -> None:
         if self._path is not None:
@@ -90,9 +94,9 @@ class FrozenDict(Dict[Any, Any]):
         self._refuse()
         super().update(*args, **kwargs)
 
-    def __ior__(self, other: Any) -> "FrozenDict":
+    def __ior__(self, other: Any) -> Any:  # type: ignore[misc]  # dict's |= writes in place, past update()
         self._refuse()
-        return super().__ior__(other)  # type: ignore[return-value]  # dict.__ior__ returns self
+        return super().__ior__(other)
 
     def __reduce__(self) -> Any:
         return _rebuild_frozen_dict, (dict(self), self._path)
@@ -101,13 +105,13 @@ class FrozenDict(Dict[Any, Any]):
         return dict(self)
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "FrozenDict":
-        out = FrozenDict((copy.deepcopy(k, memo), copy.deepcopy(v, memo)) for k, v in self.items())
-        out._path = self._path
-        return out
+        return _rebuild_frozen_dict({copy.deepcopy(k, memo): copy.deepcopy(v, memo) for k, v in self.items()},
+                                    self._path)
 
 
 def _rebuild_frozen_dict(items: Mapping[Any, Any], path: Optional[str]) -> FrozenDict:
-    out = FrozenDict(items)
+    out: FrozenDict = dict.__new__(FrozenDict)
+    dict.update(out, items)
     out._path = path
     return out
 
@@ -130,9 +134,7 @@ def _freeze_value(value: Any, path: str) -> Any:
     if isinstance(value, SchemaBlock):
         return freeze(value, f"{path}.")
     if isinstance(value, dict):
-        out = FrozenDict((key, _freeze_value(item, f"{path}.{key}")) for key, item in value.items())
-        out._path = path
-        return out
+        return _rebuild_frozen_dict({key: _freeze_value(item, f"{path}.{key}") for key, item in value.items()}, path)
     if isinstance(value, list):
         for index, item in enumerate(value):
             if isinstance(item, (SchemaBlock, dict)):
@@ -155,7 +157,7 @@ def thawed(obj: T) -> T:
 def _thaw(value: Any) -> Any:
     if isinstance(value, SchemaBlock):
         value.__dict__.pop(_FROZEN_AT, None)
-        for f in dataclasses.fields(value):  # type: ignore[arg-type]  # every SchemaBlock is a dataclass
+        for f in dataclasses.fields(value):  # type: ignore[arg-type]  # SchemaBlocks are dataclasses
             item = getattr(value, f.name)
             plain = _thaw(item)
             if plain is not item:
