@@ -32,6 +32,7 @@ from roll_gspo.distributed.batch import Batch
 from roll_gspo.lifecycle.seeding import rollout_seeds
 
 from pipelines.common import timed
+from pipelines.setup import RunClusters
 from pipelines.sources import RewardFuture, Rollout, RolloutSource
 from pipelines.trainer_loop import run_loop
 
@@ -84,7 +85,7 @@ class EpisodeSource(RolloutSource):
                                      if s.config.tool_wrapper is not None and s.config.tool_wrapper.tool_configs])
         self.actor_infer = None  # connect()
 
-    def connect(self, clusters) -> None:
+    def connect(self, clusters: RunClusters) -> None:
         """The rollout engine the episodes' turns are generated on."""
         self.actor_infer = clusters.actor_infer
 

@@ -24,7 +24,7 @@ from roll_gspo.lifecycle.seeding import rollout_seeds
 from pipelines.common import timed
 from pipelines.critic import gae_advantages_and_returns
 from pipelines.reward_scoring import RewardScorer, accuracies, sample_metrics
-from pipelines.setup import check_domains, load_prompts, reward_routes
+from pipelines.setup import RunClusters, check_domains, load_prompts, reward_routes
 from pipelines.sources import RewardFuture, Rollout, RolloutSource, add_sequence_tensors
 from pipelines.trainer_loop import run_loop
 
@@ -55,7 +55,7 @@ class PromptGroupSource(RolloutSource):
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
         self.actor_infer = self.scorer = None  # connect()
 
-    def connect(self, clusters) -> None:
+    def connect(self, clusters: RunClusters) -> None:
         """Generation on the rollout engine, scores from the reward clusters."""
         self.actor_infer = clusters.actor_infer
         self.scorer = RewardScorer(clusters.rewards, self.domain_of_worker)

@@ -5,13 +5,19 @@ episodes for agentic runs)."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.models.causal_lm import build_sequences
+
+from pipelines.common import timed
+
+if TYPE_CHECKING:
+    from pipelines.setup import RunClusters
 
 _NOT_STARTED = object()
 
@@ -43,13 +49,17 @@ class RewardFuture:
         if not self.started:
             self._pending = self._start() if self._start is not None else None
 
-    def result(self) -> Dict[str, float]:
-        """Wait for the scores (starting them if nobody has); returns the reward metrics. Once."""
+    def result(self, timings: Optional[Dict[str, float]] = None) -> Dict[str, float]:
+        """Wait for the scores (starting them if nobody has); returns the reward metrics. Once. The
+        wait is `timings["reward"]`: what is left of scoring once the log-prob passes are done
+        (rewards known already take no time and add no phase)."""
         if self._awaited:
             raise RuntimeError("a rollout's rewards are awaited once; this one was already")
-        self.start()
         self._awaited = True
-        return self._finish(self._pending)
+        scoring = self._start is not None and timings is not None
+        with timed(timings, "reward") if scoring else contextlib.nullcontext():
+            self.start()
+            return self._finish(self._pending)
 
 
 @dataclasses.dataclass
@@ -69,8 +79,8 @@ class RolloutSource(abc.ABC):
     advantage estimate of its kind of samples, and the state a checkpoint keeps of it."""
 
     @abc.abstractmethod
-    def connect(self, clusters) -> None:
-        """The started clusters (`pipelines.setup.RunClusters`): the rollout engine and reward workers."""
+    def connect(self, clusters: RunClusters) -> None:
+        """The started clusters: the rollout engine (and the reward workers) it samples and scores with."""
 
     @abc.abstractmethod
     def produce(self, step: int, timings: Dict[str, float]) -> Rollout:

@@ -97,8 +97,7 @@ class TrainerLoop:
                 metrics.update(_mean_over_ranks(self.actor_infer.execute_all("offload_states")))
         value_calls = start_values(self.critic, batch) if self.critic is not None else None
         self._score_log_probs(batch, rollout.rewards, timings)
-        with timed(timings, "reward"):  # what is left of scoring once the log-prob passes are done
-            reward_metrics = rollout.rewards.result()
+        reward_metrics = rollout.rewards.result(timings)
         if value_calls is not None:
             with timed(timings, "values"):  # what is left of the critic's pass
                 batch["values"] = collect_values(self.critic, value_calls)

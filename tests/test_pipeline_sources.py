@@ -126,3 +126,11 @@ def test_the_sources_share_a_contract_not_a_pipeline():
         assert issubclass(source, RolloutSource) and not issubclass(source, TrainerLoop)
     assert not issubclass(EpisodeSource, PromptGroupSource) and not issubclass(PromptGroupSource, EpisodeSource)
     assert not issubclass(TrainerLoop, RolloutSource)
+
+
+def test_only_a_scoring_to_wait_for_is_a_reward_phase():
+    timings = {}
+    RewardFuture.ready().result(timings)  # the environments' rewards: nothing to wait for
+    assert timings == {}
+    RewardFuture(lambda: None, lambda pending: {}).result(timings)
+    assert set(timings) == {"reward"}
