@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 HF_INFER = {"strategy_args": {"strategy_name": "hf_infer", "strategy_config": {}}}
 # ~1 s steps: a signal sent once a step is logged lands in the next step even on an idle machine.
 SLOW_REWARDS = {"math_rule": {"reward_fn": "tests.reward_fns:slow_digit_fraction", "reward_kwargs": {"seconds": 0.05}}}
+# The runs in this process (uninterrupted, resumed) get no signal: the same reward without the pause
+# (the scores do not depend on it; 0.8 s a step saved).
+NO_PAUSE_REWARDS = {"math_rule": {"reward_fn": "tests.reward_fns:slow_digit_fraction", "reward_kwargs": {"seconds": 0.0}}}
 WAIT_S = 600  # generous: the machine running the suite may be shared and slow
 
 
@@ -104,7 +107,7 @@ def check_same_as(reference, cfg, resumed_steps):
 
 
 def uninterrupted(tmp_path, model, **changes):
-    cfg, _ = config(tmp_path, model, "uninterrupted", **changes)
+    cfg, _ = config(tmp_path, model, "uninterrupted", rewards=NO_PAUSE_REWARDS, **changes)
     records = run(cfg)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     return {"records": records, "weights": load_weights(os.path.join(cfg.output_dir, "final_model"))}
@@ -153,7 +156,7 @@ def test_vllm_sigterm_then_kill9_then_older_resume_match_an_uninterrupted_run(tm
     # 3. An explicit resume from the older step 2, in this process, with save_total_limit 1: step_3
     #    moves aside, and steps 3 and 4 are exactly the uninterrupted run's.
     older = write_config(tmp_path / "interrupted", tiny_model, max_steps=4, save_steps=1, save_total_limit=1,
-                         rewards=SLOW_REWARDS, resume_from_checkpoint=os.path.join(cfg.output_dir, "checkpoints", "step_2"))
+                         rewards=NO_PAUSE_REWARDS, resume_from_checkpoint=os.path.join(cfg.output_dir, "checkpoints", "step_2"))
     records = run(older)
     assert [comparable(r) for r in records] == [comparable(r) for r in reference["records"]]
     check_same_as(reference, older, resumed_steps={3, 4})
@@ -180,7 +183,7 @@ def test_hf_infer_kill9_resume_matches_an_uninterrupted_run(tmp_path, tiny_model
     cfg, path = config(tmp_path, tiny_model, "interrupted", actor_infer=HF_INFER, actor_train=trainer)
     kill_driver_after_step(cfg, path, tmp_path, 3)
     resumed = write_config(tmp_path / "interrupted", tiny_model, max_steps=4, save_steps=2, save_total_limit=2,
-                           actor_infer=HF_INFER, rewards=SLOW_REWARDS, resume_from_checkpoint="auto",
+                           actor_infer=HF_INFER, rewards=NO_PAUSE_REWARDS, resume_from_checkpoint="auto",
                            actor_train=trainer)
     run(resumed)
     check_same_as(reference, resumed, resumed_steps={3, 4})
