@@ -90,14 +90,14 @@ class TrainerLoop:
         timings: Dict[str, float] = {}
         rollout = self.buffer.take(step, timings)
         batch, metrics = rollout.batch, dict(rollout.metrics)
-        if not rollout.trainable:
+        if not rollout.trainable:  # not one generated token (agentic: every episode ended at its opening)
             return {**metrics, **self._step_metrics(step, rollout, timings)}
-        if self.offload:
+        if self.offload:  # shared GPUs: the rollout engine frees its memory for the passes below
             with timed(timings, "offload"):
                 metrics.update(_mean_over_ranks(self.actor_infer.execute_all("offload_states")))
         value_calls = start_values(self.critic, batch) if self.critic is not None else None
         self._score_log_probs(batch, rollout.rewards, timings)
-        reward_metrics = rollout.rewards.result(timings)
+        reward_metrics = rollout.rewards.result(timings)  # what is left of scoring once the passes are done
         if value_calls is not None:
             with timed(timings, "values"):  # what is left of the critic's pass
                 batch["values"] = collect_values(self.critic, value_calls)
