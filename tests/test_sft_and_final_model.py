@@ -1,22 +1,11 @@
 """The SFT pipeline through the CLI, and the saved final model reloading in transformers and vLLM."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
-
-VLLM_LOAD = """
-import sys
-from vllm import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], enforce_eager=True, dtype="float32", max_model_len=32)
-out = llm.generate([{"prompt_token_ids": [20, 21, 15]}], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
-print("GENERATED", list(out[0].outputs[0].token_ids))
-"""
 
 
 def test_sft_pipeline_trains_and_its_model_reloads(tmp_path, tiny_model, session_cache, ray_session, monkeypatch):
@@ -42,6 +31,14 @@ def test_sft_pipeline_trains_and_its_model_reloads(tmp_path, tiny_model, session
     model = AutoModelForCausalLM.from_pretrained(final)
     tokenizer = AutoTokenizer.from_pretrained(final)
     assert model.config.tie_word_embeddings and tokenizer.eos_token == "<eos>"
-    loaded = subprocess.run([sys.executable, "-c", VLLM_LOAD, final], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    assert loaded.returncode == 0 and "GENERATED" in loaded.stdout, loaded.stderr[-4000:]
+    # vLLM loads it and generates (in this process, as tests/test_moe_vllm_sync.py runs its engines:
+    # the suite has imported vLLM by now; a fresh interpreter would import it again).
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=final, enforce_eager=True, dtype="float32", max_model_len=32)
+    try:
+        out = llm.generate([{"prompt_token_ids": [20, 21, 15]}], SamplingParams(max_tokens=4, temperature=0),
+                           use_tqdm=False)
+        assert 1 <= len(out[0].outputs[0].token_ids) <= 4
+    finally:
+        del llm
