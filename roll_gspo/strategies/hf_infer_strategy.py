@@ -2,13 +2,17 @@
 install or start, slower than vLLM. Also serves a frozen reference model's log-probs."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
+from roll_gspo.strategies.engine import (RequestHandle, RequestOutput, RequestTable, Sampling, as_samples,
+                                         generate_groups)
+from roll_gspo.sync.collective import CollectiveBucket, CollectiveReceiver
 
 
 def stop_token_ids(model_folder: str, tokenizer) -> List[int]:
@@ -28,7 +32,7 @@ def stop_token_ids(model_folder: str, tokenizer) -> List[int]:
     return list(dict.fromkeys(ids))
 
 
-def generate_kwargs(gen: GeneratingArgs, n: int, pad_id: int, eos_id) -> Dict[str, Any]:
+def generate_kwargs(gen: Union[GeneratingArgs, Sampling], n: int, pad_id: int, eos_id) -> Dict[str, Any]:
     """`generate` keywords (the model's own generation config is neutral). Greedy decoding takes
     one sequence per prompt. Sampling gets neutral temperature/top-k/top-p: `PerRowSampler`
     applies the YAML's, because transformers appends its own warpers after custom processors
@@ -64,7 +68,24 @@ def warp_logits(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p
     return warped
 
 
+@dataclass
+class _Group:
+    """Pending requests sampled from one prompt with one sampling: a row of today's batch each."""
+
+    prompt_ids: List[int]
+    sampling: Sampling
+    request_ids: List[str]
+    seeds: List[Optional[int]]
+
+
 class HfInferStrategy:
+    """transformers' `generate` behind the `RolloutEngine` contract: submitted requests wait in a
+    queue; each `step` runs one `generate` call over the next `infer_batch_size` groups (a group:
+    the requests of one prompt, one row each) that share a sampling, and finishes them all, so
+    the batches, and the tokens, are those of a batch call over the same prompts. A request's
+    tokens all carry the version loaded when its batch ran; `abort` of a queued request returns
+    it without tokens. `sleep` moves the weights to CPU memory on a GPU and is a no-op on CPU."""
+
     def __init__(self, role: RoleConfig, *, seed: int, **_unused: Any):
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -85,45 +106,111 @@ class HfInferStrategy:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = stop_token_ids(role.model_args.model_name_or_path, self.tokenizer)
         self.eos_id = self.eos_ids[0] if self.eos_ids else None
+        self.requests = RequestTable()
+        self.queue: Dict[str, _Group] = {}  # pending groups by key, in submission order
+        self.weight_version = 0
+        self.collective = CollectiveReceiver()  # its end of the device routes (CUDA IPC, NCCL, gloo)
+
+    # -- requests (RolloutEngine) -------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_ids: Sequence[int], sampling: Sampling, seed: Optional[int] = None,
+               group: Optional[str] = None) -> RequestHandle:
+        """Queue one request; requests of one `group` share its prompt and sampling. Sampling
+        without a seed draws one from torch's global RNG now."""
+        if seed is None and sampling.temperature > 0:
+            seed = int(torch.randint(0, 2 ** 31 - 1, (1,)))
+        key = f"group:{group}" if group is not None else f"request:{request_id}"
+        pending = self.queue.get(key)
+        if pending is not None and (pending.prompt_ids != list(prompt_ids) or pending.sampling != sampling):
+            raise ValueError(f"request {request_id!r} joins group {group!r} with another prompt or sampling")
+        self.requests.add(request_id, self.weight_version)
+        if pending is None:
+            pending = self.queue[key] = _Group(list(prompt_ids), sampling, [], [])
+        pending.request_ids.append(request_id)
+        pending.seeds.append(seed)
+        return RequestHandle(self, request_id)
+
+    def step(self) -> List[str]:
+        """Run the next batch of queued groups (one `generate` call); returns their request ids."""
+        if not self.queue:
+            if self.requests.unfinished():
+                raise RuntimeError(f"hf_infer holds none of the requests waited for: {self.requests.unfinished()[:5]}")
+            return []
+        keys = list(self.queue)
+        sampling = self.queue[keys[0]].sampling
+        batch = []
+        for key in keys[: self.role.infer_batch_size]:
+            if self.queue[key].sampling != sampling:
+                break
+            batch.append(self.queue.pop(key))
+        done = []
+        for group, samples in zip(batch, self._run(batch, sampling)):
+            for request_id, (ids, log_probs, finished) in zip(group.request_ids, samples):
+                self.requests.extend(request_id, ids, log_probs, self.weight_version)
+                self.requests.outputs[request_id].finish_reason = "stop" if finished else "length"
+                done.append(request_id)
+        return done
+
+    def unfinished(self) -> List[str]:
+        return self.requests.unfinished()
+
+    def wait(self, request_ids: Sequence[str]) -> List[RequestOutput]:
+        return self.requests.wait(request_ids, self.step)
+
+    def abort(self, request_ids: Sequence[str]) -> List[RequestOutput]:
+        """Queued requests leave the queue without tokens (a batch runs whole, nothing is partial)."""
+        dropping = set(request_ids)
+        for key in list(self.queue):
+            group = self.queue[key]
+            kept = [(rid, seed) for rid, seed in zip(group.request_ids, group.seeds) if rid not in dropping]
+            if not kept:
+                del self.queue[key]
+            else:
+                group.request_ids, group.seeds = [rid for rid, _ in kept], [seed for _, seed in kept]
+        return self.requests.abort(request_ids)
 
     @torch.no_grad()
+    def _run(self, groups: List[_Group], sampling: Sampling) -> List[List[Tuple[List[int], List[float], bool]]]:
+        """Per group, per request: (response ids, log-probs, finished). A sampled row draws from its
+        own generator (its request's seed); greedy runs one row per group and copies it."""
+        self.wake()
+        counts = [len(group.request_ids) for group in groups]
+        greedy = sampling.temperature <= 0
+        rows = [group.prompt_ids for group in groups] if greedy else \
+            [group.prompt_ids for group in groups for _ in group.request_ids]
+        sampler = {} if greedy else {"logits_processor": LogitsProcessorList([PerRowSampler(
+            [seed for group in groups for seed in group.seeds], sampling.temperature, sampling.top_k, sampling.top_p)])}
+        width = max(len(p) for p in rows)
+        # generate() wants left padding so every row's next token follows its prompt.
+        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in rows])
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+        kwargs = generate_kwargs(sampling, 1, self.pad_id, self.eos_ids or None)
+        out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                                  **kwargs, **sampler).cpu()
+        if greedy:  # a group's responses are one response repeated (as vLLM returns them)
+            out = out.repeat_interleave(torch.tensor(counts), dim=0)
+        responses, finished = [], []
+        for row in out[:, width:].tolist():
+            stop = next((i for i, token in enumerate(row) if token in self.eos_ids), None)
+            if stop is not None:
+                row = row[: stop + 1]
+                finished.append(True)
+            else:
+                finished.append(False)
+            responses.append(row)
+        repeated_prompts = [group.prompt_ids for group, count in zip(groups, counts) for _ in range(count)]
+        log_probs = self.score(repeated_prompts, responses, temperature=sampling.temperature or 1.0)
+        samples = list(zip(responses, log_probs, finished))
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        return [samples[start:start + count] for start, count in zip(starts, counts)]
+
     def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int,
                  seeds: Optional[Sequence[int]] = None) -> List[List[Tuple[List[int], List[float], bool]]]:
         """Per prompt, `n` samples of (response ids, log-probs, finished). `seeds`: one per
         prompt (None: drawn from torch's global RNG); sample i of a prompt draws from its own
         generator seeded seed + i (as vLLM)."""
-        self.wake()
         if seeds is None and gen.temperature > 0:
             seeds = torch.randint(0, 2 ** 31 - 1, (len(prompt_ids),)).tolist()
-        results = []
-        for chunk in micro_batches(len(prompt_ids), self.role.infer_batch_size):
-            prompts = list(prompt_ids[chunk])
-            sampler = ({"logits_processor": LogitsProcessorList([PerRowSampler(
-                [int(seed) + i for seed in seeds[chunk] for i in range(n)], gen.temperature, gen.top_k, gen.top_p)])}
-                if gen.temperature > 0 else {})
-            width = max(len(p) for p in prompts)
-            # generate() wants left padding so every row's next token follows its prompt.
-            input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + list(p) for p in prompts])
-            attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-            kwargs = generate_kwargs(gen, n, self.pad_id, self.eos_ids or None)
-            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-                                      **kwargs, **sampler).cpu()
-            # Greedy: the n responses of a prompt are one response n times (as vLLM returns them).
-            out = out.repeat_interleave(n // kwargs["num_return_sequences"], dim=0)
-            responses, finished = [], []
-            for row in out[:, width:].tolist():
-                stop = next((i for i, token in enumerate(row) if token in self.eos_ids), None)
-                if stop is not None:
-                    row = row[: stop + 1]
-                    finished.append(True)
-                else:
-                    finished.append(False)
-                responses.append(row)
-            repeated_prompts = [p for p in prompts for _ in range(n)]
-            log_probs = self.score(repeated_prompts, responses, temperature=gen.temperature or 1.0)
-            samples = list(zip(responses, log_probs, finished))
-            results += [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
-        return results
+        return as_samples(generate_groups(self, prompt_ids, Sampling.of(gen), n, seeds))
 
     @torch.no_grad()
     def score(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
@@ -138,12 +225,14 @@ class HfInferStrategy:
             scores += [lp[: len(r)].tolist() for lp, r in zip(log_probs, responses)]
         return scores
 
-    def offload_states(self) -> None:
+    def sleep(self) -> None:
         """Between phases on a shared GPU: the weights to CPU memory (a no-op on CPU)."""
         if self.device.type != "cpu" and not self.asleep:
             self.model.to("cpu")
             torch.cuda.empty_cache()
             self.asleep = True
+
+    offload_states = sleep  # the name the reward judge calls
 
     def wake(self) -> None:
         if self.asleep:
@@ -159,8 +248,40 @@ class HfInferStrategy:
             for name, tensor in named_tensors:
                 params[name].copy_(tensor)
 
-    def finish_weight_update(self) -> None:
-        pass
+    def load_bucket(self, payload, reader) -> None:
+        """One bucket as it arrived: a collective one from the weight-sync group (or CUDA IPC),
+        else shared memory or the object store (`reader`)."""
+        if isinstance(payload, CollectiveBucket):
+            self.load_weights(self.collective.receive(payload))
+        else:
+            from roll_gspo.sync.broadcast import receive_bucket
+
+            self.load_weights(receive_bucket(payload, reader))
+
+    def finish_weight_update(self, version: Optional[int] = None) -> None:
+        """Nothing to finish (the weights were copied in place); `version` stamps what follows."""
+        if version is not None:
+            self.weight_version = version
+
+    def load_adapter(self, named_tensors: List[Tuple[str, Any]], config: Dict[str, Any],
+                     version: Optional[int] = None) -> None:
+        """Refused: `lora_sync: adapter` needs vLLM's LoRA support (the config refuses it with hf_infer)."""
+        raise NotImplementedError("lora_sync: adapter needs strategy_name: vllm; hf_infer takes merged weights")
+
+    # -- device routes of the weight sync ----------------------------------------------------------
+    def weight_receivers(self) -> int:
+        """This process alone holds the weights."""
+        return 1
+
+    def weight_gpus(self) -> List[Optional[str]]:
+        from roll_gspo.sync.cuda_ipc import gpu_identity
+
+        return [gpu_identity()]
+
+    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, timeout_s: float,
+                          backend: str, members: Optional[List[Optional[int]]] = None) -> None:
+        """Join as `first_rank` (one process: `members` adds nothing)."""
+        self.collective.join(host, port, first_rank, world_size, timeout_s, backend)
 
 
 class PerRowSampler(LogitsProcessor):

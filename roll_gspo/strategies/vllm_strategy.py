@@ -1,10 +1,11 @@
-"""vLLM rollout engine for a rank (`strategy_name: vllm`): in-process `vllm.LLM`, sampled
+"""vLLM rollout engine for a rank (`strategy_name: vllm`): in-process `vllm.LLM` driven request by
+request through its LLMEngine (the `RolloutEngine` contract, roll_gspo.strategies.engine), sampled
 token log-probs, in-place weight reload."""
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -13,6 +14,8 @@ from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 from roll_gspo.config.vllm_prefill import CPU_ENGINE_DEFAULTS, prompt_split_problems
 from roll_gspo.sync.vllm_workers import WorkerBucketLoading, WorkerBucketRelay
 from roll_gspo.placement.device_mapping import tensor_parallel_size
+from roll_gspo.strategies.engine import (RequestHandle, RequestOutput, RequestTable, Sampling, as_samples,
+                                         generate_groups)
 from roll_gspo.strategies.vllm_tp import prepare_tensor_parallel
 
 logger = logging.getLogger("roll_gspo.vllm")
@@ -55,7 +58,7 @@ def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int,
     return engine_args
 
 
-def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
+def sampling_kwargs(gen: Union[GeneratingArgs, Sampling], n: int) -> Dict[str, Any]:
     """`vllm.SamplingParams` arguments: `n` samples per prompt with their sampled log-probs.
     No detokenization: the rollout worker decodes the token ids itself (decode_for_reward), and
     vLLM's incremental detokenizer costs ~15 % of a small model's generate."""
@@ -64,6 +67,12 @@ def sampling_kwargs(gen: GeneratingArgs, n: int) -> Dict[str, Any]:
 
 
 class VllmStrategy:
+    """The vLLM engine of a rollout rank, a `RolloutEngine`: requests go to `llm.llm_engine` one by
+    one (`add_request`) and run as `step` drives it, so `LLM.generate`'s batch is what
+    `generate_groups` submits in the same order: the same engine steps, the same seeded tokens.
+    Requests return their tokens as they come (DELTA outputs): each is stamped with the weight
+    version of the step that sampled it, and an abort keeps what was sampled."""
+
     def __init__(self, role: RoleConfig, *, max_model_len: int, seed: int, weight_update: str = "auto",
                  sleep_level: Optional[int] = None, lora_rank: Optional[int] = None,
                  config_key: str = "actor_infer.strategy_args.strategy_config"):
@@ -96,52 +105,110 @@ class VllmStrategy:
         self.relay = WorkerBucketRelay(self.llm)
         self.update_mode = self.llm.collective_rpc("roll_gspo_prepare_weight_updates", args=(weight_update,))[0]
         self.sleeper = EngineSleep(self.llm, sleep_level or 1, active=sleeps)
+        self.requests = RequestTable()
+        self.weight_version = 0
 
     def _lora_request(self) -> Dict[str, Any]:
-        """generate()'s keyword applying the current adapter (`lora_sync: adapter`), if any."""
+        """The keyword applying the current adapter (`lora_sync: adapter`), if any."""
         request = self.lora.request if self.lora is not None else None
         return {"lora_request": request} if request is not None else {}
 
-    def load_adapter(self, named_tensors: List[Tuple[str, Any]], config: Dict[str, Any]) -> None:
-        """`lora_sync: adapter`: register the trainer's adapter as a new LoRA request (the previous
-        one is removed); prompts cached with the old adapter are dropped."""
-        if self.lora is None:
-            raise RuntimeError("load_adapter needs the engine started with lora_rank (lora_sync: adapter)")
-        self.sleeper.wake_all()
-        self.lora.load(self.llm, named_tensors, config)
-        self.llm.reset_prefix_cache()
+    def _refuse_in_flight(self, what: str) -> None:
+        """Stop `what` from running under requests in flight, which it would break."""
+        live = self.requests.unfinished()
+        if live:
+            raise RuntimeError(f"vLLM {what} with {len(live)} requests in flight (e.g. {live[0]!r}): wait for "
+                               f"or abort them first")
 
-    def offload_states(self) -> None:
-        """Between phases: sleep (frees the KV cache and the weights' GPU memory)."""
-        self.sleeper.sleep()
+    # -- requests (RolloutEngine) -------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_ids: Sequence[int], sampling: Sampling, seed: Optional[int] = None,
+               group: Optional[str] = None) -> RequestHandle:
+        """Add one request to the engine (`group` is not needed: vLLM batches every request in
+        flight). The prompt goes through the renderer as `LLM.generate` sends it."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self.sleeper.wake_all()
+        params = SamplingParams(**sampling_kwargs(sampling, 1), seed=None if seed is None else int(seed),
+                                output_kind=RequestOutputKind.DELTA)
+        (prompt,) = self.llm.renderer.render_cmpl([{"prompt_token_ids": list(prompt_ids)}])
+        self.requests.add(request_id, self.weight_version)
+        try:
+            self.llm.llm_engine.add_request(request_id, prompt, params, **self._lora_request())
+        except BaseException:
+            self.requests.outputs.pop(request_id)
+            raise
+        return RequestHandle(self, request_id)
+
+    def step(self) -> List[str]:
+        """One engine step: each running request's new tokens, stamped with the loaded version."""
+        if self.requests.unfinished() and not self.llm.llm_engine.has_unfinished_requests():
+            raise RuntimeError(f"vLLM holds none of the requests still waited for: {self.requests.unfinished()[:5]}")
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if out.request_id not in self.requests.outputs:
+                continue
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)
+            self.requests.extend(out.request_id, ids,
+                                 [step[token].logprob for token, step in zip(ids, completion.logprobs or ())],
+                                 self.weight_version)
+            if out.finished:
+                reason = completion.finish_reason
+                self.requests.outputs[out.request_id].finish_reason = reason if reason in ("stop", "length") else "abort"
+                finished.append(out.request_id)
+        return finished
+
+    def unfinished(self) -> List[str]:
+        return self.requests.unfinished()
+
+    def wait(self, request_ids: Sequence[str]) -> List[RequestOutput]:
+        return self.requests.wait(request_ids, self.step)
+
+    def abort(self, request_ids: Sequence[str]) -> List[RequestOutput]:
+        """vLLM drops the running ones (their KV cache freed); what they sampled comes back."""
+        live = [rid for rid in request_ids if rid in self.requests.outputs and not self.requests.outputs[rid].finished]
+        if live:
+            self.llm.llm_engine.abort_request(live)
+        return self.requests.abort(request_ids)
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], gen: GeneratingArgs, n: int,
                  seeds: Optional[Sequence[int]] = None) -> List[List[Tuple[List[int], List[float], bool]]]:
         """Per prompt, `n` samples of (response token ids, their log-probs, finished-by-stop).
-        `seeds`: one per prompt (vLLM gives sample i seed + i), so the samples depend on the
-        seed alone, not on what the engine drew before."""
-        from vllm import SamplingParams
+        `seeds`: one per prompt (sample i gets seed + i, as vLLM's `n` children), so the samples
+        depend on the seed alone, not on what the engine drew before."""
+        return as_samples(generate_groups(self, prompt_ids, Sampling.of(gen), n, seeds))
 
+    def load_adapter(self, named_tensors: List[Tuple[str, Any]], config: Dict[str, Any],
+                     version: Optional[int] = None) -> None:
+        """`lora_sync: adapter`: register the trainer's adapter as a new LoRA request (the previous
+        one is removed, so no request may be in flight); prompts cached with the old adapter are
+        dropped. `version` is stamped on the tokens sampled from then on."""
+        if self.lora is None:
+            raise RuntimeError("load_adapter needs the engine started with lora_rank (lora_sync: adapter)")
+        self._refuse_in_flight("load_adapter")
         self.sleeper.wake_all()
-        kwargs = sampling_kwargs(gen, n)
-        params = (SamplingParams(**kwargs) if seeds is None
-                  else [SamplingParams(**kwargs, seed=int(seed)) for seed in seeds])
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False,
-                                    **self._lora_request())
-        results = []
-        for out in outputs:
-            samples = []
-            for completion in out.outputs:
-                ids = list(completion.token_ids)
-                log_probs = [step[token].logprob for token, step in zip(ids, completion.logprobs)]
-                samples.append((ids, log_probs, completion.finish_reason == "stop"))
-            results.append(samples)
-        return results
+        self.lora.load(self.llm, named_tensors, config)
+        self.llm.reset_prefix_cache()
+        if version is not None:
+            self.weight_version = version
+
+    def sleep(self) -> None:
+        """Between phases: sleep (frees the KV cache and the weights' GPU memory; a no-op where
+        vLLM has no sleep mode, engine_sleep)."""
+        self._refuse_in_flight("sleep")
+        self.sleeper.sleep()
+
+    offload_states = sleep  # the name the reward judge calls
+
+    def wake(self) -> None:
+        self.sleeper.wake_all()
 
     def score(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> List[List[float]]:
         """Log-probs the engine assigns to given responses (teacher forcing via prompt_logprobs)."""
         from vllm import SamplingParams
 
+        self._refuse_in_flight("score")  # LLM.generate steps the engine until every request is done
         self.sleeper.wake_all()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         full = [{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompt_ids, response_ids)]
@@ -175,7 +242,10 @@ class VllmStrategy:
             # Direct updates copy each tensor into its parameter at once: views of the segment do.
             self.load_weights(receive_bucket(payload, reader, copy=self.update_mode != "direct"))
 
-    def finish_weight_update(self) -> None:
+    def finish_weight_update(self, version: Optional[int] = None) -> None:
+        """Close the session; tokens sampled from now on carry `version`. Requests in flight go on
+        under the new weights (their cached KV stays the old weights': the prefix cache is reset
+        only where nothing runs)."""
         self.llm.collective_rpc("roll_gspo_finish_weight_update")
         if self.tensor_parallel_size > 1:  # its workers mapped the buckets' segments themselves
             self.llm.collective_rpc("roll_gspo_close_shared_bucket")
@@ -183,6 +253,21 @@ class VllmStrategy:
         self.sleeper.weights_loaded()
         self.sleeper.wake_all()
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        if version is not None:
+            self.weight_version = version
+
+    # -- device routes of the weight sync ----------------------------------------------------------
+    def weight_receivers(self) -> int:
+        """One process per tensor-parallel worker holds weights."""
+        return self.tensor_parallel_size
+
+    def weight_gpus(self) -> List[Optional[str]]:
+        return self.relay.gpu_identities()
+
+    def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, timeout_s: float,
+                          backend: str, members: Optional[List[Optional[int]]] = None) -> None:
+        """Every vLLM worker joins; `members`: each one's group rank (None: takes buckets by CUDA IPC)."""
+        self.relay.join_weight_group(host, port, first_rank, world_size, timeout_s, backend, members)
 
 
 # vLLM's accepted max_lora_rank values (vllm.config.lora.MaxLoRARanks).

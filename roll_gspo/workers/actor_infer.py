@@ -1,8 +1,9 @@
 """`actor_infer` role: rollout ranks that sample G responses per prompt (vLLM or hf_infer) and
-take the trainer's weights after each step."""
+take the trainer's weights after each step. The rank speaks to its engine only through the
+`RolloutEngine` contract (roll_gspo.strategies.engine): requests submitted and waited for, weight
+updates as sessions, sleep and wake, the weight sync's device routes."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -10,19 +11,20 @@ import torch
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch, from_wire
 from roll_gspo.distributed.cluster import RankWorker
-from roll_gspo.sync.collective import CollectiveBucket, CollectiveReceiver
 from roll_gspo.rewards.shaping import decode_for_reward
-from roll_gspo.sync.broadcast import SharedSegmentReader, receive_bucket
-from roll_gspo.sync.cuda_ipc import gpu_identity
+from roll_gspo.strategies.engine import RolloutEngine, Sampling, generate_groups
+from roll_gspo.sync.broadcast import SharedSegmentReader
 
 
 class ActorInferWorker(RankWorker):
+    """One rollout rank: its engine (`self.strategy`, a `RolloutEngine`) and the weight sync's end."""
+
+    strategy: RolloutEngine
+
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any]):
         super().__init__(dist_env)
         self.cfg = cfg
         self.shared_weights = SharedSegmentReader()
-        self.collective = CollectiveReceiver()  # hf_infer's end of the device routes (CUDA IPC, NCCL, gloo)
-        self.weight_version = 0  # pipeline step of the loaded weights (0: the initial model)
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
@@ -49,59 +51,63 @@ class ActorInferWorker(RankWorker):
         """prompts: one row per prompt (meta prompt_ids, ground_truth, ...). Returns one row per
         response (n = gen.num_return_sequences consecutive rows per prompt) with meta
         response_ids / response_text / finished / weight_version (the pipeline step of the weights
-        that sampled it) and tensor rollout_log_probs (B, T). With meta `sample_seed` (one per
-        prompt, `roll_gspo.lifecycle.seeding`), sampling depends on it alone."""
+        that sampled its oldest token) / token_weight_versions (that of each token) and tensor
+        rollout_log_probs (B, T). With meta `sample_seed` (one per prompt,
+        `roll_gspo.lifecycle.seeding`), sampling depends on it alone: response j of a prompt is
+        one request seeded sample_seed + j."""
         n = gen.num_return_sequences
-        seeds = prompts.meta.get("sample_seed")
-        samples = self.strategy.generate(prompts["prompt_ids"], gen, n, **({"seeds": seeds} if seeds else {}))
+        groups = generate_groups(self.strategy, prompts["prompt_ids"], Sampling.of(gen), n,
+                                 prompts.meta.get("sample_seed") or None)
         rows: Dict[str, List[Any]] = {key: [] for key in prompts.meta}
-        rows.update(response_ids=[], rollout_log_probs=[], finished=[])
-        for index, per_prompt in enumerate(samples):
-            for response_ids, log_probs, finished in per_prompt:
+        rows.update(response_ids=[], finished=[])
+        log_probs, versions, token_versions = [], [], []
+        for index, outputs in enumerate(groups):
+            for out in outputs:
                 for key in prompts.meta:
                     rows[key].append(prompts.meta[key][index])
-                rows["response_ids"].append(response_ids)
-                rows["rollout_log_probs"].append(log_probs)
-                rows["finished"].append(finished)
-        log_probs = rows.pop("rollout_log_probs")
+                rows["response_ids"].append(out.token_ids)
+                rows["finished"].append(out.finish_reason == "stop")
+                versions.append(out.weight_version)
+                token_versions.append(out.weight_versions)
+                log_probs.append(out.log_probs)
         width = max((len(r) for r in log_probs), default=0)
         tensor = torch.zeros(len(log_probs), width)
         for i, row in enumerate(log_probs):
             tensor[i, : len(row)] = torch.tensor(row)
         # Special tokens go, but not `<think>` / `</think>`: rewards must see unfinished reasoning.
         rows["response_text"] = decode_for_reward(self.tokenizer, rows["response_ids"])
-        rows["weight_version"] = [self.weight_version] * len(rows["response_ids"])
+        rows["weight_version"], rows["token_weight_versions"] = versions, token_versions
         return Batch({"rollout_log_probs": tensor}, rows)
 
     def generate_turns(self, requests: Batch, gen: GeneratingArgs) -> Batch:
         """One turn of each of several episodes (the agentic pipeline). requests: meta prompt_ids
         (the episode's whole context), max_new_tokens (this turn's cap), sample_seed. Returns meta
-        response_ids, log_probs (per token, lists) and weight_version, in request order; one sample
-        per request. Requests with the same cap go to the engine together (one batched call)."""
+        response_ids, log_probs (per token, lists), weight_version (the oldest token's) and
+        token_weight_versions, in request order; one sample per request. Requests with the same
+        cap are submitted and waited for together, the smallest cap first."""
         count = len(requests)
-        out_ids: List[List[int]] = [[] for _ in range(count)]
-        out_log_probs: List[List[float]] = [[] for _ in range(count)]
+        outputs: List[Any] = [None] * count
         by_cap: Dict[int, List[int]] = {}
         for i, cap in enumerate(requests["max_new_tokens"]):
             by_cap.setdefault(int(cap), []).append(i)
         for cap, rows in sorted(by_cap.items()):
-            capped = dataclasses.replace(gen, max_new_tokens=cap, num_return_sequences=1)
-            samples = self.strategy.generate([requests["prompt_ids"][i] for i in rows], capped, 1,
-                                             seeds=[requests["sample_seed"][i] for i in rows])
-            for i, per_prompt in zip(rows, samples):
-                out_ids[i], out_log_probs[i] = list(per_prompt[0][0]), list(per_prompt[0][1])
-        return Batch(meta={"response_ids": out_ids, "log_probs": out_log_probs,
-                           "weight_version": [self.weight_version] * count})
+            groups = generate_groups(self.strategy, [requests["prompt_ids"][i] for i in rows],
+                                     Sampling.of(gen, max_new_tokens=cap), 1,
+                                     [requests["sample_seed"][i] for i in rows])
+            for i, (out,) in zip(rows, groups):
+                outputs[i] = out
+        return Batch(meta={"response_ids": [list(out.token_ids) for out in outputs],
+                           "log_probs": [list(out.log_probs) for out in outputs],
+                           "weight_version": [out.weight_version for out in outputs],
+                           "token_weight_versions": [out.weight_versions for out in outputs]})
 
     def offload_states(self) -> Dict[str, float]:
-        """After the generation phase, when roles share GPUs: the engine sleeps (vLLM; skipped
-        where that frees nothing). Returns this rank's memory before and after, in GiB."""
+        """After the generation phase, when roles share GPUs: the engine sleeps (a no-op where
+        that frees nothing). Returns this rank's memory before and after, in GiB."""
         from roll_gspo.placement.colocation import memory_gb
 
         before = memory_gb()
-        sleep = getattr(self.strategy, "offload_states", None)  # hf_infer has no sleep mode
-        if sleep is not None:
-            sleep()
+        self.strategy.sleep()
         return {"memory/actor_infer_generate_gb": before, "memory/actor_infer_sleep_gb": memory_gb()}
 
     def score(self, batch: Batch) -> List[List[float]]:
@@ -111,46 +117,32 @@ class ActorInferWorker(RankWorker):
     def load_adapter(self, payload, config: Dict[str, Any], version: Optional[int] = None) -> None:
         """`lora_sync: adapter`: the trainer's LoRA adapter (tensors under PEFT's names, as
         `broadcast_adapter` sends them, and its adapter_config.json content), which generation then
-        applies; `version` is stamped on the rollouts generated from then on."""
-        self.strategy.load_adapter([(name, from_wire(array, tag)) for name, array, tag in payload], config)
-        if version is not None:
-            self.weight_version = version
+        applies; `version` is stamped on the tokens sampled from then on."""
+        self.strategy.load_adapter([(name, from_wire(array, tag)) for name, array, tag in payload], config, version)
 
     def load_weight_bucket(self, bucket, first: bool, last: bool, version: Optional[int] = None) -> None:
         """One bucket of a weight sync (checkpoint naming), by either transport of `weight_sync`;
         `first` and `last` open and close the engine's update session; the last one's `version`
-        (pipeline step of the weights) is stamped on the rollouts generated from then on."""
+        (pipeline step of the weights) is stamped on the tokens sampled from then on."""
         if first:
             self.strategy.begin_weight_update()
-        if hasattr(self.strategy, "load_bucket"):  # vLLM: its workers may take the bucket themselves
-            self.strategy.load_bucket(bucket, self.shared_weights)
-        elif isinstance(bucket, CollectiveBucket):
-            self.strategy.load_weights(self.collective.receive(bucket))
-        else:
-            self.strategy.load_weights(receive_bucket(bucket, self.shared_weights))
+        self.strategy.load_bucket(bucket, self.shared_weights)
         if last:
-            self.strategy.finish_weight_update()
+            self.strategy.finish_weight_update(version)
             self.shared_weights.close()  # the trainer frees the segment after the sync's last bucket
-            if version is not None:
-                self.weight_version = version
 
     # -- weight sync on devices (CUDA IPC, NCCL or gloo group) --------------------------------------
     def weight_receivers(self) -> int:
         """Processes of this rank that hold weights: one per vLLM TP worker (or itself)."""
-        return getattr(self.strategy, "tensor_parallel_size", 1)
+        return self.strategy.weight_receivers()
 
     def weight_gpus(self) -> List[Optional[str]]:
         """The GPU (UUID; None on CPU) of each process of this rank that holds weights: where the
         trainer's weight sync decides its route (roll_gspo.placement.weight_routes)."""
-        if hasattr(self.strategy, "relay"):
-            return self.strategy.relay.gpu_identities()
-        return [gpu_identity()]
+        return self.strategy.weight_gpus()
 
     def join_weight_group(self, host: str, port: int, first_rank: int, world_size: int, timeout_s: float,
                           backend: str, members: Optional[List[Optional[int]]] = None) -> None:
         """Join the weight-sync group; `members`: each worker's group rank (None: it takes buckets
         by CUDA IPC), when not simply first_rank + its index."""
-        if hasattr(self.strategy, "relay"):
-            self.strategy.relay.join_weight_group(host, port, first_rank, world_size, timeout_s, backend, members)
-        else:
-            self.collective.join(host, port, first_rank, world_size, timeout_s, backend)
+        self.strategy.join_weight_group(host, port, first_rank, world_size, timeout_s, backend, members)
