@@ -158,13 +158,20 @@ class RequestTable:
 
     def __init__(self) -> None:
         self.outputs: Dict[str, RequestOutput] = {}
+        self.live: set = set()  # ids not yet finished (checked every engine step: a set, not a scan)
 
     def add(self, request_id: str, version: int) -> RequestOutput:
         """A new request, submitted while weights `version` are loaded."""
         if request_id in self.outputs:
             raise ValueError(f"request id {request_id!r} is already in use (submitted and not yet collected)")
         output = self.outputs[request_id] = RequestOutput(request_id, submitted_version=version)
+        self.live.add(request_id)
         return output
+
+    def drop(self, request_id: str) -> None:
+        """Forget a request the engine refused at submit."""
+        self.outputs.pop(request_id, None)
+        self.live.discard(request_id)
 
     def extend(self, request_id: str, token_ids: Sequence[int], log_probs: Sequence[float], version: int) -> None:
         """Tokens sampled for a request, all under weights `version`."""
@@ -173,17 +180,24 @@ class RequestTable:
         output.log_probs.extend(log_probs)
         output.weight_versions.extend([version] * len(token_ids))
 
+    def finish(self, request_id: str, reason: FinishReason) -> None:
+        """The request has ended, for `reason`."""
+        self.outputs[request_id].finish_reason = reason
+        self.live.discard(request_id)
+
     def unfinished(self) -> List[str]:
         """Ids not yet finished, in submission order."""
-        return [rid for rid, out in self.outputs.items() if not out.finished]
+        return [rid for rid in self.outputs if rid in self.live] if self.live else []
 
     def wait(self, request_ids: Sequence[str], step: Callable[[], List[str]]) -> List[RequestOutput]:
-        """Call `step` until every one of `request_ids` has finished, then release them."""
+        """Call `step` (which returns the ids it finished) until every one of `request_ids` has
+        finished, then release them."""
         missing = [rid for rid in request_ids if rid not in self.outputs]
         if missing:
             raise KeyError(f"unknown request ids (never submitted, or already collected): {missing[:5]}")
-        while not all(self.outputs[rid].finished for rid in request_ids):
-            step()
+        waiting = self.live.intersection(request_ids)
+        while waiting:
+            waiting.difference_update(step())
         return [self.outputs.pop(rid) for rid in request_ids]
 
     def abort(self, request_ids: Iterable[str]) -> List[RequestOutput]:
@@ -192,8 +206,9 @@ class RequestTable:
         for rid in request_ids:
             output = self.outputs.pop(rid, None)
             if output is not None:
-                if not output.finished:
+                if rid in self.live:
                     output.finish_reason = "abort"
+                    self.live.discard(rid)
                 taken.append(output)
         return taken
 

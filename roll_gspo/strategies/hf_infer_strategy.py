@@ -132,7 +132,7 @@ class HfInferStrategy:
     def step(self) -> List[str]:
         """Run the next batch of queued groups (one `generate` call); returns their request ids."""
         if not self.queue:
-            if self.requests.unfinished():
+            if self.requests.live:
                 raise RuntimeError(f"hf_infer holds none of the requests waited for: {self.requests.unfinished()[:5]}")
             return []
         keys = list(self.queue)
@@ -146,7 +146,7 @@ class HfInferStrategy:
         for group, samples in zip(batch, self._run(batch, sampling)):
             for request_id, (ids, log_probs, finished) in zip(group.request_ids, samples):
                 self.requests.extend(request_id, ids, log_probs, self.weight_version)
-                self.requests.outputs[request_id].finish_reason = "stop" if finished else "length"
+                self.requests.finish(request_id, "stop" if finished else "length")
                 done.append(request_id)
         return done
 

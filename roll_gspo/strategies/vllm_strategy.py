@@ -136,13 +136,13 @@ class VllmStrategy:
         try:
             self.llm.llm_engine.add_request(request_id, prompt, params, **self._lora_request())
         except BaseException:
-            self.requests.outputs.pop(request_id)
+            self.requests.drop(request_id)
             raise
         return RequestHandle(self, request_id)
 
     def step(self) -> List[str]:
         """One engine step: each running request's new tokens, stamped with the loaded version."""
-        if self.requests.unfinished() and not self.llm.llm_engine.has_unfinished_requests():
+        if self.requests.live and not self.llm.llm_engine.has_unfinished_requests():
             raise RuntimeError(f"vLLM holds none of the requests still waited for: {self.requests.unfinished()[:5]}")
         finished = []
         for out in self.llm.llm_engine.step():
@@ -155,7 +155,7 @@ class VllmStrategy:
                                  self.weight_version)
             if out.finished:
                 reason = completion.finish_reason
-                self.requests.outputs[out.request_id].finish_reason = reason if reason in ("stop", "length") else "abort"
+                self.requests.finish(out.request_id, reason if reason in ("stop", "length") else "abort")
                 finished.append(out.request_id)
         return finished
 
@@ -167,7 +167,7 @@ class VllmStrategy:
 
     def abort(self, request_ids: Sequence[str]) -> List[RequestOutput]:
         """vLLM drops the running ones (their KV cache freed); what they sampled comes back."""
-        live = [rid for rid in request_ids if rid in self.requests.outputs and not self.requests.outputs[rid].finished]
+        live = [rid for rid in request_ids if rid in self.requests.live]
         if live:
             self.llm.llm_engine.abort_request(live)
         return self.requests.abort(request_ids)
