@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import (Any, Callable, Dict, Iterable, List, Literal, Optional, Protocol, Sequence, Tuple,
                     runtime_checkable)
 
-from roll_gspo.config.schema import GeneratingArgs
+from roll_gspo.schema.config import GeneratingArgs
 
 FinishReason = Literal["stop", "length", "abort"]
 
