@@ -1,12 +1,10 @@
 """Tasks (roll_gspo.tasks): answer extraction, pass@k / maj@k, task rows and their seeds, the checks
 of `tasks.<key>` before workers start, the task reward worker, and the evaluation command on the
-tiny model (one vLLM start in a subprocess)."""
+tiny model (one vLLM start, in the test process)."""
 import itertools
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -230,17 +228,23 @@ def test_task_reward_worker_scores_cut_replies_by_the_task_and_counts_them():
 
 
 # ------------------------------------------------------------------ the evaluation command
-def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path):
-    """One vLLM start: greedy and 4 sampled replies on a built-in and a reasoning-gym task."""
+def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path, monkeypatch, capsys):
+    """One vLLM start: greedy and 4 sampled replies on a built-in and a reasoning-gym task.
+    `python -m roll_gspo.eval ...` as its main() in this process (the suite has imported vLLM by
+    then; a fresh interpreter would import it again); the variables it sets for vLLM are undone."""
+    from roll_gspo.distributed.cluster import DEFAULT_WORKER_ENV
+    from roll_gspo.eval.__main__ import main
+
+    for key, value in DEFAULT_WORKER_ENV.items():
+        monkeypatch.setenv(key, os.environ.get(key, value))
+    monkeypatch.setenv("ROLL_GSPO_CACHE", session_cache)
+    monkeypatch.chdir(REPO)
     out = tmp_path / "eval.json"
-    env = dict(os.environ, ROLL_GSPO_CACHE=session_cache)
-    proc = subprocess.run(
-        [sys.executable, "-m", "roll_gspo.eval", "--model", tiny_model, "--tasks", "builtin:arith_easy", "chain_sum",
-         "--task-config", f"chain_sum={json.dumps(ONE_DIGIT_SUMS)}", "--val-size", "6", "--n", "4",
-         "--max-new-tokens", "6", "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    header = next(line for line in proc.stdout.splitlines() if line.startswith("task"))
+    assert main(["--model", tiny_model, "--tasks", "builtin:arith_easy", "chain_sum",
+                 "--task-config", f"chain_sum={json.dumps(ONE_DIGIT_SUMS)}", "--val-size", "6", "--n", "4",
+                 "--max-new-tokens", "6", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    header = next(line for line in stdout.splitlines() if line.startswith("task"))
     assert header.split() == ["task", "prompts", "greedy", "format", "cut", "pass@1", "pass@2", "pass@4", "maj@2", "maj@4"]
     result = json.loads(out.read_text())
     assert set(result["tasks"]) == {"arith_easy", "chain_sum"} and result["all"]["prompts"] == 12
