@@ -215,7 +215,7 @@ def raw_train_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
 
     cfg = load_config(spec["config"], spec["overrides"])
-    prepare_models(cfg, ["actor_train"])
+    cfg = prepare_models(cfg, ["actor_train"])
     role, args = cfg.actor_train, cfg.actor_train.training_args
     temperature = cfg.actor_infer.generating_args.temperature or 1.0
     strategy = DeepSpeedStrategy(role, train=True, total_optimizer_steps=spec["total_optimizer_steps"], seed=cfg.seed)

@@ -134,7 +134,7 @@ def rank_main(spec_path: str, reply_fd: int) -> None:
     from roll_gspo.workers.actor_train import ActorTrainWorker
 
     cfg = load_config(spec["config"], spec["overrides"])
-    prepare_models(cfg, ["actor_train"])
+    cfg = prepare_models(cfg, ["actor_train"])
     dist_env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     worker = ActorTrainWorker(cfg, dist_env=dist_env, total_optimizer_steps=100000)
     worker.setup()

@@ -9,14 +9,15 @@ from typing import Dict, Iterable, Sequence
 from roll_gspo.config import PipelineConfig
 
 
-def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> None:
-    """Resolve built-in model names (building and caching them on first use) to folders, in place,
-    so every worker loads a plain Hugging Face folder."""
+def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> PipelineConfig:
+    """The config with the roles' built-in model names resolved (built and cached on first use) to
+    folders, so every worker loads a plain Hugging Face folder; `cfg` itself is read-only."""
     from roll_gspo.builtin.models import resolve_model
+    from roll_gspo.schema.frozen import replaced
 
-    for role in roles:
-        args = getattr(cfg, role).model_args
-        args.model_name_or_path = resolve_model(args.model_name_or_path)
+    key = "{}.model_args.model_name_or_path"
+    return replaced(cfg, {key.format(role): resolve_model(getattr(cfg, role).model_args.model_name_or_path)
+                          for role in roles})
 
 
 @contextmanager

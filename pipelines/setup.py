@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 
 import ray
 
-from roll_gspo.config import PipelineConfig
+from roll_gspo.config import PipelineConfig, RunPlan
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
 from roll_gspo.placement.device_mapping import GpuPlacement, plan_for_roles, resource_totals, reward_roles
 from roll_gspo.utils.imports import import_object
@@ -59,15 +59,15 @@ def check_domains(items: List[dict], routes: Dict[str, str]) -> None:
 
 
 # -- workers ----------------------------------------------------------------------------------------
-def log_colocation(cfg: PipelineConfig) -> bool:
+def log_colocation(cfg: PipelineConfig, plan: RunPlan) -> bool:
     """Log in one line what sharing GPUs does in this run (or that on CPU it is skipped); returns
-    whether the rollout engine is put to sleep between phases."""
-    from roll_gspo.placement.colocation import cpu_skip_message, describe, offload_between_phases
+    whether the rollout engine is put to sleep between phases (the plan's decision)."""
+    from roll_gspo.placement.colocation import cpu_skip_message, describe
 
-    line = cpu_skip_message(cfg) or describe(cfg)
+    line = cpu_skip_message(cfg, plan.offload_between_phases) or describe(cfg, plan.offload_between_phases)
     if line:
         logger.info(line)
-    return offload_between_phases(cfg)
+    return plan.offload_between_phases
 
 
 @dataclasses.dataclass
@@ -82,9 +82,9 @@ class RunClusters:
     critic: Optional[Cluster] = None  # PPO (adv_estimator: gae): the value model's ranks
 
 
-def start_clusters(cfg: PipelineConfig) -> RunClusters:
+def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
     """Start Ray, reserve the mapped GPUs, and create and set up every role's cluster (the rollout
-    engine first when it shares GPUs)."""
+    engine first when it shares GPUs); the training and rollout ranks get the run plan."""
     from roll_gspo.workers.actor_infer import ActorInferWorker
     from roll_gspo.workers.actor_train import ActorTrainWorker
     from roll_gspo.workers.reference import ReferenceWorker
@@ -107,8 +107,8 @@ def start_clusters(cfg: PipelineConfig) -> RunClusters:
                        rank_options=options)
 
     actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
-                          total_optimizer_steps=total_optimizer_steps)
-    actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer)
+                          total_optimizer_steps=total_optimizer_steps, plan=run_plan)
+    actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer, plan=run_plan)
     reference = cluster("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference() else None
     critic = None
     if cfg.uses_critic():

@@ -62,7 +62,7 @@ def run_sft(cfg: PipelineConfig) -> Dict[str, float]:
     from roll_gspo.data.prompts import load_sft_samples
     from roll_gspo.workers.actor_train import ActorTrainWorker
 
-    prepare_models(cfg, ["actor_train"])
+    cfg = prepare_models(cfg, ["actor_train"])
     role, data = cfg.actor_train, cfg.actor_train.data_args
     tokenizer = AutoTokenizer.from_pretrained(role.model_args.model_name_or_path)
     samples = load_sft_samples(data.file_name, tokenizer=tokenizer, prompt_key=data.prompt_key,

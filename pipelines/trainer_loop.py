@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional
 from roll_gspo.config import PipelineConfig
 from roll_gspo.config.async_rollout import generates_ahead
 from roll_gspo.config.roll_compat import checkpoint_base
-from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+from roll_gspo.config.plan import build_run_plan
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.lifecycle.checkpoint import resolve_resume
 from roll_gspo.lifecycle.graceful_stop import GracefulStop
@@ -49,20 +49,21 @@ class TrainerLoop:
     def __init__(self, cfg: PipelineConfig, make_source: Callable[[PipelineConfig, object], RolloutSource]):
         from transformers import AutoTokenizer
 
-        self.cfg = cfg
-        prepare_models(cfg, ["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else []))
+        self.cfg = cfg = prepare_models(
+            cfg, ["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else []))
         self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
-        self.old_logprobs = choose_old_logprob_source(
-            cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
+        # What the run decided (offload, old log-probs, reference, routes): the loop and workers read it.
+        self.plan = build_run_plan(cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
+        self.old_logprobs = self.plan.old_logprobs
         logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
         self.source = make_source(cfg, self.tokenizer)  # its data (or environments), before any worker starts
         self.buffer = RolloutBuffer(self.source, depth=1 if generates_ahead(cfg) else 0, last_step=cfg.max_steps)
         self.start_step = 0
         self.stopped_by = None  # the signal that stopped run() early, if one did
-        self.offload = log_colocation(cfg)
+        self.offload = log_colocation(cfg, self.plan)
         # Workers: Ray, the GPU reservation, one cluster per role (then the checkpoint, if resuming).
-        clusters = start_clusters(cfg)
+        clusters = start_clusters(cfg, self.plan)
         self.placement, self.actor_train, self.actor_infer = (clusters.placement, clusters.actor_train,
                                                               clusters.actor_infer)
         self.reference, self.rewards = clusters.reference, clusters.rewards

@@ -97,10 +97,12 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
         return 0
     from pipelines import run_pipeline_from_config
+    from roll_gspo.config.plan import freeze_config
     from roll_gspo.distributed.cluster import WorkerDiedError
     from roll_gspo.lifecycle.checkpoint import CheckpointError
     from roll_gspo.placement.device_mapping import PlacementError
 
+    freeze_config(cfg)  # read-only from here on: what the run decides goes into its plan
     try:
         run_pipeline_from_config(cfg)
     except PlacementError as exc:  # the cluster cannot hold the device_mapping: nothing started

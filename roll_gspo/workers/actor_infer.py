@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from roll_gspo.config.plan import RunPlan, build_run_plan
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch, from_wire
 from roll_gspo.distributed.cluster import RankWorker
@@ -21,9 +22,10 @@ class ActorInferWorker(RankWorker):
 
     strategy: RolloutEngine
 
-    def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any]):
+    def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any], plan: Optional[RunPlan] = None):
         super().__init__(dist_env)
         self.cfg = cfg
+        self.plan = plan if plan is not None else build_run_plan(cfg)  # the pipeline's; built here when used alone
         self.shared_weights = SharedSegmentReader()
 
     def setup(self) -> None:
@@ -33,12 +35,11 @@ class ActorInferWorker(RankWorker):
         role = cfg.actor_infer
         seed = cfg.seed + 1000 * self.rank
         if role.strategy_args.strategy_name == "vllm":
-            from roll_gspo.placement.colocation import offload_between_phases, sleep_level
             from roll_gspo.strategies.vllm_strategy import VllmStrategy
 
             self.strategy = VllmStrategy(role, max_model_len=cfg.max_sequence_tokens(), seed=seed,
                                          weight_update=cfg.vllm_weight_update,
-                                         sleep_level=sleep_level(cfg) if offload_between_phases(cfg) else None,
+                                         sleep_level=self.plan.sleep_level,
                                          lora_rank=role.model_args.lora_rank if cfg.lora_sync == "adapter"
                                          and role.model_args.uses_lora() else None)
         else:

@@ -13,6 +13,7 @@ import torch
 from roll_gspo.algorithms import (SEQUENCE_MEAN_METRICS, aggregate_loss, kept_mask, kl_loss, loss_normalisers,
                                   policy_loss, rollout_correction)
 from roll_gspo.config.rollout_logprobs import correction_arguments, correction_enabled
+from roll_gspo.config.plan import RunPlan, build_run_plan
 from roll_gspo.placement.colocation import memory_gb
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
@@ -65,9 +66,10 @@ class ActorTrainWorker(RankWorker):
     correction: Optional[Dict[str, Any]] = None  # train_infer_correction's keywords (set in __init__ when on)
 
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any], total_optimizer_steps: int,
-                 role_name: str = "actor_train"):
+                 role_name: str = "actor_train", plan: Optional[RunPlan] = None):
         super().__init__(dist_env)
         self.cfg = cfg
+        self.plan = plan if plan is not None else build_run_plan(cfg)  # the pipeline's; built here when used alone
         self.role: RoleConfig = getattr(cfg, role_name)
         self.total_optimizer_steps = total_optimizer_steps
         self.temperature = cfg.actor_infer.generating_args.temperature or 1.0
@@ -76,9 +78,7 @@ class ActorTrainWorker(RankWorker):
         self.correction = correction_arguments(cfg) if cfg.has_rollout() and correction_enabled(cfg) else None
 
     def setup(self) -> None:
-        from roll_gspo.placement.colocation import offload_between_phases
-
-        self.offload = offload_between_phases(self.cfg)
+        self.offload = self.plan.offload_between_phases
         strategy_class = train_strategy_class(self.role.strategy_args.strategy_name)
         self.strategy = strategy_class(self.role, train=True, total_optimizer_steps=self.total_optimizer_steps,
                                        seed=self.cfg.seed, offload=self.offload)

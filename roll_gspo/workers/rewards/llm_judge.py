@@ -50,7 +50,9 @@ class LLMJudgeRewardWorker(RewardWorker):
     def _load_local_judge(self) -> None:
         from transformers import AutoTokenizer
 
-        cfg = self.cfg
+        from roll_gspo.schema.frozen import thawed
+
+        self.cfg = cfg = thawed(self.cfg)  # the judge's own copy: the folder and token cap are settled here
         path = cfg.model_args.model_name_or_path
         if not path:
             raise ValueError(f"rewards.{self.domain}.model_args.model_name_or_path: the judge model to load "
