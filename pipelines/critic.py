@@ -11,15 +11,14 @@ from roll_gspo.algorithms import RunningMeanStd
 from roll_gspo.algorithms.gae import compute_gae_advantages
 from roll_gspo.config import PipelineConfig
 from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.batch_fields import CRITIC_TENSORS, view
 from roll_gspo.distributed.cluster import Cluster
 
-# What the critic's ranks read of a batch (less to serialise).
-CRITIC_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "values", "returns")
 
 
 def critic_view(batch: Batch) -> Batch:
     """Only the tensors the critic's ranks read."""
-    return Batch({k: v for k, v in batch.tensors.items() if k in CRITIC_TENSORS})
+    return view(batch, CRITIC_TENSORS)
 
 
 def start_values(critic: Cluster, batch: Batch):

@@ -23,6 +23,7 @@ from roll_gspo.config.async_rollout import generates_ahead
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.config.plan import build_run_plan
 from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.batch_fields import TRAINER_TENSORS, view
 from roll_gspo.lifecycle.checkpoint import resolve_resume
 from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
@@ -37,9 +38,6 @@ from pipelines.setup import log_colocation, start_clusters
 from pipelines.sources import RewardFuture, Rollout, RolloutSource, add_sequence_tensors
 
 logger = logging.getLogger("roll_gspo")
-TRAINER_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_mask", "old_log_probs",
-                   "advantages", "ref_log_probs", "rollout_log_probs", "loss_mask",
-                   "routed_experts")
 
 
 class TrainerLoop:
@@ -193,7 +191,7 @@ class TrainerLoop:
 
     def _view(self, batch: Batch) -> Batch:
         """Only the tensors the training/reference ranks read (less to serialise)."""
-        return Batch({k: v for k, v in batch.tensors.items() if k in TRAINER_TENSORS})
+        return view(batch, TRAINER_TENSORS)
 
     def sync_weights(self, version: Optional[int] = None) -> Dict[str, float]:
         """The trainer's weights (those of pipeline step `version`; None keeps the rollout ranks'

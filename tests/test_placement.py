@@ -5,7 +5,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from roll_gspo.distributed.cluster import free_port
 from roll_gspo.placement.device_mapping import (PlacementError, check_plan_against_nodes,
     parse_device_mapping, plan_placement)
 from tests.conftest import REPO_ROOT
+from tests.ray_nodes import stop_ray_nodes
 
 
 @pytest.mark.parametrize("value, gpus", [
@@ -141,7 +141,7 @@ def _start_two_nodes(logs, env, temp_dirs):
                                     logs / "node2.log", env))
         _wait_for_nodes(address, 2, env, logs / "node2.log", processes)
     except BaseException:
-        _stop(processes)
+        stop_ray_nodes(processes, grace_s=10)
         raise
     return address, processes
 
@@ -168,30 +168,10 @@ def two_node_cluster(tmp_path_factory):
         try:
             yield {"address": address, "env": env}
         finally:
-            _stop(processes)
+            stop_ray_nodes(processes, grace_s=10)
     finally:
         for folder in temp_dirs:
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _stop(processes, grace_s=10):
-    """SIGTERM both `ray start --block` processes at once (each stops its node's processes), then
-    SIGKILL what is left in their process groups after at most a grace period. (SIGTERM sent to
-    the whole groups left the `ray start` processes running: every stop waited out the grace.)"""
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.time() + grace_s
-    for process in processes:
-        try:
-            process.wait(timeout=max(deadline - time.time(), 0.1))
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(timeout=30)
 
 
 def _wait_for_nodes(address, count, env, log_path, processes, timeout_s=300):

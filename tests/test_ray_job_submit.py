@@ -4,7 +4,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ import pytest
 
 from roll_gspo.distributed.cluster import free_port
 from tests.conftest import REPO_ROOT
+from tests.ray_nodes import stop_ray_nodes
 from tests.test_console import PROJECT_LINE, check_console
 
 pytestmark = pytest.mark.e2e
@@ -34,22 +34,6 @@ def wait_for_dashboard(head, url, log_path, timeout_s=180):
         except OSError:
             time.sleep(2)
     raise TimeoutError("the Ray head's job server did not come up")
-
-
-def stop_process_group(process, grace_s=30):
-    """SIGTERM the `ray start --block` process alone (it stops its node's processes, ~5 s), then
-    SIGKILL whatever is left in its process group. (With SIGTERM sent to the whole group at once
-    the head process never ended: every stop waited out the grace, 30 s, before the SIGKILL.)"""
-    try:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(timeout=30)
 
 
 def test_ray_job_submit_runs_the_pipeline(tmp_path, session_cache, tiny_model):
@@ -95,7 +79,7 @@ def test_ray_job_submit_runs_the_pipeline(tmp_path, session_cache, tiny_model):
         job_log = job_log.split(f"\n{'-' * 10}", 1)[0]
         check_console(job_log[re.search(PROJECT_LINE.pattern, job_log, re.M).start():])
     finally:
-        stop_process_group(head)
+        stop_ray_nodes([head])
         shutil.rmtree(temp_dir, ignore_errors=True)
     with open(output_dir / "metrics.jsonl") as handle:
         steps = [json.loads(line)["step"] for line in handle]

@@ -216,6 +216,22 @@ class RequestTable:
 _calls = itertools.count()
 
 
+class TabledEngine:
+    """What both engines do the same way with their `RequestTable` (`self.requests`): list the
+    unfinished requests, and wait for some by stepping the engine (`self.step`)."""
+
+    requests: RequestTable
+
+    def step(self) -> List[str]:
+        raise NotImplementedError
+
+    def unfinished(self) -> List[str]:
+        return self.requests.unfinished()
+
+    def wait(self, request_ids: Sequence[str]) -> List[RequestOutput]:
+        return self.requests.wait(request_ids, self.step)
+
+
 def generate_groups(engine: RolloutEngine, prompt_ids: Sequence[Sequence[int]], sampling: Sampling, n: int,
                     seeds: Optional[Sequence[int]] = None) -> List[List[RequestOutput]]:
     """Per prompt, `n` responses: request j of prompt i has seed seeds[i] + j (vLLM's seeds for

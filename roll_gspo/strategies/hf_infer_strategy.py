@@ -10,8 +10,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
-from roll_gspo.strategies.engine import (RequestHandle, RequestOutput, RequestTable, Sampling, as_samples,
-                                         generate_groups)
+from roll_gspo.strategies.engine import (RequestHandle, RequestOutput, RequestTable, Sampling, TabledEngine,
+                                         as_samples, generate_groups)
 from roll_gspo.sync.collective import CollectiveBucket, CollectiveReceiver
 
 
@@ -78,7 +78,7 @@ class _Group:
     seeds: List[Optional[int]]
 
 
-class HfInferStrategy:
+class HfInferStrategy(TabledEngine):
     """transformers' `generate` behind the `RolloutEngine` contract: submitted requests wait in a
     queue; each `step` runs one `generate` call over the next `infer_batch_size` groups (a group:
     the requests of one prompt, one row each) that share a sampling, and finishes them all, so
@@ -149,12 +149,6 @@ class HfInferStrategy:
                 self.requests.finish(request_id, "stop" if finished else "length")
                 done.append(request_id)
         return done
-
-    def unfinished(self) -> List[str]:
-        return self.requests.unfinished()
-
-    def wait(self, request_ids: Sequence[str]) -> List[RequestOutput]:
-        return self.requests.wait(request_ids, self.step)
 
     def abort(self, request_ids: Sequence[str]) -> List[RequestOutput]:
         """Queued requests leave the queue without tokens (a batch runs whole, nothing is partial)."""

@@ -14,8 +14,8 @@ from roll_gspo.config.schema import GeneratingArgs, RoleConfig
 from roll_gspo.config.vllm_prefill import CPU_ENGINE_DEFAULTS, prompt_split_problems
 from roll_gspo.sync.vllm_workers import WorkerBucketLoading, WorkerBucketRelay
 from roll_gspo.placement.device_mapping import tensor_parallel_size
-from roll_gspo.strategies.engine import (RequestHandle, RequestOutput, RequestTable, Sampling, as_samples,
-                                         generate_groups)
+from roll_gspo.strategies.engine import (RequestHandle, RequestOutput, RequestTable, Sampling, TabledEngine,
+                                         as_samples, generate_groups)
 from roll_gspo.strategies.vllm_tp import prepare_tensor_parallel
 
 logger = logging.getLogger("roll_gspo.vllm")
@@ -66,7 +66,7 @@ def sampling_kwargs(gen: Union[GeneratingArgs, Sampling], n: int) -> Dict[str, A
             "top_k": gen.top_k if gen.top_k > 0 else -1, "logprobs": 0, "detokenize": False}
 
 
-class VllmStrategy:
+class VllmStrategy(TabledEngine):
     """The vLLM engine of a rollout rank, a `RolloutEngine`: requests go to `llm.llm_engine` one by
     one (`add_request`) and run as `step` drives it, so `LLM.generate`'s batch is what
     `generate_groups` submits in the same order: the same engine steps, the same seeded tokens.
@@ -158,12 +158,6 @@ class VllmStrategy:
                 self.requests.finish(out.request_id, reason if reason in ("stop", "length") else "abort")
                 finished.append(out.request_id)
         return finished
-
-    def unfinished(self) -> List[str]:
-        return self.requests.unfinished()
-
-    def wait(self, request_ids: Sequence[str]) -> List[RequestOutput]:
-        return self.requests.wait(request_ids, self.step)
 
     def abort(self, request_ids: Sequence[str]) -> List[RequestOutput]:
         """vLLM drops the running ones (their KV cache freed); what they sampled comes back."""
