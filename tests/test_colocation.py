@@ -114,12 +114,13 @@ def test_colocation_keys_refused_naming_the_key(load, changes, message):
 
 
 def test_cpu_run_says_once_that_sleep_and_offload_are_skipped(load, caplog, monkeypatch):
-    from pipelines.setup import log_colocation as _log_colocation
+    from pipelines.setup import log_colocation
+    from roll_gspo.config.plan import build_run_plan
 
     monkeypatch.delenv("ROLL_GSPO_OFFLOAD_ON_CPU", raising=False)
     cfg = load(is_offload_states=True)
     with caplog.at_level(logging.INFO, logger="roll_gspo"):
-        assert _log_colocation(cfg) is True
+        assert log_colocation(cfg, build_run_plan(cfg)) is True
     lines = [r.getMessage() for r in caplog.records if "is_offload_states" in r.getMessage()]
     assert len(lines) == 1 and "run on CPU" in lines[0] and "skipped" in lines[0]
     assert cpu_skip_message(load()) is None  # nothing asked for, nothing said
@@ -127,7 +128,7 @@ def test_cpu_run_says_once_that_sleep_and_offload_are_skipped(load, caplog, monk
     assert cpu_skip_message(gpu) is None
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="roll_gspo"):
-        _log_colocation(gpu)
+        log_colocation(gpu, build_run_plan(gpu))
     assert "vLLM sleeps (level 1)" in caplog.text and "gpu_memory_utilization 0.5" in caplog.text
 
 
