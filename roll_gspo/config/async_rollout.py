@@ -30,10 +30,8 @@ def generates_ahead(cfg: PipelineConfig) -> bool:
 @check("check", keys=(KEY,),
        doc="`async_generation_ratio` other than 0 or 1; with 1: `old_logprob_source: trainer`, Routing Replay, "
            "rollout log-probs that would bias the ratio, the rollout engine asleep between phases, dynamic "
-           "sampling, the rollout correction, the agentic pipeline", name="async.problems")
+           "sampling, the rollout correction, the agentic pipeline", name="async.problems", rollout_only=True)
 def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if not cfg.has_rollout():
-        return []
     ratio = cfg.async_generation_ratio
     if ratio not in (0, 1):
         return [error(KEY, f"{KEY} = {ratio!r} is refused: 0 (synchronous) and 1 (generation one step ahead of "

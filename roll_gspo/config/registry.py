@@ -51,14 +51,16 @@ class Step:
     module: str = ""
     after: Tuple[str, ...] = ()  # steps of the same phase that must run first
     requires: Tuple[str, ...] = ()  # steps that must have found no error, else this one is skipped
+    rollout_only: bool = False  # skipped in pipelines without a rollout phase (sft)
 
 
 _REGISTRY: Dict[str, Step] = {}
 
 
 def check(phase: str, keys: Sequence[str], doc: str, name: Optional[str] = None, after: Sequence[str] = (),
-          requires: Sequence[str] = ()) -> Callable[[StepFn], StepFn]:
-    """Register the decorated function as a step of `phase`; `name` defaults to `module.function`."""
+          requires: Sequence[str] = (), rollout_only: bool = False) -> Callable[[StepFn], StepFn]:
+    """Register the decorated function as a step of `phase`; `name` defaults to `module.function`;
+    `rollout_only`: the step concerns keys of the rollout phase, skipped where there is none (sft)."""
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     if not doc or "\n" in doc.strip():
@@ -67,7 +69,7 @@ def check(phase: str, keys: Sequence[str], doc: str, name: Optional[str] = None,
     def register(fn: StepFn) -> StepFn:
         module = fn.__module__
         step = Step(name or f"{module.rpartition('.')[2]}.{fn.__name__}", phase, tuple(keys), " ".join(doc.split()),
-                    fn, module, tuple(after), tuple(requires))
+                    fn, module, tuple(after), tuple(requires), rollout_only)
         _REGISTRY[step.name] = step  # a module imported again replaces its steps
         return fn
     return register
@@ -111,7 +113,7 @@ def run_steps(cfg: Any, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Fi
     for step in registered_steps():
         if step.phase == "settle" and any(f.level == "error" for f in found):
             raise ConfigError([f for f in found if f.level == "error"])
-        if any(name in failed for name in step.requires):
+        if any(name in failed for name in step.requires) or (step.rollout_only and not cfg.has_rollout()):
             continue
         before = None if step.phase in MUTATING_PHASES else repr(cfg)
         own = list(step.fn(cfg, yaml_keys))

@@ -20,10 +20,8 @@ QUERY_FILTER_ARGS = {"no_filter": set(), "mean_filter": {"threshold_up", "thresh
                       "rewards.<domain>.strategy_args.strategy_config"),
        doc="reward workers that cannot act as given: no reward domain (rlvr), a FunctionRewardWorker without "
            "`reward_fn`, a bad `format_pattern` regex, a remote code sandbox, an API judge without its URL, a "
-           "judge's vLLM on CPU splitting prompts", name="rewards.workers")
+           "judge's vLLM on CPU splitting prompts", name="rewards.workers", rollout_only=True)
 def _reward_workers(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if not cfg.has_rollout():
-        return []
     problems: List[Finding] = []
     if cfg.pipeline == "rlvr" and not cfg.rewards:
         problems.append(error("rewards", "rewards: at least one reward domain is needed"))
@@ -83,10 +81,8 @@ def _reward_problems(domain: str, reward: RewardConfig) -> List[Finding]:
                       "actor_train.data_args.domain_interleave_probs", "validation.data_args.domain_interleave_probs"),
        doc="dynamic sampling: `filter_args` its filter type does not read or that are not numbers, "
            "`query_filter_max_rounds` < 1; a domain mix naming no reward domain or without a positive share",
-       name="rewards.sampling")
+       name="rewards.sampling", rollout_only=True)
 def _sampling_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if not cfg.has_rollout():
-        return []
     problems = []
     for domain, reward in cfg.rewards.items():
         qf = reward.query_filter_config

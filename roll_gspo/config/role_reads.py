@@ -99,10 +99,9 @@ def ignored_key_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
 
 
 @check("check", keys=tuple(f"{role}.{block}" for role, blocks in ROLE_BLOCKS.items() for block in blocks),
-       doc="a key set in a block (or at a key) its role never reads (next section)", name="role_reads.unread")
+       doc="a key set in a block (or at a key) its role never reads (next section)", name="role_reads.unread",
+       rollout_only=True)
 def _unread_keys(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if not cfg.has_rollout():
-        return []
     found = unread_key_problems(cfg, yaml_keys)
     if cfg.pipeline == "agentic":  # one template renders the conversation: agentic.problems compares them
         found = [f for f in found if not f.key.endswith(".data_args.template")]

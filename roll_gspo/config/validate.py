@@ -247,10 +247,8 @@ def _model_and_engine_problems(cfg: PipelineConfig, yaml_keys: Optional[Abstract
        doc="batch arithmetic (responses per step not divisible by the mini-batch), estimators that need groups or "
            "turns, a `reward_norm` over sets of one response (every reward 0), contradictory reward and clip keys, "
            "`max_new_tokens` above `response_length`, strategy names a role cannot run, no training prompts",
-       name="validate.algorithm")
+       name="validate.algorithm", rollout_only=True)
 def _algorithm_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if not cfg.has_rollout():
-        return []
     problems: List[Finding] = []
     group = cfg.num_return_sequences_in_group
     batch = cfg.rollout_batch_size * group
@@ -387,10 +385,8 @@ def _sft_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = N
                      "use_kl_loss", "old_logprob_source", "model_update_frequency"),
        doc="the GSPO traps: more than 16 or exactly one optimizer step per rollout, a token-sized clip with "
            "sequence ratios (or the reverse), KL applied twice, stale rollouts (`model_update_frequency` > 1) "
-           "uncorrected, rollout log-probs with token ratios or outside fp32", name="validate.gspo_traps")
+           "uncorrected, rollout log-probs with token ratios or outside fp32", name="validate.gspo_traps", rollout_only=True)
 def _warn_traps(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if not cfg.has_rollout():
-        return []
     warns: List[Finding] = []
     batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
     mini = cfg.mini_batch_size()
