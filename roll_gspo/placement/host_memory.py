@@ -23,7 +23,7 @@ width H, T tokens per micro-batch (rows x the longest prompt + response):
                  holds about one more copy of the step's transient memory (activations + logits)
                  beside the one in use: measured at 0.5B, 3.67 GiB over the system allocator's
                  peak for 3.14 GiB of transient (the `system` allocator needs no such term).
-                 From 200M parameters on, jemalloc without decay grew without bound: refused
+                 From 100M parameters on, jemalloc without decay grew without bound: refused
 * rollout rank (`actor_infer`, vLLM on CPU): runtime, the weights as vLLM holds them on CPU
   (the plain embedding and norms, the linear layers and the LM head packed for oneDNN:
   b*(P + V*H)), the sampler's buffers (about four fp32 rows of the vocabulary per sequence of

@@ -841,9 +841,9 @@ class PipelineConfig(SchemaBlock):
                 "Ray's bundled libjemalloc preloaded, freed pages kept for the next pass instead of "
                 "returned to the kernel (on CPU the training phase is ~18% faster: no page faults per "
                 "step; resident memory stays at its peak). `system`: the C library's malloc. `auto`: "
-                "jemalloc for CPU roles of a policy under 200M parameters; system for GPU roles (not "
-                "measured there) and for larger policies (at 0.5B jemalloc grew a training rank by ~1 GiB "
-                "per micro-batch without a bound; --dry-run refuses `jemalloc` there). A driver that "
+                "jemalloc for CPU roles of a policy under 100M parameters; system for GPU roles (not "
+                "measured there) and for larger policies (at 135M and 0.5B jemalloc grew training ranks "
+                "without a bound, ~1 GiB per micro-batch at 0.5B; --dry-run refuses `jemalloc` there). A driver that "
                 "already sets LD_PRELOAD keeps it; `system_envs` LD_PRELOAD / MALLOC_CONF win. On a "
                 "multi-node cluster the library path is the driver's (same image on every node).",
         choices=["auto", "jemalloc", "system"])

@@ -7,9 +7,10 @@ from typing import Optional
 # `memory_allocator: auto` keeps the system malloc from this policy size on. Measured at 0.5B
 # (docs/benchmarks.md, "Host memory at 0.5B"): with jemalloc without decay a training rank grew by
 # ~1 GiB per micro-batch and never stopped (6.6 -> 19.5 GiB over 12 micro-batches of 1 x 192 tokens,
-# then Ray killed it). jemalloc's speed gain was measured at 19M; between 19M and 0.5B nothing was
-# measured: the line is drawn below 0.5B.
-AUTO_JEMALLOC_MAX_PARAMETERS = 200_000_000
+# then Ray killed it). At SmolLM2-135M (bf16, ZeRO-2, two training ranks) it did the same: both
+# ranks at 10.2 GiB when Ray killed them in step 7, against 3.6-3.9 GiB flat with the system malloc
+# (2026-11-27). jemalloc's speed gain was measured at 19M: the line is drawn between 19M and 135M.
+AUTO_JEMALLOC_MAX_PARAMETERS = 100_000_000
 
 
 def auto_uses_jemalloc(on_gpu: bool, parameters: Optional[int]) -> bool:
