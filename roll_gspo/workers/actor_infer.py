@@ -4,7 +4,7 @@ take the trainer's weights after each step. The rank speaks to its engine only t
 updates as sessions, sleep and wake, the weight sync's device routes."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -27,6 +27,7 @@ class ActorInferWorker(RankWorker):
         self.cfg = cfg
         self.plan = plan if plan is not None else build_run_plan(cfg)  # the pipeline's; built here when used alone
         self.shared_weights = SharedSegmentReader()
+        self.pool: Any = None  # the request pool of partial rollouts (k >= 2), made at the first advance
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
@@ -59,13 +60,19 @@ class ActorInferWorker(RankWorker):
         n = gen.num_return_sequences
         groups = generate_groups(self.strategy, prompts["prompt_ids"], Sampling.of(gen), n,
                                  prompts.meta.get("sample_seed") or None)
-        rows: Dict[str, List[Any]] = {key: [] for key in prompts.meta}
+        return self._rows([{key: prompts.meta[key][index] for key in prompts.meta} for index in range(len(groups))],
+                          groups, list(prompts.meta))
+
+    def _rows(self, metas: List[Dict[str, Any]], groups: List[List[Any]], keys: List[str]) -> Batch:
+        """One row per response of each prompt's `groups` entry (outputs with token_ids,
+        log_probs, weight_versions, weight_version, finish_reason), with the prompt's meta `keys`."""
+        rows: Dict[str, List[Any]] = {key: [] for key in keys}
         rows.update(response_ids=[], finished=[])
         log_probs, versions, token_versions = [], [], []
-        for index, outputs in enumerate(groups):
+        for meta, outputs in zip(metas, groups):
             for out in outputs:
-                for key in prompts.meta:
-                    rows[key].append(prompts.meta[key][index])
+                for key in keys:
+                    rows[key].append(meta[key])
                 rows["response_ids"].append(out.token_ids)
                 rows["finished"].append(out.finish_reason == "stop")
                 versions.append(out.weight_version)
@@ -79,6 +86,33 @@ class ActorInferWorker(RankWorker):
         rows["response_text"] = decode_for_reward(self.tokenizer, rows["response_ids"])
         rows["weight_version"], rows["token_weight_versions"] = versions, token_versions
         return Batch({"rollout_log_probs": tensor}, rows)
+
+    # -- partial rollouts (async_generation_ratio k >= 2; roll_gspo.strategies.request_pool) ----------
+    def advance(self, prompts: Batch, quota: int, step: int, bound: int,
+                gen: GeneratingArgs) -> Tuple[Batch, Dict[str, int]]:
+        """The rank's request pool: continue its held groups, add `prompts` (one row per prompt, as
+        `generate` takes them) as new groups, return the first `quota` complete groups as
+        `generate`'s rows (for the step `step`, within `bound` versions) and the call's counts."""
+        from roll_gspo.strategies.request_pool import RequestPool
+
+        if self.pool is None:
+            self.pool = RequestPool(self.strategy)
+        rows = [{key: prompts.meta[key][i] for key in prompts.meta} for i in range(len(prompts))]
+        groups, counts = self.pool.advance(rows, quota, step, bound, Sampling.of(gen), gen.num_return_sequences)
+        keys = list(groups[0].meta) if groups else list(prompts.meta)
+        return self._rows([g.meta for g in groups], [g.requests for g in groups], keys), counts.as_dict()
+
+    def pool_state(self) -> Optional[Dict[str, Any]]:
+        """The request pool's held groups (None before the first `advance`): what a checkpoint saves."""
+        return self.pool.state() if self.pool is not None else None
+
+    def load_pool_state(self, state: Optional[Dict[str, Any]]) -> None:
+        """The held groups a checkpoint saved, continued by the next `advance`."""
+        from roll_gspo.strategies.request_pool import RequestPool
+
+        self.pool = RequestPool(self.strategy)
+        if state is not None:
+            self.pool.load_state(state)
 
     def generate_turns(self, requests: Batch, gen: GeneratingArgs) -> Batch:
         """One turn of each of several episodes (the agentic pipeline). requests: meta prompt_ids

@@ -1,0 +1,170 @@
+"""The request pool of partial rollouts (async_generation_ratio k >= 2, issue 37;
+roll_gspo.strategies.request_pool) on real engines in-process, without Ray: the quota of complete
+groups comes back, partials are held and continued by re-prefill with new seeds, held groups past
+the staleness bound are dropped, runs are deterministic and a saved pool continues as the live
+one; and a forced mid-generation weight update in vLLM (fp32): each token's rollout log-prob is
+its own version's, as the trainer-side model (HF forward) scores it under that version's weights."""
+import io
+import os
+
+import pytest
+import torch
+
+from roll_gspo.strategies.engine import Sampling
+from roll_gspo.strategies.request_pool import RequestPool, continuation_seed
+from tests.test_rollout_engine import PROMPTS, role_for
+
+ROWS = [{"prompt_ids": p, "sample_seed": 1000 * (i + 1), "domain": "math"} for i, p in enumerate(PROMPTS)]
+# One response per prompt on vLLM: the tiny random model's response of seed 3 stops at 26 tokens, those
+# of seeds 1, 2 and 7 run longer, so the first group completes while the others are mid-response.
+STREAM = [{"prompt_ids": p, "sample_seed": seed, "domain": "math"} for p, seed in zip(PROMPTS, (3, 1, 2, 7))]
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_model):
+    from roll_gspo.strategies.vllm_strategy import VllmStrategy
+
+    return VllmStrategy(role_for(tiny_model), max_model_len=96, seed=0)
+
+
+class Recording:
+    """The real engine, with the seeds of its submissions noted (by request id)."""
+
+    def __init__(self, engine):
+        self.engine, self.seeds = engine, {}
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def submit(self, request_id, prompt_ids, sampling, seed=None, group=None):
+        self.seeds[request_id] = (list(prompt_ids), seed)
+        return self.engine.submit(request_id, prompt_ids, sampling, seed, group=group)
+
+
+def tokens(groups):
+    return [[(r.token_ids, r.log_probs, r.weight_versions, r.finish_reason) for r in g.requests] for g in groups]
+
+
+def test_hf_infer_pool_returns_the_quota_and_holds_the_rest(tiny_model):
+    """hf_infer runs one group per engine step here: two of four groups finish, the other two are
+    cut in the queue (no tokens) and held; the next call resubmits them with new seeds and returns
+    them; nothing is ever left in the engine."""
+    from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
+
+    engine = Recording(HfInferStrategy(role_for(tiny_model, infer_batch_size=1), seed=0))
+    pool = RequestPool(engine)
+    sampling = Sampling(max_new_tokens=8, temperature=1.0)
+    first, counts = pool.advance(ROWS, 2, step=1, bound=2, sampling=sampling, n=2)
+    assert [g.meta["sample_seed"] for g in first] == [1000, 2000] and all(g.complete for g in first)
+    assert (counts.complete, counts.partial_groups, counts.new_groups, counts.dropped_past_bound) == (2, 2, 4, 0)
+    assert not engine.unfinished() and [len(r.token_ids) for g in pool.held for r in g.requests] == [0] * 4
+    second, counts = pool.advance([], 2, step=2, bound=2, sampling=sampling, n=2)
+    assert [g.meta["sample_seed"] for g in second] == [3000, 4000] and counts.partial_groups == 0
+    assert (counts.continuations, counts.reprefill_tokens) == (0, 0)  # nothing sampled yet: no re-prefill
+    resubmitted = {rid: seed for rid, (_, seed) in engine.seeds.items() if rid.endswith("/1")}
+    assert resubmitted == {f"p{g}/{j}/1": continuation_seed(1000 * (g + 1) + j, 1) for g in (2, 3) for j in (0, 1)}
+    assert all(seed != continuation_seed(seed, 1) for seed in (3000, 3001, 4000, 4001))
+
+
+def test_vllm_partials_are_continued_by_reprefill(vllm_engine):
+    """One group's quota from four: the others are cut mid-response and held with their tokens;
+    the next call resubmits each as prompt + tokens so far (its cap reduced, a new seed) and the
+    responses it returns begin with the held tokens."""
+    vllm_engine.llm.reset_prefix_cache()
+    engine = Recording(vllm_engine)
+    pool = RequestPool(engine)
+    sampling = Sampling(max_new_tokens=40, temperature=1.0)
+    first, counts = pool.advance(STREAM, 1, step=1, bound=2, sampling=sampling, n=1)
+    assert len(first) == 1 and counts.partial_groups == 3 and not vllm_engine.unfinished()
+    held = {g.key: [list(r.token_ids) for r in g.requests] for g in pool.held}
+    cut = [r for g in pool.held for r in g.requests if r.token_ids and not r.finished]
+    assert cut, "no response was cut mid-way"
+    expected = (len(cut), sum(len(r.token_ids) for r in cut))
+    rest, counts = pool.advance([], 3, step=2, bound=2, sampling=sampling, n=1)
+    assert (counts.continuations, counts.reprefill_tokens) == expected
+    for group in rest:
+        for j, (before, request) in enumerate(zip(held[group.key], group.requests)):
+            assert request.token_ids[:len(before)] == before and request.finished
+            assert len(request.log_probs) == len(request.weight_versions) == len(request.token_ids)
+            if before and request.segments == 2:
+                prompt, seed = engine.seeds[f"{group.key}/{j}/1"]
+                assert prompt == group.prompt_ids + before and seed == continuation_seed(request.seed, 1) != request.seed
+
+
+def test_vllm_pool_drops_past_the_bound_and_is_deterministic(vllm_engine):
+    """Held tokens of version 0: kept while step - 0 <= bound, dropped (and counted) beyond; two
+    identical runs, one through a saved and reloaded pool, give identical tokens."""
+    sampling = Sampling(max_new_tokens=40, temperature=1.0)
+
+    def run(reload: bool):
+        vllm_engine.llm.reset_prefix_cache()
+        pool = RequestPool(vllm_engine)
+        first, _ = pool.advance(STREAM, 1, step=1, bound=2, sampling=sampling, n=1)
+        if reload:
+            buffer = io.BytesIO()
+            torch.save(pool.state(), buffer)
+            buffer.seek(0)
+            saved = torch.load(buffer, weights_only=False)
+            pool = RequestPool(vllm_engine)
+            pool.load_state(saved)
+        vllm_engine.llm.reset_prefix_cache()
+        second, counts = pool.advance(STREAM[:1], 1, step=2, bound=2, sampling=sampling, n=1)
+        return tokens(first) + tokens(second), counts, pool
+
+    plain, counts, pool = run(reload=False)
+    assert counts.dropped_past_bound == 0 and counts.partial_groups == 3
+    assert run(reload=True)[0] == plain
+    held = len(pool.held)
+    assert all(g.oldest_version() in (0, None) for g in pool.held)
+    _, counts = pool.advance([], 0, step=3, bound=2, sampling=sampling, n=1)  # 3 - 0 > 2: past the bound
+    with_tokens = counts.dropped_past_bound
+    assert with_tokens >= 1 and counts.partial_groups == held - with_tokens == len(pool.held)
+
+
+def test_weight_update_mid_generation_keeps_each_version_exact(vllm_engine, tiny_model):
+    """Partials cut under version 0, new weights loaded (version 1), continued: responses of tokens
+    of both versions, and every token's rollout log-prob is within 1e-4 of the trainer-side model's
+    (HF forward, fp32) under the weights of that token's version."""
+    from safetensors.torch import load_file
+
+    from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, response_token_log_probs
+
+    original = load_file(os.path.join(tiny_model, "model.safetensors"))
+    generator = torch.Generator().manual_seed(0)
+    updated = {name: t + 0.05 * t.std() * torch.randn(t.shape, generator=generator) if t.dim() > 1 else t
+               for name, t in original.items()}
+    sampling = Sampling(max_new_tokens=40, temperature=1.0)
+    vllm_engine.llm.reset_prefix_cache()
+    base = vllm_engine.weight_version
+    pool = RequestPool(vllm_engine)
+    pool.advance(STREAM, 1, step=base + 1, bound=2, sampling=sampling, n=1)
+    try:
+        vllm_engine.begin_weight_update()
+        vllm_engine.load_weights(list(updated.items()))
+        vllm_engine.finish_weight_update(base + 1)
+        groups, _ = pool.advance([], 3, step=base + 2, bound=2, sampling=sampling, n=1)
+    finally:
+        vllm_engine.begin_weight_update()
+        vllm_engine.load_weights(list(original.items()))
+        vllm_engine.finish_weight_update(base + 2)
+    requests = [(g.prompt_ids, r) for g in groups for r in g.requests]
+    mixed = [r for _, r in requests if len(set(r.weight_versions)) == 2]
+    assert mixed, "no response spans the update"
+    model = load_causal_lm(tiny_model, "fp32").eval()
+    input_ids, attention, prompt_lengths, mask = build_sequences([p for p, _ in requests],
+                                                                 [r.token_ids for _, r in requests], 0)
+    rollout = torch.zeros(mask.shape)
+    versions = torch.full(mask.shape, -1)
+    for i, (_, r) in enumerate(requests):
+        rollout[i, :len(r.log_probs)] = torch.tensor(r.log_probs)
+        versions[i, :len(r.weight_versions)] = torch.tensor(r.weight_versions)
+    for version, weights in ((base, original), (base + 1, updated)):
+        model.load_state_dict(weights, strict=False)
+        with torch.no_grad():
+            trainer, _ = response_token_log_probs(model, input_ids, attention, prompt_lengths, mask.shape[1], 1.0)
+        own = (versions == version) & mask.bool()
+        assert own.sum() > 0
+        gap = (trainer - rollout).abs()[own].max().item()
+        assert gap <= 1e-4, (version, gap)
+        other = (versions == (base + 1 if version == base else base)) & mask.bool()
+        assert (trainer - rollout).abs()[other].max().item() > 1e-3  # the versions really differ
