@@ -139,7 +139,7 @@ def test_megatron_strategy_config_after_a_rename_acts_or_is_refused(in_roll_dir)
     ("actor_train.use_dynamic_batching_in_train=true", "must be set to at least one whole sequence"),
     ("actor_infer.use_dynamic_batching_in_infer=true", "vLLM schedules its own batches"),
     ("actor_train.use_sequence_packing=true", "sequence packing is not built"),
-    ("async_generation_ratio=2", "0 (synchronous) and 1 (generation one step ahead of training) are built"),
+    ("async_generation_ratio=2.5", "or an integer k >= 2 (a staleness bound"),
     ("is_num_return_sequences_expand=true", "samples num_return_sequences_in_group"),
     ("+rollout_mock={enable: true}", "rollout dumping/mocking is not built"),
     ("actor_train.data_args.interleave_probs='0.5,0.5'", "per-file sampling is not built"),

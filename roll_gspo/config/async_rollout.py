@@ -5,6 +5,12 @@ trains on step N's, so each step trains on responses the weights of the step bef
 the rollout engine still holds those weights, so the old log-probs must be its own; everything that
 needs the trainer's old log-probs, a sleeping engine or the scores of the rollout generated ahead is
 refused with it.
+
+With `async_generation_ratio: k`, k >= 2, generation still runs one rollout ahead, and each rollout
+rank keeps a pool of prompt groups in flight (roll_gspo.strategies.request_pool): responses span up
+to k weight versions (partial rollouts by re-prefill), a step takes the first complete groups, and
+no sample is trained more than k versions after its oldest token was sampled. Its rules are
+`_bounded_problems`'s; `async_pool_batches` sizes the pools (docs/async.md).
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from roll_gspo.config.schema import PipelineConfig
 from roll_gspo.config.train_infer_correction import correction_enabled
 
 KEY = "async_generation_ratio"
+POOL_KEY = "async_pool_batches"
 # Why `old_logprob_source: auto` takes the rollout engine's log-probs with it (rollout_logprobs).
 ASYNC_OLD_LOGPROBS = (f"{KEY} 1 samples each step with the weights of the step before, which only the rollout "
                       f"engine still holds")
@@ -27,17 +34,34 @@ def generates_ahead(cfg: PipelineConfig) -> bool:
     return bool(cfg.async_generation_ratio)
 
 
-@check("check", keys=(KEY,),
-       doc="`async_generation_ratio` other than 0 or 1; with 1: `old_logprob_source: trainer`, Routing Replay, "
-           "rollout log-probs that would bias the ratio, the rollout engine asleep between phases, dynamic "
-           "sampling, the rollout correction, the agentic pipeline", name="async.problems", rollout_only=True)
+def staleness_bound(cfg: PipelineConfig) -> Optional[int]:
+    """k of `async_generation_ratio: k` for k >= 2 (request pools, partial rollouts, the staleness
+    bound); None for 0 and 1, whose paths are unchanged."""
+    ratio = cfg.async_generation_ratio
+    return int(ratio) if ratio >= 2 else None
+
+
+@check("check", keys=(KEY, POOL_KEY),
+       doc="`async_generation_ratio` below 0 or not an integer; with 1: `old_logprob_source: trainer`, Routing "
+           "Replay, rollout log-probs that would bias the ratio, the rollout engine asleep between phases, dynamic "
+           "sampling, the rollout correction, the agentic pipeline; with k >= 2: `old_logprob_source: trainer` "
+           "without a rollout correction, Routing Replay, biased rollout log-probs, the engine asleep between "
+           "phases, dynamic sampling, model_update_frequency > 1, the agentic pipeline; `async_pool_batches` below "
+           "1", name="async.problems", rollout_only=True)
 def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     ratio = cfg.async_generation_ratio
-    if ratio not in (0, 1):
-        return [error(KEY, f"{KEY} = {ratio!r} is refused: 0 (synchronous) and 1 (generation one step ahead of "
-                           f"training) are built; ROLL's larger integers are not")]
+    pool = cfg.async_pool_batches
+    if not (isinstance(pool, (int, float)) and pool >= 1):
+        return [error(POOL_KEY, f"{POOL_KEY} = {pool!r} is refused: at least 1 (the rollout batches of prompt groups "
+                                f"each rollout rank keeps in flight; 1 = no over-sampling)")]
+    if not isinstance(ratio, (int, float)) or ratio < 0 or not float(ratio).is_integer():
+        return [error(KEY, f"{KEY} = {ratio!r} is refused: 0 (synchronous), 1 (generation one step ahead of "
+                           f"training) or an integer k >= 2 (a staleness bound of k policy versions with partial "
+                           f"rollouts)")]
     if not ratio:
         return []
+    if ratio >= 2:
+        return _bounded_problems(cfg, int(ratio))
     problems = []
     if cfg.old_logprob_source == "trainer" or cfg.router_replay:
         problems.append(error(KEY, f"{KEY}: 1 needs the rollout engine's old log-probs (old_logprob_source: rollout "
@@ -73,6 +97,56 @@ def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     return problems
 
 
+def _bounded_problems(cfg: PipelineConfig, k: int) -> List[Finding]:
+    """`async_generation_ratio: k`, k >= 2: what the request pools cannot honour."""
+    problems = []
+    if cfg.pipeline == "agentic":
+        problems.append(error(KEY, f"{KEY} = {k} with the agentic pipeline is not built yet: episodes in flight "
+                                   f"across steps (a per-turn bound) are issue 37's agentic part; use 0"))
+    if cfg.router_replay:
+        problems.append(error(KEY, f"{KEY} = {k} with router_replay is refused: Routing Replay replays the experts "
+                                   f"the trainer records while it recomputes the old log-probs, and responses here "
+                                   f"span up to {k} older policies whose routing no pass records"))
+    if cfg.old_logprob_source == "trainer" and not correction_enabled(cfg):
+        problems.append(error(KEY, f"{KEY} = {k} with old_logprob_source: trainer and no rollout correction "
+                                   f"(train_infer_correction) is refused: the trainer's recompute scores the current "
+                                   f"policy, so the ratio would hide up to {k} versions of staleness. Use "
+                                   f"old_logprob_source: rollout (or auto), each token's own behaviour log-prob, or "
+                                   f"keep trainer and enable train_infer_correction.is_weight (decoupled PPO: the "
+                                   f"weight exp(old - rollout) per token carries the staleness)"))
+    elif cfg.old_logprob_source == "auto" and not correction_enabled(cfg):
+        bias = rollout_logprobs_bias(cfg)
+        if bias:
+            problems.append(error(KEY, f"{KEY} = {k} needs the rollout engine's old log-probs, and they would bias "
+                                       f"every ratio here: {bias}"))
+    from roll_gspo.placement.colocation import offload_between_phases
+
+    if offload_between_phases(cfg):
+        problems.append(error(KEY, f"{KEY} = {k} with the rollout engine put to sleep between phases "
+                                   f"(is_offload_states, or roles sharing GPUs) is refused: generating ahead needs "
+                                   f"the rollout engine awake while the trainer trains, on devices of its own"))
+    filtered = [name for name, reward in cfg.rewards.items() if reward.query_filter_config.type != "no_filter"]
+    if filtered:
+        problems.append(error(KEY, f"{KEY} = {k} with dynamic sampling (rewards.{filtered[0]}.query_filter_config) "
+                                   f"is not built: the rejected groups' refill would need further advances of the "
+                                   f"request pools within one step; use {KEY}: 0 or 1 without it, or drop the filter"))
+    if cfg.model_update_frequency > 1:
+        problems.append(error(KEY, f"{KEY} = {k} with model_update_frequency = {cfg.model_update_frequency} is "
+                                   f"refused: the bound counts policy versions as steps, and weights synced every "
+                                   f"{cfg.model_update_frequency} steps would leave fresh samples past it"))
+    return problems
+
+
+@check("warn", keys=(POOL_KEY,), doc="`async_pool_batches` set while async_generation_ratio is below 2 (no effect)",
+       name="async.pool_unused", rollout_only=True)
+def _pool_unused(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    set_here = POOL_KEY in yaml_keys if yaml_keys is not None else cfg.async_pool_batches != 2.0
+    if not set_here or staleness_bound(cfg) is not None:
+        return []
+    return [warning(POOL_KEY, f"{POOL_KEY} acts only with {KEY} >= 2 (request pools); with "
+                              f"{KEY} = {cfg.async_generation_ratio:g} it has no effect")]
+
+
 @check("warn", keys=(KEY, "actor_infer.system_envs"),
        doc="`async_generation_ratio: 1` with more OMP threads for the CPU rollout engine than it reserves (they "
            "take the trainer's cores)", name="async.threads")
@@ -84,7 +158,7 @@ def _thread_warning(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     if not (generates_ahead(cfg) and rollout_threads.isdigit() and int(rollout_threads) > reserved
             and not cfg.actor_infer.num_gpus_per_worker):
         return []
-    return [warning(KEY, f"{KEY}: 1 with OMP_NUM_THREADS = {rollout_threads} in actor_infer's system_envs, more "
+    return [warning(KEY, f"{KEY}: {cfg.async_generation_ratio:g} with OMP_NUM_THREADS = {rollout_threads} in actor_infer's system_envs, more "
                          f"threads than the {cfg.actor_infer.num_cpus_per_worker:g} CPU it reserves: generation now "
                          f"runs while the trainer trains, so those threads take the trainer's cores. Drop the setting "
                          f"(the synchronous examples set it because the trainer waits while vLLM generates).")]

@@ -1,0 +1,51 @@
+"""`async_generation_ratio` k >= 2 and `async_pool_batches` (issue 37): what is accepted, and each
+refusal, before any worker starts, naming the key (roll_gspo.config.async_rollout)."""
+import pytest
+
+from roll_gspo.config import ConfigError, load_config
+from roll_gspo.config.async_rollout import staleness_bound
+from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+from tests.test_config import config_log, warning_messages  # noqa: F401  (the fixture)
+
+K2 = ["async_generation_ratio=2"]
+
+
+def refusal(example, overrides):
+    with pytest.raises(ConfigError) as info:
+        load_config(example, overrides)
+    return str(info.value)
+
+
+def test_k2_is_accepted_with_rollout_log_probs_or_trainer_with_a_correction():
+    cfg = load_config("example_gspo.yaml", K2)
+    assert staleness_bound(cfg) == 2 and cfg.async_pool_batches == 2.0
+    assert choose_old_logprob_source(cfg).source == "rollout"
+    assert staleness_bound(load_config("example_gspo.yaml", ["async_generation_ratio=1.0"])) is None  # 1.0 is 1
+    decoupled = load_config("example_gspo.yaml", K2 + ["old_logprob_source=trainer",
+                                                       "train_infer_correction.is_weight.enabled=true"])
+    assert choose_old_logprob_source(decoupled).source == "trainer"
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["async_generation_ratio=-1"], "async_generation_ratio = -1.0 is refused"),
+    (["async_generation_ratio=2.5"], "async_generation_ratio = 2.5 is refused"),
+    (K2 + ["old_logprob_source=trainer"], "old_logprob_source: trainer and no rollout correction"),
+    (K2 + ["router_replay=true"], "with router_replay is refused"),
+    (K2 + ["is_offload_states=true"], "put to sleep between phases"),
+    (K2 + ["model_update_frequency=2"], "model_update_frequency = 2 is refused"),
+    (K2 + ["rewards.math_rule.query_filter_config.type=mean_filter"], "with dynamic sampling"),
+    (K2 + ["async_pool_batches=0.5"], "async_pool_batches = 0.5 is refused"),
+])
+def test_k2_refusals_name_the_key(overrides, expected):
+    message = refusal("example_gspo.yaml", overrides)
+    assert expected in message, message
+
+
+def test_k2_with_the_agentic_pipeline_is_refused():
+    assert "with the agentic pipeline is not built yet" in refusal("example_agentic.yaml", K2)
+
+
+def test_pool_key_without_k2_warns(config_log):  # noqa: F811
+    load_config("example_gspo.yaml", ["async_pool_batches=3"])
+    assert any("async_pool_batches acts only with async_generation_ratio >= 2" in m
+               for m in warning_messages(config_log))
