@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -22,14 +22,17 @@ from roll_gspo.lifecycle.graceful_stop import GracefulStop, resume_command
 
 logger = logging.getLogger("roll_gspo")
 ROLLOUT_BUFFER_FILE = "rollout_buffer.pt"  # the rollouts generated ahead (async), saved with the checkpoint
+ROLLOUT_POOL_FILE = "rollout_pool.pt"  # k >= 2: each rollout rank's request pool (held partial groups)
 NEXT_ROLLOUT_FILE = "next_rollout.pt"  # what checkpoints before the rollout buffer saved instead: one rollout
 
 
 def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, buffered: List[Batch],
-                     driver_state: dict, critic: Optional[Cluster] = None) -> str:
+                     driver_state: dict, critic: Optional[Cluster] = None,
+                     pool_states: Optional[List[Any]] = None) -> str:
     """The trainer ranks' state (and the critic's, PPO), the rollouts generated ahead (async) and the
     driver's state (`driver_state`: the source's sampler and running reward stats, where old
-    log-probs come from); written to a temporary folder, fsynced, renamed into place
+    log-probs come from) and, with `async_generation_ratio` k >= 2, the rollout ranks' request pools
+    (`pool_states`, one file beside the rollouts generated ahead); written to a temporary folder, fsynced, renamed into place
     (`roll_gspo.lifecycle.checkpoint`). Returns the folder."""
     output_dir = checkpoint_base(cfg)
     folder = begin_checkpoint(output_dir, step)
@@ -39,6 +42,8 @@ def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, bu
             critic.execute_all("save_checkpoint", folder)
         if buffered:  # async: their prompts are drawn already, the weights that sampled them gone
             torch.save(buffered, os.path.join(folder, ROLLOUT_BUFFER_FILE))
+        if pool_states is not None:  # the partial responses in flight, continued after a resume
+            torch.save(pool_states, os.path.join(folder, ROLLOUT_POOL_FILE))
     except WorkerDiedError:
         discard(folder)
         raise
@@ -75,6 +80,12 @@ def load_buffered(folder: str) -> List[Batch]:
     if os.path.exists(os.path.join(folder, NEXT_ROLLOUT_FILE)):
         return [torch.load(os.path.join(folder, NEXT_ROLLOUT_FILE), weights_only=False)]
     return []
+
+
+def load_pool_states(folder: str) -> Optional[List[Any]]:
+    """k >= 2: the rollout ranks' request pools saved with the checkpoint (None without the file)."""
+    path = os.path.join(folder, ROLLOUT_POOL_FILE)
+    return torch.load(path, weights_only=False) if os.path.exists(path) else None
 
 
 def checkpoint_due(cfg: PipelineConfig, step: int, stop: GracefulStop) -> bool:

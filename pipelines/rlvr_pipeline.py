@@ -7,17 +7,25 @@ while the loop's log-prob passes run. With dynamic sampling (a reward block's
 `query_filter_config`) it scores first and samples again for the prompts whose groups its filter
 drops. Its advantages: per group (`adv_estimator`, with ROLL's per-response loss weights) or, for
 PPO, GAE over the critic's values.
+
+With `async_generation_ratio` k >= 2 every rollout comes from the rollout ranks' request pools
+(roll_gspo.strategies.request_pool): each call keeps `async_pool_batches` rollout batches of prompt
+groups in flight over the ranks, takes the first complete groups, holds the cut partial responses
+to continue them under the next weights, and drops what would be trained more than k versions
+after its oldest token was sampled (docs/async.md).
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
 from roll_gspo.config import PipelineConfig
+from roll_gspo.config.async_rollout import staleness_bound
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.lifecycle.seeding import rollout_seeds
 
@@ -54,6 +62,13 @@ class PromptGroupSource(RolloutSource):
                               if reward.query_filter_config.type != "no_filter"}
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
         self.actor_infer = self.scorer = None  # connect()
+        # async_generation_ratio k >= 2: the request pools' bound, the groups each rank held after its
+        # last advance, the drops so far, and the metrics of the rollout generated ahead (a resumed
+        # run's first step logs them as the uninterrupted run did).
+        self.bound = staleness_bound(cfg)
+        self.pool_held: List[int] = []
+        self.dropped_total = 0
+        self.ahead_metrics: Dict[str, float] = {}
 
     def connect(self, clusters: RunClusters) -> None:
         """Generation on the rollout engine, scores from the reward clusters."""
@@ -72,7 +87,11 @@ class PromptGroupSource(RolloutSource):
 
     # -- rollouts -----------------------------------------------------------------------------------
     def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
-        """G responses per prompt (dynamic sampling: scored already, and only informative groups)."""
+        """G responses per prompt (dynamic sampling: scored already, and only informative groups).
+        k >= 2: the first step's rollout from the request pools, as every later one."""
+        if self.bound is not None:
+            with timed(timings, "generate"):
+                return self.finish_ahead(self.start_ahead(step))
         if self.query_filters:
             batch, metrics = self._generate_informative_groups(self.sampler.next_batch(), step, timings)
             return self._rollout(batch, RewardFuture.ready(lambda: self.scorer.metrics(batch)), metrics)
@@ -82,16 +101,72 @@ class PromptGroupSource(RolloutSource):
 
     def start_ahead(self, step: int) -> list:
         """`step`'s prompts drawn and their generation started: the calls, for `finish_ahead`."""
+        if self.bound is not None:
+            return self._advance_pools(step)
         return self.actor_infer.dispatch_async("generate", self._prompt_batch(self.sampler.next_batch(), step, "train"),
                                                skip_empty=True, gen=self.cfg.actor_infer.generating_args)
 
     def finish_ahead(self, started: list) -> Rollout:
         """The rollout of the calls `start_ahead` returned, once they are done."""
+        if self.bound is not None:
+            return self._collect_pools(started)
         return self.restore(self.actor_infer.collect(started))
 
     def restore(self, batch: Batch) -> Rollout:
         """A rollout of generated responses, their rewards to be scored."""
-        return self._rollout(batch, self.scorer.future(batch), {})
+        return self._rollout(batch, self.scorer.future(batch), dict(self.ahead_metrics))
+
+    # -- request pools (async_generation_ratio k >= 2) ---------------------------------------------------
+    def _shares(self, total: int) -> List[int]:
+        """`total` split over the rollout ranks, the first ones taking one more."""
+        ranks = self.actor_infer.world_size
+        return [total // ranks + (1 if rank < total % ranks else 0) for rank in range(ranks)]
+
+    def _advance_pools(self, step: int) -> list:
+        """Each rollout rank's pool advanced for `step`: new prompts for the groups it no longer
+        holds (taken or dropped; all of them at the first call), quota its share of
+        rollout_batch_size. Returns the calls."""
+        cfg = self.cfg
+        sizes = self._shares(math.ceil(cfg.async_pool_batches * cfg.rollout_batch_size))
+        held = self.pool_held or [0] * len(sizes)
+        new = [max(0, size - count) for size, count in zip(sizes, held)]
+        prompts = self._prompt_batch(self.sampler.next_batch(size=sum(new)) if sum(new) else [], step, "train")
+        starts = [sum(new[:rank]) for rank in range(len(new))]
+        return [worker.advance.remote(prompts.select(range(start, start + count)), quota, step, self.bound,
+                                      gen=cfg.actor_infer.generating_args)
+                for worker, start, count, quota in zip(self.actor_infer.workers, starts, new,
+                                                       self._shares(cfg.rollout_batch_size))]
+
+    def _collect_pools(self, calls: list) -> Rollout:
+        """The ranks' complete groups as one rollout, with the pools' counts as `rollout/*` metrics."""
+        results = self.actor_infer.gather(calls)
+        batch = Batch.concat([rows for rows, _ in results])
+        counts = {key: sum(c[key] for _, c in results) for key in results[0][1]}
+        self.pool_held = [c["partial_groups"] for _, c in results]
+        self.dropped_total += counts["dropped_past_bound"]
+        self.ahead_metrics = {
+            "rollout/partial_groups": float(counts["partial_groups"]),
+            "rollout/dropped_past_bound": float(counts["dropped_past_bound"]),
+            "rollout/dropped_past_bound_total": float(self.dropped_total),
+            "rollout/continuations": float(counts["continuations"]),
+            "rollout/reprefill_tokens": float(counts["reprefill_tokens"]),
+            "rollout/new_groups": float(counts["new_groups"])}
+        return self.restore(batch)
+
+    def pool_states(self) -> Optional[List[Any]]:
+        """k >= 2: every rollout rank's held groups (what a checkpoint saves); None otherwise."""
+        return self.actor_infer.execute_all("pool_state") if self.bound is not None else None
+
+    def load_pool_states(self, states: Optional[List[Any]]) -> None:
+        """The rollout ranks' held groups a checkpoint saved, before the first advance."""
+        if self.bound is None or states is None:
+            return
+        workers = self.actor_infer.workers
+        if len(states) != len(workers):
+            raise ValueError(f"the checkpoint holds the request pools of {len(states)} rollout ranks, this run has "
+                             f"{len(workers)}: resume with the same actor_infer world_size")
+        self.actor_infer.gather([w.load_pool_state.remote(s) for w, s in zip(workers, states)])
+        self.pool_held = [len(s["held"]) if s else 0 for s in states]
 
     def _rollout(self, batch: Batch, rewards: RewardFuture, metrics: Dict[str, float]) -> Rollout:
         """The rollout of a generated batch, with the trainer's tensors added."""
@@ -229,15 +304,23 @@ class PromptGroupSource(RolloutSource):
         return {**metrics, "val/samples": float(len(batch)), "time/validation_s": time.perf_counter() - start}
 
     def state_dict(self) -> Dict[str, object]:
-        """The prompt sampler's position and the running reward statistics."""
-        return {"sampler": self.sampler.state_dict(),
-                "running_stats": self.running_stats.state_dict() if self.running_stats else None}
+        """The prompt sampler's position and the running reward statistics (k >= 2: the drops so
+        far and the metrics of the rollout generated ahead)."""
+        state: Dict[str, object] = {"sampler": self.sampler.state_dict(),
+                                    "running_stats": self.running_stats.state_dict() if self.running_stats else None}
+        if self.bound is not None:
+            state["request_pools"] = {"dropped_total": self.dropped_total, "ahead_metrics": self.ahead_metrics}
+        return state
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Back to the sampler position and reward statistics a checkpoint saved."""
         self.sampler.load_state_dict(state["sampler"])
         if self.running_stats is not None and state.get("running_stats"):
             self.running_stats.load_state_dict(state["running_stats"])
+        pools = state.get("request_pools")
+        if self.bound is not None and isinstance(pools, dict):
+            self.dropped_total = int(pools["dropped_total"])
+            self.ahead_metrics = dict(pools["ahead_metrics"])
 
 
 def _scale_counts(counts: Dict[str, int], total: int) -> Dict[str, int]:

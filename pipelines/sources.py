@@ -112,6 +112,14 @@ class RolloutSource(abc.ABC):
     def validate(self, step: int) -> Dict[str, float]:
         """The `val/*` metrics at `step` (empty when the run has no validation)."""
 
+    def pool_states(self) -> Optional[List[Any]]:
+        """What the rollout ranks hold in flight between steps (`async_generation_ratio` k >= 2: each
+        rank's request pool); a checkpoint saves it beside the rollouts generated ahead. None: nothing."""
+        return None
+
+    def load_pool_states(self, states: Optional[List[Any]]) -> None:
+        """Give the rollout ranks back what `pool_states` returned (on resume, before the first rollout)."""
+
     def state_dict(self) -> Dict[str, Any]:
         """What a checkpoint keeps of the source (its prompt sampler, running reward statistics)."""
         return {"sampler": None, "running_stats": None}

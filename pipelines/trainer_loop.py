@@ -6,7 +6,11 @@ rollout engine, and around the steps: validation, checkpoints, metrics, the fina
 With `async_generation_ratio: 1` the rollout buffer between source and loop is one step deep
 (`pipelines.rollout_buffer`): the rollout engine generates step N+1's responses while step N scores
 and trains; they are sampled by the weights of step N-1, and the importance ratio's old log-probs
-are the rollout engine's own (the policy that sampled them).
+are the rollout engine's own (the policy that sampled them). With `async_generation_ratio` k >= 2
+the buffer has the same shape, and the source's rollouts come from request pools whose responses
+may span several weight versions (partial rollouts); the loop checks that none is trained more
+than k versions after its oldest token was sampled, logs the staleness histogram and gives the
+trainer each token's lag (the log-prob gap per lag; docs/async.md).
 
 Setting up (Ray clusters) lives in `pipelines.setup`; saving, resuming and ending a run in
 `pipelines.checkpoint`; PPO's critic in `pipelines.critic`.
@@ -19,7 +23,7 @@ import os
 from typing import Callable, Dict, List, Optional
 
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.async_rollout import generates_ahead
+from roll_gspo.config.async_rollout import generates_ahead, staleness_bound
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.config.plan import build_run_plan
 from roll_gspo.distributed.batch import Batch
@@ -29,8 +33,8 @@ from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 from roll_gspo.models.moe_routing import folder_is_moe
 
-from pipelines.checkpoint import (announce_stop, checkpoint_due, load_buffered, restore_trainer, resumed_old_logprobs,
-    save_final_model, write_checkpoint)
+from pipelines.checkpoint import (announce_stop, checkpoint_due, load_buffered, load_pool_states, restore_trainer,
+    resumed_old_logprobs, save_final_model, write_checkpoint)
 from pipelines.common import prepare_models, progress_bar, timed
 from pipelines.critic import actor_trains, collect_values, critic_view, start_values
 from pipelines.rollout_buffer import RolloutBuffer
@@ -57,6 +61,7 @@ class TrainerLoop:
         logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
         self.source = make_source(cfg, self.tokenizer)  # its data (or environments), before any worker starts
         self.buffer = RolloutBuffer(self.source, depth=1 if generates_ahead(cfg) else 0, last_step=cfg.max_steps)
+        self.bound = staleness_bound(cfg)  # k >= 2: the most versions a trained sample may lag; None otherwise
         self.start_step = 0
         self.stopped_by = None  # the signal that stopped run() early, if one did
         self.offload = log_colocation(cfg, self.plan)
@@ -89,6 +94,8 @@ class TrainerLoop:
         timings: Dict[str, float] = {}
         rollout = self.buffer.take(step, timings)
         batch, metrics = rollout.batch, dict(rollout.metrics)
+        if self.bound is not None and rollout.trainable:
+            metrics.update(self._check_staleness(step, batch))
         if not rollout.trainable:  # not one generated token (agentic: every episode ended at its opening)
             return {**metrics, **self._step_metrics(step, rollout, timings)}
         if self.offload:  # shared GPUs: the rollout engine frees its memory for the passes below
@@ -171,6 +178,26 @@ class TrainerLoop:
             "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
             **self.source.step_metrics(rollout, step_seconds)}
 
+    def _check_staleness(self, step: int, batch: Batch) -> Dict[str, float]:
+        """k >= 2: every row's staleness (the trainer's version before this step's update, step - 1,
+        minus its oldest token's), refused past the bound (the pools drop such groups: one reaching
+        the trainer is a bug); its metrics, and `token_lags` (B, T) for the log-prob gap per lag."""
+        import torch
+
+        trainer_version = step - 1
+        staleness = [trainer_version - int(v) for v in batch["weight_version"]]
+        if max(staleness) > self.bound or min(staleness) < 0:
+            raise RuntimeError(f"step {step}: a sample of staleness {max(staleness)} (weight version "
+                               f"{min(batch['weight_version'])}, trainer version {trainer_version}) reached the "
+                               f"trainer; async_generation_ratio = {self.bound} bounds it (not trained)")
+        lags = torch.zeros(batch["response_mask"].shape)
+        for row, versions in enumerate(batch["token_weight_versions"]):
+            lags[row, :len(versions)] = trainer_version - torch.tensor(versions, dtype=torch.float32)
+        batch["token_lags"] = lags
+        return {"rollout/staleness_mean": sum(staleness) / len(staleness),
+                "rollout/staleness_max": float(max(staleness)),
+                **{f"rollout/staleness_hist/{j}": float(staleness.count(j)) for j in range(self.bound + 1)}}
+
     def _follow_logprob_gap(self, step: int, gap) -> None:
         """auto outside fp32: the rollout engine's old log-probs while the measured trainer-rollout
         gap (first mini-batch, before any update) stays below the threshold, the trainer's otherwise."""
@@ -205,7 +232,7 @@ class TrainerLoop:
         return write_checkpoint(self.cfg, self.actor_train, step, buffered=self.buffer.batches(),
                                 driver_state={**self.source.state_dict(),
                                               "old_logprob_source": self.old_logprobs.source},
-                                critic=self.critic)
+                                critic=self.critic, pool_states=self.source.pool_states())
 
     def _load_checkpoint(self, folder: str) -> None:
         """The trainer's state, the source's and the rollouts generated ahead, from `folder`; the
@@ -216,6 +243,7 @@ class TrainerLoop:
         self.old_logprobs = resumed_old_logprobs(self.old_logprobs, state, self.start_step)  # where the gap had led
         self.sync_weights(version=self.start_step)  # the rollout engine starts from `pretrain`
         self.buffer.restore(load_buffered(folder))
+        self.source.load_pool_states(load_pool_states(folder))  # k >= 2: the partials in flight, before any advance
         logger.info("resumed from %s at step %d", folder, self.start_step)
 
     def run(self) -> Dict[str, float]:

@@ -34,6 +34,8 @@ FIELDS: Tuple[BatchField, ...] = (
     _field("response_mask", "(B, T)", "the driver's sequence layout", "trainer", "critic"),
     _field("loss_mask", "(B, T)", "agentic samples (generated ids only) or per-response weights", "trainer"),
     _field("rollout_log_probs", "(B, T)", "the rollout engine", "trainer"),
+    _field("token_lags", "(B, T)", "the loop with async_generation_ratio k >= 2: trainer version - token's version",
+           "trainer"),
     _field("old_log_probs", "(B, T)", "the trainer's pass, or the rollout engine's", "trainer"),
     _field("ref_log_probs", "(B, T)", "the reference's pass (a KL term)", "trainer"),
     _field("routed_experts", "(B, L, layers, K) long", "the old-policy pass of an MoE model", "trainer"),

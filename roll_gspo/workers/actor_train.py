@@ -76,6 +76,7 @@ class ActorTrainWorker(RankWorker):
         self.weight_sender = None
         # train_infer_correction: keywords of algorithms.rollout_correction, None when off
         self.correction = correction_arguments(cfg) if cfg.has_rollout() and correction_enabled(cfg) else None
+        self._lag_gaps: Dict[str, Any] = {}  # k >= 2: the micro-batch's log-prob gap per token lag, and its tokens
 
     def setup(self) -> None:
         self.offload = self.plan.offload_between_phases
@@ -220,6 +221,9 @@ class ActorTrainWorker(RankWorker):
                 self._check_finite(loss, micro_metrics)
                 self.strategy.backward_and_step(loss, boundary=index == passes - 1)
             metrics.add_micro(micro_metrics, token_count)
+            for key, (gap, count) in getattr(self, "_lag_gaps", {}).items():  # each lag's mean over its tokens
+                metrics.add_micro({key: gap}, count)
+            self._lag_gaps = {}
         for index in range(len(plans), passes):
             self.strategy.backward_and_step(padding_pass(self.engine, self.temperature).sum() * 0.0,
                                             boundary=index == passes - 1)
@@ -281,6 +285,13 @@ class ActorTrainWorker(RankWorker):
             # Trainer vs rollout engine on the same, not yet updated, policy.
             gap = (log_probs.detach() - micro["rollout_log_probs"]).abs()
             micro_metrics["rollout/logprob_gap"] = float((gap * full_mask).sum() / max(float(full_mask.sum()), 1.0))
+            if "token_lags" in micro:  # async_generation_ratio k >= 2: the gap per lag (trainer - token version)
+                for lag in range(int(cfg.async_generation_ratio) + 1):  # every lag on every rank: same keys
+                    own = full_mask * (micro["token_lags"] == lag)
+                    count = float(own.sum())
+                    self._lag_gaps = getattr(self, "_lag_gaps", {})
+                    self._lag_gaps[f"rollout/logprob_gap/lag{lag}"] = (
+                        float((gap * own).sum()) / max(count, 1.0), count)
         return loss, micro_metrics, token_count
 
     def _check_finite(self, loss: torch.Tensor, details: Dict[str, float]) -> None:
