@@ -136,13 +136,13 @@ class EngineLoop:
                 closing = self._closed
             for request_id, prompt, sampling, seed, group, future in submits:
                 if request_id in aborts:  # aborted before it reached the engine
-                    future.set_result(RequestOutput(request_id, finish_reason="abort",
-                                                    submitted_version=self.engine.weight_version))
+                    _resolve(future, RequestOutput(request_id, finish_reason="abort",
+                                                   submitted_version=self.engine.weight_version))
                     continue
                 try:
                     self.engine.submit(request_id, prompt, sampling, seed, group=group)
                 except BaseException as exc:  # a refused request fails alone
-                    future.set_exception(exc)
+                    _resolve(future, error=exc)
                     continue
                 with self._cond:
                     self._futures[request_id] = future
@@ -164,7 +164,7 @@ class EngineLoop:
         outputs = self.engine.abort(known)
         with self._cond:
             for out in outputs:
-                self._futures.pop(out.request_id).set_result(out)
+                _resolve(self._futures.pop(out.request_id), out)
 
     def _step(self) -> None:
         start = time.perf_counter()
@@ -178,7 +178,7 @@ class EngineLoop:
                 self.engine.abort(list(futures))
             self.failures += len(futures)
             for future in futures.values():
-                future.set_exception(exc)
+                _resolve(future, error=exc)
             return
         finally:
             self.busy_s += time.perf_counter() - start
@@ -191,7 +191,18 @@ class EngineLoop:
             outputs = self.engine.wait(done)
             with self._cond:
                 for out in outputs:
-                    self._futures.pop(out.request_id).set_result(out)
+                    _resolve(self._futures.pop(out.request_id), out)
+
+
+def _resolve(future: Future, output: Optional[RequestOutput] = None, error: Optional[BaseException] = None) -> None:
+    """Set a future's outcome unless its waiter cancelled it (an asyncio caller that went away)."""
+    from concurrent.futures import InvalidStateError
+
+    with contextlib.suppress(InvalidStateError):
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(output)
 
 
 class LoopedEngine:
