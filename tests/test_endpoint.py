@@ -212,3 +212,40 @@ def test_another_address_needs_a_token_and_the_token_is_checked(tiny_model, serv
         assert client(address, api_key="s3cret").models.list().data[0].id == "tiny"
     finally:
         guarded.stop()
+
+
+def test_an_agent_written_against_the_openai_client_plays_groups_of_episodes(served):
+    """`async def agent(client, task) -> float` (the openai client only): 2 tasks x group 2 at once;
+    each episode's trajectory holds exactly the ids its responses carried; an agent that raises
+    and one that hangs are counted failures with the failure reward; the endpoint goes on."""
+    from roll_gspo.serving.agents import agent_metrics, run_agent
+
+    server, loop, address = served
+    seen = {}
+
+    async def agent(client, task):
+        messages = [{"role": "user", "content": task}]
+        ids = []
+        for _ in range(2):
+            r = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=5)
+            ids += r.choices[0].token_ids
+            messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                         {"role": "user", "content": "again"}]
+        seen[r.episode_id] = ids
+        if task == "boom":
+            raise RuntimeError("agent bug")
+        if task == "hang":
+            await asyncio.sleep(30)
+        return float(len(ids))
+
+    episodes = asyncio.run(run_agent(agent, ["2+2", "3*3"], server, group_size=2, timeout_s=20))
+    assert [e.task_index for e in episodes] == [0, 0, 1, 1]
+    for e in episodes:
+        (t,) = e.trajectories
+        assert [i for i, m in zip(t.response_ids, t.agent_mask) if m] == seen[e.episode_id]
+        assert t.reward == e.reward == float(len(seen[e.episode_id])) and t.spec.group_id == f"task{e.task_index}"
+    failed = asyncio.run(run_agent(agent, ["boom", "hang"], server, timeout_s=2.0, failure_reward=-1.0))
+    assert [(e.reward, e.timed_out, e.error is not None) for e in failed] == [(-1.0, False, True), (-1.0, True, True)]
+    metrics = agent_metrics(episodes + failed)
+    assert (metrics["agent/errors"], metrics["agent/timeouts"], metrics["agent/samples"]) == (1.0, 1.0, 6.0)
+    assert loop.in_flight() == 0 and not {e.episode_id for e in episodes + failed} & set(server.store.episodes)
