@@ -76,6 +76,19 @@ def test_models_and_a_multi_turn_episode_reuse_the_recorded_ids(served):
     assert int(tensors["loss_mask"].sum()) == sum(map(len, sampled))
     assert all(lp < 0 or lp == 0.0 for lp in t.log_probs)
     assert len(t.token_weight_versions) == sum(map(len, sampled))
+    # The trainer scores these ids as the engine did: fp32 gap of the recorded log-probs <= 1e-4.
+    import torch
+
+    from roll_gspo.models.causal_lm import load_causal_lm, response_token_log_probs
+
+    model = load_causal_lm(server.stitcher.tokenizer.name_or_path).eval()
+    with torch.no_grad():
+        trainer, _ = response_token_log_probs(model, tensors["input_ids"], tensors["attention_mask"],
+                                              tensors["prompt_lengths"], tensors["response_mask"].shape[1])
+    mask = tensors["loss_mask"].bool()
+    gap = (trainer[mask] - tensors["rollout_log_probs"][mask]).abs().max().item()
+    print(f"endpoint vs trainer fp32 log-prob gap: {gap:.2e}")
+    assert gap <= 1e-4, gap
 
 
 def test_edited_history_opens_a_counted_segment(served):
