@@ -24,7 +24,7 @@ LAYERS: List[Set[str]] = [
     {"roll_gspo.envs", "roll_gspo.tasks"},  # tasks: prompts plus their rule reward (reasoning-gym, built-in)
     {"roll_gspo.config", "roll_gspo.data", "roll_gspo.models", "roll_gspo.sync"},
     {"roll_gspo.strategies", "roll_gspo.agentic"},
-    {"roll_gspo.workers"},
+    {"roll_gspo.workers", "roll_gspo.serving"},  # serving: the OpenAI-compatible endpoint in front of the ranks
     {"pipelines", "roll_gspo.eval"},  # eval: the evaluation command (vLLM on a task set, no Ray)
     {"roll_gspo.cli"},
 ]

@@ -260,7 +260,8 @@ class Cluster:
         rewards) and retries its unfinished calls on the new process, up to that many times."""
         self.name = name
         self.world_size = world_size
-        remote_cls = ray.remote(worker_cls)
+        groups = getattr(worker_cls, "ray_concurrency_groups", None)  # calls run beside the default group's
+        remote_cls = ray.remote(concurrency_groups=groups)(worker_cls) if groups else ray.remote(worker_cls)
         init_kwargs = init_kwargs or {}
         if rank_options is not None and len(rank_options) != world_size:
             raise ValueError(f"role {name}: {len(rank_options)} placements for world_size {world_size}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+import ray
 import torch
 
 from roll_gspo.config.plan import RunPlan, build_run_plan
@@ -21,6 +22,9 @@ class ActorInferWorker(RankWorker):
     """One rollout rank: its engine (`self.strategy`, a `RolloutEngine`) and the weight sync's end."""
 
     strategy: RolloutEngine
+    # The rollout endpoint's calls (serve_*) run beside the default group's one-at-a-time calls.
+    ray_concurrency_groups = {"serve": 256}
+    engine_loop = None
 
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any], plan: Optional[RunPlan] = None):
         super().__init__(dist_env)
@@ -181,3 +185,35 @@ class ActorInferWorker(RankWorker):
         """Join the weight-sync group; `members`: each worker's group rank (None: it takes buckets
         by CUDA IPC), when not simply first_rank + its index."""
         self.strategy.join_weight_group(host, port, first_rank, world_size, timeout_s, backend, members)
+
+    # -- the rollout endpoint (roll_gspo.serving): continuous batching --------------------------------
+    def start_engine_loop(self) -> None:
+        """Drive the engine from a background loop (roll_gspo.strategies.engine_loop) from now on:
+        endpoint requests and this rank's own batch calls join one running batch; weight updates and
+        other engine calls pause it at a step boundary."""
+        if self.engine_loop is None:
+            from roll_gspo.strategies.engine_loop import EngineLoop, LoopedEngine
+
+            self.engine_loop = EngineLoop(self.strategy)
+            self.strategy = LoopedEngine(self.engine_loop)  # type: ignore[assignment]
+
+    @ray.method(concurrency_group="serve")
+    def serve_generate(self, request_id: str, prompt_ids: List[int], sampling, seed: Optional[int] = None):
+        """One endpoint request (token ids in): its `RequestOutput` (ids, log-probs, weight versions)."""
+        if self.engine_loop is None:
+            raise RuntimeError("the engine loop is not running on this rank (start_engine_loop)")
+        return self.engine_loop.submit(request_id, prompt_ids, sampling, seed).result()
+
+    @ray.method(concurrency_group="serve")
+    def serve_abort(self, request_ids: List[str]) -> None:
+        if self.engine_loop is not None:
+            self.engine_loop.abort(request_ids)
+
+    @ray.method(concurrency_group="serve")
+    def engine_loop_stats(self) -> Dict[str, float]:
+        """Engine steps, busy seconds and busy fraction of this rank's loop."""
+        loop = self.engine_loop
+        if loop is None:
+            return {}
+        return {"steps": float(loop.steps), "busy_s": loop.busy_s, "busy_fraction": loop.busy_fraction(),
+                "in_flight": float(loop.in_flight())}

@@ -1,0 +1,409 @@
+"""The OpenAI-compatible rollout endpoint: `/v1/chat/completions`, `/v1/completions`, `/v1/models`
+in front of the run's rollout ranks, recording every episode's tokens (roll_gspo.serving.episodes).
+
+Requests and responses are vLLM's own OpenAI protocol models; tool calls are vLLM's tool parsers'
+(`hermes` by default). Prompts are rendered with the run's tokenizer and chat template, sampled on
+a rollout rank (its engine loop: continuous batching) with the run's sampling (temperature, top-p,
+top-k of the rollout's generating_args: what the trainer's ratio assumes; a client's own values
+are ignored), a request's `max_tokens` capped by the run's `max_new_tokens` and by what is left of
+`sequence_length`.
+
+Security: it listens on 127.0.0.1 unless told otherwise; any other address needs a token, then
+required on every request (`Authorization: Bearer <token>`, the `openai` client's `api_key`). A
+request body over `max_request_bytes`, malformed JSON, an invalid request, an unknown model, a
+prompt longer than `sequence_length` get a 4xx; a client that disconnects while its request runs
+has the request aborted on the rank and counted as its episode's failure; an engine error is a 500
+and a counted failure; neither stops the server or a rank.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+from starlette.requests import Request  # at module level: FastAPI resolves the handlers' annotations here
+
+from roll_gspo.agentic.tokens import ChatStitcher
+from roll_gspo.data.chat_templates import render_chat
+from roll_gspo.serving.backends import Router
+from roll_gspo.serving.episodes import EpisodeRecord, EpisodeStore, TurnPlan, template_messages, with_tools
+from roll_gspo.strategies.engine import RequestOutput, Sampling
+
+logger = logging.getLogger("roll_gspo.serving")
+EPISODE_HEADER = "X-Episode-Id"
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class RolloutServer:
+    """The endpoint of one run. `backends`: one per rollout rank (roll_gspo.serving.backends);
+    `sampling`: the run's rollout sampling; `start()` returns the address (http://HOST:PORT/v1)."""
+
+    def __init__(self, backends: List, tokenizer, *, model_name: str, sampling: Sampling, sequence_length: int,
+                 template: Optional[str] = None, host: str = "127.0.0.1", port: int = 0,
+                 token: Optional[str] = None, tool_parser: Optional[str] = "hermes",
+                 max_request_bytes: Optional[int] = None, model_aliases: Tuple[str, ...] = ()):
+        if not is_loopback(host) and not token:
+            raise ValueError(f"the rollout endpoint listens on {host!r}, not a loopback address: give it a token "
+                             f"(clients then send it as their api_key)")
+        if sampling.max_new_tokens is None or sampling.max_new_tokens < 1:
+            raise ValueError("the endpoint needs the run's max_new_tokens")
+        self.router = Router(backends)
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.model_names = {model_name, *model_aliases}
+        self.sampling = sampling
+        self.sequence_length = sequence_length
+        self.template = template or "native"
+        self.stitcher = ChatStitcher(tokenizer, self.template)
+        self.store = EpisodeStore(self.stitcher, self.render)
+        self.host, self.port, self.token = host, port, token
+        self.tool_parser = tool_parser
+        # JSON of a full-length conversation: ~16 bytes a token is generous for text, plus headroom.
+        self.max_request_bytes = max_request_bytes or (65536 + 16 * sequence_length * 4)
+        self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        self.counters: Dict[str, float] = {"requests": 0, "bad_requests": 0, "client_disconnects": 0,
+                                           "engine_failures": 0, "generated_tokens": 0, "server_s": 0.0,
+                                           "engine_s": 0.0}
+        self._episode_locks: Dict[str, asyncio.Lock] = {}
+        self._server = None
+        self._thread: Optional[threading.Thread] = None
+        self.app = self._build_app()
+
+    # -- rendering ------------------------------------------------------------------------------------
+    def render(self, messages: List[Dict[str, Any]], tools: Optional[list]) -> str:
+        """The prompt text of a conversation under the run's template (tools in the system
+        message for the named ChatML templates; the tokenizer's own template takes `tools=`)."""
+        if self.template == "native":
+            kwargs = {"tools": tools} if tools else {}
+            return self.tokenizer.apply_chat_template(_native_messages(messages), tokenize=False,
+                                                      add_generation_prompt=True, **kwargs)
+        return render_chat(self.template, self.tokenizer, with_tools(template_messages(messages), tools))
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> str:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # the run keeps its own handlers
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                        name="roll-gspo-endpoint")
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the rollout endpoint did not start")
+            time.sleep(0.01)
+        return self.address
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(10)
+            self._server = None
+
+    def take_episode(self, episode_id: str) -> Optional[EpisodeRecord]:
+        """The record of a finished episode (removed from the server)."""
+        self.router.forget(episode_id)
+        self._episode_locks.pop(episode_id, None)
+        return self.store.take(episode_id)
+
+    def metrics(self) -> Dict[str, float]:
+        c = dict(self.counters)
+        c.update({f"episodes_{k}": v for k, v in self.store.counters().items()})
+        if c["requests"]:
+            c["overhead_ms_per_request"] = 1000 * max(c["server_s"] - c["engine_s"], 0.0) / c["requests"]
+        return c
+
+    # -- the app --------------------------------------------------------------------------------------
+    def _build_app(self):
+        from fastapi import FastAPI
+        from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+        app = FastAPI(title="roll_gspo rollout endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+        def error(exc: HttpError):
+            from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
+
+            body = ErrorResponse(error=ErrorInfo(message=exc.message, type=exc.kind, code=exc.status))
+            return JSONResponse(body.model_dump(), status_code=exc.status)
+
+        async def guarded(request: Request, handler):
+            start = time.perf_counter()
+            try:
+                self._authorise(request)
+                return await handler(request)
+            except HttpError as exc:
+                if exc.status < 500:
+                    self.counters["bad_requests"] += 1
+                return error(exc)
+            except Exception as exc:  # a bug here must not take the server down
+                logger.exception("rollout endpoint: request failed")
+                return error(HttpError(500, f"{type(exc).__name__}: {exc}", "internal_error"))
+            finally:
+                self.counters["server_s"] += time.perf_counter() - start
+
+        @app.get("/v1/models")
+        async def models(request: Request):
+            async def handler(_):
+                from vllm.entrypoints.serve.engine.protocol import ModelCard, ModelList
+
+                return JSONResponse(ModelList(data=[ModelCard(id=self.model_name, root=self.model_name,
+                                                              max_model_len=self.sequence_length)]).model_dump())
+            return await guarded(request, handler)
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            return await guarded(request, lambda r: self._chat(r, JSONResponse, StreamingResponse, Response))
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            return await guarded(request, lambda r: self._completion(r, JSONResponse, StreamingResponse, Response))
+
+        return app
+
+    def _authorise(self, request) -> None:
+        if self.token is None:
+            return
+        import hmac
+
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            raise HttpError(401, "a valid token is required (Authorization: Bearer <token>)", "authentication_error")
+
+    async def _parse(self, request, model_cls):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_request_bytes:
+            raise HttpError(413, f"request body of {length} bytes is over the endpoint's {self.max_request_bytes}")
+        body = await request.body()
+        if len(body) > self.max_request_bytes:
+            raise HttpError(413, f"request body of {len(body)} bytes is over the endpoint's {self.max_request_bytes}")
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            raise HttpError(400, f"malformed JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise HttpError(400, "the request body must be a JSON object")
+        try:
+            parsed = model_cls.model_validate(data)
+        except Exception as exc:  # pydantic's ValidationError, vLLM's own checks
+            raise HttpError(400, f"invalid request: {exc}") from None
+        if parsed.model is not None and parsed.model not in self.model_names:
+            raise HttpError(404, f"model {parsed.model!r} does not exist here; this endpoint serves "
+                                 f"{self.model_name!r}", "model_not_found")
+        if (getattr(parsed, "n", 1) or 1) != 1:
+            raise HttpError(400, "n must be 1 (one sampled answer per request: run a group's episodes instead)")
+        if getattr(parsed, "use_beam_search", False):
+            raise HttpError(400, "beam search is not a rollout")
+        episode = request.headers.get(EPISODE_HEADER) or getattr(parsed, "user", None) or EpisodeStore.new_id()
+        if len(episode) > 256:
+            raise HttpError(400, "episode ids are at most 256 characters")
+        return parsed, episode
+
+    def _cap(self, prompt_ids: List[int], requested: Optional[int]) -> int:
+        room = self.sequence_length - len(prompt_ids)
+        if room < 1:
+            raise HttpError(400, f"the prompt has {len(prompt_ids)} tokens; the run's sequence_length is "
+                                 f"{self.sequence_length}", "context_length_exceeded")
+        if requested is not None and requested < 1:
+            raise HttpError(400, "max_tokens must be at least 1")
+        return min(requested or self.sampling.max_new_tokens, self.sampling.max_new_tokens, room)
+
+    async def _run(self, request, episode: str, plan: TurnPlan, max_tokens: int, seed: Optional[int]) -> RequestOutput:
+        """Sample on the episode's rank; a client gone meanwhile aborts it (counted, HttpError 499)."""
+        rank = self.router.pick(episode)
+        plan.record.rank = rank
+        backend = self.router.backends[rank]
+        request_id = f"srv-{uuid.uuid4().hex}"
+        sampling = Sampling(max_new_tokens=max_tokens, temperature=self.sampling.temperature,
+                            top_p=self.sampling.top_p, top_k=self.sampling.top_k)
+        backend.in_flight += 1
+        start = time.perf_counter()
+        task = asyncio.ensure_future(backend.generate(request_id, plan.prompt_ids, sampling, seed))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.05)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    await backend.abort(request_id)
+                    self.counters["client_disconnects"] += 1
+                    self.store.fail(plan.record, "client disconnected")
+                    raise HttpError(499, "client disconnected")
+            try:
+                output = task.result()
+            except Exception as exc:
+                self.counters["engine_failures"] += 1
+                self.store.fail(plan.record, f"engine: {exc}")
+                raise HttpError(500, f"the rollout engine failed: {exc}", "engine_error") from None
+        finally:
+            backend.in_flight -= 1
+            self.counters["engine_s"] += time.perf_counter() - start
+        self.counters["requests"] += 1
+        self.counters["generated_tokens"] += len(output.token_ids)
+        return output
+
+    def _text(self, ids: List[int], keep_special: bool) -> str:
+        body = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
+        return self.tokenizer.decode(body, skip_special_tokens=not keep_special)
+
+    def _lock(self, episode: str) -> asyncio.Lock:
+        return self._episode_locks.setdefault(episode, asyncio.Lock())
+
+    # -- /v1/chat/completions -------------------------------------------------------------------------
+    async def _chat(self, request, JSONResponse, StreamingResponse, Response):
+        from vllm.entrypoints.openai.chat_completion.protocol import (ChatCompletionLogProbs,
+            ChatCompletionLogProbsContent, ChatCompletionRequest, ChatCompletionResponse,
+            ChatCompletionResponseChoice, ChatMessage)
+        from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+        parsed, episode = await self._parse(request, ChatCompletionRequest)
+        messages = [m if isinstance(m, dict) else dict(m) for m in parsed.messages]
+        if not messages:
+            raise HttpError(400, "messages must not be empty")
+        tools = [t.model_dump(exclude_none=True) for t in parsed.tools] if parsed.tools else None
+        if tools and parsed.tool_choice == "none":
+            tools = None
+        async with self._lock(episode):
+            record = self.store.get(episode)
+            plan = self.store.plan_chat(record, messages, tools)
+            max_tokens = self._cap(plan.prompt_ids, parsed.max_completion_tokens or parsed.max_tokens)
+            output = await self._run(request, episode, plan, max_tokens, parsed.seed)
+            text = self._text(output.token_ids, keep_special=bool(tools))
+            content, tool_calls = text, []
+            if tools and self.tool_parser:
+                from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
+
+                parser = ToolParserManager.get_tool_parser(self.tool_parser)(self.tokenizer, parsed.tools)
+                info = parser.extract_tool_calls(text, parsed)
+                if info.tools_called:
+                    content, tool_calls = info.content, info.tool_calls
+            message = ChatMessage(role="assistant", content=content, tool_calls=tool_calls)
+            returned = {"role": "assistant", "content": content,
+                        "tool_calls": [c.model_dump() for c in tool_calls]}
+            self.store.record(plan, output.token_ids, output.log_probs, output.weight_versions, returned=returned)
+        finish = "tool_calls" if tool_calls else ("length" if output.finish_reason == "length" else "stop")
+        logprobs = None
+        if parsed.logprobs:
+            logprobs = ChatCompletionLogProbs(content=[ChatCompletionLogProbsContent(
+                token=self.tokenizer.decode([t]), logprob=lp) for t, lp in zip(output.token_ids, output.log_probs)])
+        choice = ChatCompletionResponseChoice(index=0, message=message, logprobs=logprobs, finish_reason=finish,
+                                              token_ids=list(output.token_ids))
+        usage = UsageInfo(prompt_tokens=len(plan.prompt_ids), completion_tokens=len(output.token_ids),
+                          total_tokens=len(plan.prompt_ids) + len(output.token_ids))
+        body = ChatCompletionResponse(model=self.model_name, choices=[choice], usage=usage,
+                                      prompt_token_ids=list(plan.prompt_ids))
+        payload = body.model_dump(exclude_none=True)
+        payload["episode_id"] = episode
+        payload["weight_versions"] = list(output.weight_versions)
+        headers = {EPISODE_HEADER: episode}
+        if parsed.stream:
+            return StreamingResponse(_chat_stream(payload, parsed), media_type="text/event-stream", headers=headers)
+        return JSONResponse(payload, headers=headers)
+
+    # -- /v1/completions ------------------------------------------------------------------------------
+    async def _completion(self, request, JSONResponse, StreamingResponse, Response):
+        from vllm.entrypoints.openai.completion.protocol import (CompletionLogProbs, CompletionRequest,
+            CompletionResponse, CompletionResponseChoice)
+        from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+        parsed, episode = await self._parse(request, CompletionRequest)
+        prompt = parsed.prompt
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt:
+            raise HttpError(400, "prompt must be one non-empty string")
+        async with self._lock(episode):
+            record = self.store.get(episode)
+            plan = self.store.plan_completion(record, prompt)
+            max_tokens = self._cap(plan.prompt_ids, parsed.max_tokens)
+            output = await self._run(request, episode, plan, max_tokens, parsed.seed)
+            text = self._text(output.token_ids, keep_special=False)
+            self.store.record(plan, output.token_ids, output.log_probs, output.weight_versions, completion_text=text)
+        logprobs = None
+        if parsed.logprobs is not None:
+            logprobs = CompletionLogProbs(tokens=[self.tokenizer.decode([t]) for t in output.token_ids],
+                                          token_logprobs=list(output.log_probs))
+        choice = CompletionResponseChoice(index=0, text=text, logprobs=logprobs,
+                                          finish_reason="length" if output.finish_reason == "length" else "stop",
+                                          token_ids=list(output.token_ids))
+        usage = UsageInfo(prompt_tokens=len(plan.prompt_ids), completion_tokens=len(output.token_ids),
+                          total_tokens=len(plan.prompt_ids) + len(output.token_ids))
+        payload = CompletionResponse(model=self.model_name, choices=[choice], usage=usage).model_dump(exclude_none=True)
+        payload["episode_id"] = episode
+        headers = {EPISODE_HEADER: episode}
+        if parsed.stream:
+            return StreamingResponse(_completion_stream(payload), media_type="text/event-stream", headers=headers)
+        return JSONResponse(payload, headers=headers)
+
+
+def _native_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Messages for a tokenizer's own template: text content, tool-call arguments as objects."""
+    from roll_gspo.serving.episodes import _arguments, message_text
+
+    out = []
+    for m in messages:
+        m = dict(m)
+        m["content"] = message_text(m.get("content"))
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "function": {**c.get("function", {}),
+                                                  "arguments": _arguments(c.get("function", {}).get("arguments"))}}
+                               for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+async def _chat_stream(payload: Dict[str, Any], parsed):
+    """The whole answer as OpenAI stream chunks (the turn is sampled first: its ids are recorded
+    before anything is sent)."""
+    choice = payload["choices"][0]
+    message = choice["message"]
+    base = {"id": payload["id"], "object": "chat.completion.chunk", "created": payload["created"],
+            "model": payload["model"], "episode_id": payload["episode_id"]}
+    delta: Dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(message["tool_calls"])]
+    yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta}]}) + "\n\n"
+    yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {},
+                                                        "finish_reason": choice["finish_reason"]}]}) + "\n\n"
+    if parsed.stream_options and parsed.stream_options.include_usage:
+        yield "data: " + json.dumps({**base, "choices": [], "usage": payload["usage"]}) + "\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _completion_stream(payload: Dict[str, Any]):
+    choice = payload["choices"][0]
+    base = {"id": payload["id"], "object": "text_completion", "created": payload["created"],
+            "model": payload["model"], "episode_id": payload["episode_id"]}
+    yield "data: " + json.dumps({**base, "choices": [{"index": 0, "text": choice["text"],
+                                                        "finish_reason": choice["finish_reason"]}]}) + "\n\n"
+    yield "data: [DONE]\n\n"
