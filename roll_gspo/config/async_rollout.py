@@ -25,8 +25,8 @@ from roll_gspo.config.train_infer_correction import correction_enabled
 KEY = "async_generation_ratio"
 POOL_KEY = "async_pool_batches"
 # Why `old_logprob_source: auto` takes the rollout engine's log-probs with it (rollout_logprobs).
-ASYNC_OLD_LOGPROBS = (f"{KEY} 1 samples each step with the weights of the step before, which only the rollout "
-                      f"engine still holds")
+ASYNC_OLD_LOGPROBS = (f"{KEY} >= 1 trains on responses sampled by earlier weights (k >= 2: several versions per "
+                      f"response), which only the rollout engine's per-token log-probs still describe")
 
 
 def generates_ahead(cfg: PipelineConfig) -> bool:
