@@ -219,5 +219,12 @@ def adjust_to_mini_batches(samples: list, cfg: PipelineConfig, step: int) -> lis
 
 
 def run_agentic(cfg: PipelineConfig) -> Dict[str, float]:
-    """Train `cfg`'s agentic run to the end; the last step's metrics."""
+    """Train `cfg`'s agentic run to the end (an agent's episodes with `agent.agent_func`); the last
+    step's metrics."""
+    from roll_gspo.config.endpoint import uses_agent
+
+    if uses_agent(cfg):
+        from pipelines.agent_source import AgentSource
+
+        return run_loop(cfg, AgentSource)
     return run_loop(cfg, EpisodeSource)

@@ -80,6 +80,7 @@ class RunClusters:
     reference: Optional[Cluster]  # only when a KL term needs the reference's log-probs
     rewards: Dict[str, Cluster]  # reward block name -> its CPU (or GPU) scoring workers
     critic: Optional[Cluster] = None  # PPO (adv_estimator: gae): the value model's ranks
+    endpoint: Optional[object] = None  # rollout_endpoint: the RolloutServer in front of actor_infer (pipelines.endpoint)
 
 
 def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:

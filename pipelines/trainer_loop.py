@@ -37,6 +37,7 @@ from pipelines.checkpoint import (announce_stop, checkpoint_due, load_buffered, 
     resumed_old_logprobs, save_final_model, write_checkpoint)
 from pipelines.common import prepare_models, progress_bar, timed
 from pipelines.critic import actor_trains, collect_values, critic_view, start_values
+from pipelines.endpoint import start_endpoint, stop_endpoint
 from pipelines.rollout_buffer import RolloutBuffer
 from pipelines.setup import log_colocation, start_clusters
 from pipelines.sources import RewardFuture, Rollout, RolloutSource, add_sequence_tensors
@@ -71,6 +72,7 @@ class TrainerLoop:
                                                               clusters.actor_infer)
         self.reference, self.rewards = clusters.reference, clusters.rewards
         self.critic = clusters.critic  # PPO (adv_estimator: gae): the value model's ranks; None otherwise
+        clusters.endpoint = self.endpoint = start_endpoint(cfg, clusters, self.tokenizer)  # rollout_endpoint
         self.source.connect(clusters)
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)
@@ -283,7 +285,8 @@ class TrainerLoop:
         return last
 
     def shutdown(self) -> None:
-        """Every cluster's ranks, then the GPU reservation."""
+        """The rollout endpoint, every cluster's ranks, then the GPU reservation."""
+        stop_endpoint(getattr(self, "endpoint", None))
         clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
         for cluster in clusters:
             if cluster is not None:

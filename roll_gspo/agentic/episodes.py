@@ -112,9 +112,12 @@ def describe_episodes(cfg: PipelineConfig) -> List[str]:
             continue
         groups = batch // max(manager.group_size, 1)
         split = groups_per_tag(manager, groups) if manager.tags else {}
+        if cfg.agent.agent_func:  # an agent through the rollout endpoint: tasks, not custom_envs
+            split = {f"agent {cfg.agent.agent_func}, tasks of {cfg.agent.task_file}": groups}
         gen = manager.generating_args
         lines.append(f"episodes ({name}): {batch} = {groups} groups x group_size {manager.group_size} "
-                     f"({', '.join(f'{t} {n}' for t, n in split.items())}); temperature "
+                     f"({', '.join(f'{t}: {n}' if cfg.agent.agent_func else f'{t} {n}' for t, n in split.items())}); "
+                     f"temperature "
                      f"{gen.temperature:g}" + (f"; {kind}-wise samples" if name == "train" else ""))
     tags = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if cfg.eval_steps else []))
     for tag in tags:

@@ -165,8 +165,11 @@ def agentic_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] 
                      ("validation", "validation plays val_env_manager's episodes")):
         if yaml_keys is not None and any(k == key or k.startswith(key + ".") for k in yaml_keys):
             problems.append(error(key, f"{key}: not read by the agentic pipeline ({why}); remove it"))
-    problems += _manager_problems(cfg, "train_env_manager", cfg.train_env_manager, cfg.rollout_batch_size,
-                                  "rollout_batch_size")
+    from roll_gspo.config.endpoint import uses_agent
+
+    problems += [p for p in _manager_problems(cfg, "train_env_manager", cfg.train_env_manager, cfg.rollout_batch_size,
+                                              "rollout_batch_size")
+                 if not (uses_agent(cfg) and p.key == "train_env_manager.tags")]  # an agent needs no custom_envs
     if cfg.eval_steps:
         problems += _manager_problems(cfg, "val_env_manager", cfg.val_env_manager, cfg.val_batch_size, "val_batch_size")
     used = dict.fromkeys(cfg.train_env_manager.tags + (cfg.val_env_manager.tags if cfg.eval_steps else []))
@@ -313,6 +316,8 @@ def agentic_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
                                                    "(a step is always rollout_batch_size samples)"))
     for key, manager, batch in (("train_env_manager", cfg.train_env_manager, cfg.rollout_batch_size),
                                 ("val_env_manager", cfg.val_env_manager, cfg.val_batch_size)):
+        if key == "val_env_manager" and cfg.agent.agent_func:  # an agent has no validation (refused)
+            continue
         if manager.group_size and manager.num_env_groups * manager.group_size != batch:
             notices.append(notice(f"{key}.num_env_groups",
                                   f"{key}.num_env_groups * group_size = {manager.num_env_groups} * "

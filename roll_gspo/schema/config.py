@@ -802,6 +802,52 @@ class RewardNormalizationConfig(SchemaBlock):
                                  "group z-score).", REWARD_NORM_METHODS)
 
 
+@dataclass
+class RolloutEndpointConfig(SchemaBlock):
+    enabled: bool = _f(
+        False, "Serve an OpenAI-compatible endpoint (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) in "
+               "front of the run's rollout ranks for the whole run (`pipeline: rlvr` or `agentic`); the run prints "
+               "its address (`rollout endpoint: http://127.0.0.1:PORT/v1`) once the workers are up and stops it "
+               "with the run. The ranks then run continuous batching (their own batch calls share the running "
+               "batch); weight syncs pause it, requests wait. Each request's tokens are recorded per episode "
+               "(docs/endpoint.md). Turned on by `agent`.")
+    host: str = _f("127.0.0.1", "Address it listens on. Anything but a loopback address needs `token`.")
+    port: int = _f(0, "Port (0: a free one, printed at start).")
+    token: Optional[str] = _f(
+        None, "Bearer token every request must send (`Authorization: Bearer <token>`, the openai client's "
+              "`api_key`); required off loopback. Null: none (loopback only).")
+    model_name: str = _f("policy", "The model name clients send (`model=`) and `/v1/models` lists; another name "
+                                   "is a 404.")
+    tool_parser: Optional[str] = _f(
+        "hermes", "vLLM's tool parser that turns generated text into `tool_calls` when a request has `tools` "
+                  "(any name vLLM registers); null: tool calls stay text.")
+
+
+@dataclass
+class AgentConfig(SchemaBlock):
+    agent_func: Optional[str] = _f(
+        None, "`pipeline: agentic`: an agent as the environment, `pkg.module:function` with `async def "
+              "agent(client, task) -> float`, written against the `openai` client (`client` is an "
+              "`openai.AsyncOpenAI` on the run's endpoint, bound to the episode). Each step plays "
+              "rollout_batch_size / train_env_manager.group_size tasks, group_size episodes each at once; the "
+              "episode's requests become its trajectory (the exact ids and log-probs the rollout engine "
+              "sampled), its return value the reward. Starts `rollout_endpoint`; replaces custom_envs "
+              "(docs/endpoint.md).")
+    task_file: Optional[str] = _f(
+        None, "The agent's tasks: a `.jsonl` file (one JSON value per line) or a `.json` list; each row is one "
+              "`task` (after `task_key`). Drawn in order, reshuffled each epoch when `shuffle`.")
+    task_key: Optional[str] = _f(None, "Pass `row[task_key]` as the task instead of the whole row (rows must be "
+                                       "objects then).")
+    shuffle: bool = _f(True, "Shuffle the tasks each epoch (seeded by `seed`; a resumed run draws the same ones).")
+    timeout_s: float = _f(
+        300.0, "An episode running longer is ended (its requests in flight aborted on the rank) with "
+               "`failure_reward`, counted in `agent/timeouts`.")
+    failure_reward: float = _f(
+        0.0, "Reward of an episode whose agent raised, returned NaN or timed out (counted: `agent/errors`, "
+             "`agent/timeouts`); its requests so far still train.")
+    max_concurrency: int = _f(0, "Episodes in flight at once at most (0: the whole step's).")
+
+
 # --------------------------------------------------------------------------------------------
 # The pipeline config
 # --------------------------------------------------------------------------------------------
@@ -1190,6 +1236,13 @@ class PipelineConfig(SchemaBlock):
         None, "`pipeline: agentic`: each validation's episodes are written here as text transcripts "
               "(`val_step_<N>.jsonl`: tag, seed, reward, success, turns, the decoded conversation). "
               "ROLL saves rendered frames.")
+
+    # --- the rollout endpoint and agents as environments (docs/endpoint.md) ---
+    rollout_endpoint: RolloutEndpointConfig = _sub(
+        RolloutEndpointConfig, "An OpenAI-compatible endpoint served by the rollout ranks during the run.")
+    agent: AgentConfig = _sub(
+        AgentConfig, "`pipeline: agentic`: an agent written against the `openai` client as the environment, "
+                     "trained through the endpoint.")
 
     # --- roles ---
     actor_train: RoleConfig = field(

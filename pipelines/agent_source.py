@@ -1,0 +1,123 @@
+"""Agents as environments (`agent.agent_func`, docs/endpoint.md): the agentic pipeline's episodes
+are a user's `async def agent(client, task) -> float`, written against the `openai` client and
+played through the run's rollout endpoint.
+
+`AgentSource` plays rollout_batch_size episodes a step: rollout_batch_size / group_size tasks from
+`agent.task_file`, group_size episodes of each at once (`roll_gspo.serving.agents.run_agent`:
+timeouts, raises and NaN rewards end an episode with `agent.failure_reward`, counted). Each
+episode's record at the endpoint is its trajectory: the exact prompt ids, the ids and log-probs the
+rollout engine sampled (mask 1) and what the client sent back between turns (mask 0); the agent's
+return value is the reward on its last turn. From there it is the agentic pipeline's own path
+(`EpisodeSource.samples`, `EpisodeSource.advantages`: ROLL's reward_normalization, per group with
+`traj_group_id`), trained by the same trainer loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Dict, List, Tuple
+
+from roll_gspo.agentic.episodes import trajectory_metrics
+from roll_gspo.agentic.health import HealthMonitor
+from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
+from roll_gspo.config import PipelineConfig
+from roll_gspo.config.endpoint import _agent_function
+from roll_gspo.serving.agents import AgentEpisode, agent_metrics, load_tasks, run_agent
+
+from pipelines.agentic_pipeline import EpisodeSource, adjust_to_mini_batches
+from pipelines.common import timed
+from pipelines.setup import RunClusters
+from pipelines.sources import RewardFuture, Rollout
+
+logger = logging.getLogger("roll_gspo")
+TAG = "agent"
+
+
+class AgentSource(EpisodeSource):
+    """Agentic rollouts whose environment is an agent run through the rollout endpoint."""
+
+    def __init__(self, cfg: PipelineConfig, tokenizer):  # noqa: D107  (no EpisodeSource.__init__: no envs)
+        from roll_gspo.data.prompts import PromptSampler
+
+        self.cfg = cfg
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.agent = _agent_function(cfg.agent.agent_func)
+        self.group_size = cfg.train_env_manager.group_size
+        tasks = load_tasks(cfg.agent.task_file, cfg.agent.task_key)
+        self.sampler = PromptSampler([{"task": task, "index": i} for i, task in enumerate(tasks)],
+                                     cfg.rollout_batch_size // self.group_size, seed=cfg.seed,
+                                     shuffle=cfg.agent.shuffle)
+        self.step_wise = False  # one sample per episode segment
+        self.health = HealthMonitor([])
+        self.server = None  # connect()
+
+    def connect(self, clusters: RunClusters) -> None:
+        """The run's endpoint (started by the trainer loop: `agent` turns `rollout_endpoint` on)."""
+        if clusters.endpoint is None:
+            raise RuntimeError("agent.agent_func needs the rollout endpoint, which this run did not start")
+        self.server = clusters.endpoint
+
+    # -- rollouts -----------------------------------------------------------------------------------
+    def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
+        """group_size episodes of each of the step's tasks through the endpoint, as samples."""
+        agent_cfg = self.cfg.agent
+        tasks = self.sampler.next_batch()
+        with timed(timings, "generate"):
+            episodes = asyncio.run(run_agent(
+                self.agent, [t["task"] for t in tasks], self.server, group_size=self.group_size,
+                timeout_s=agent_cfg.timeout_s, failure_reward=agent_cfg.failure_reward,
+                max_concurrency=agent_cfg.max_concurrency or None))
+        rows, episode_of = self._rows(episodes, step)
+        batch = self.samples(rows, step)
+        batch["episode_id"] = [episode_of[id(t)] for t in rows]
+        trainable = bool(batch["loss_mask"].sum())
+        if not trainable:
+            logger.warning("step %d: no agent episode generated a token (errors: %s); nothing to train on, the step "
+                           "is skipped", step, sorted({e.error for e in episodes if e.error})[:3])
+        metrics = {**trajectory_metrics(rows, "traj"), **agent_metrics(episodes),
+                   "agent/tasks": float(len(tasks))}
+        return Rollout(batch, RewardFuture.ready(), metrics, weight_versions=list(batch["weight_version"]),
+                       trainable=trainable)
+
+    def _rows(self, episodes: List[AgentEpisode], step: int) -> Tuple[List[Trajectory], Dict[int, str]]:
+        """A sample per segment of each episode (one unless the client edited its history); an
+        episode that recorded no generated token (its agent failed first) an empty sample in no
+        loss and no normalisation set. Made a multiple of the mini-batch when segments add rows."""
+        rows: List[Trajectory] = []
+        episode_of: Dict[int, str] = {}
+        for member, episode in enumerate(episodes):
+            group_id = f"{TAG}_{episode.task_index}_{step}"
+            trajectories = episode.trajectories or [Trajectory(EpisodeSpec(TAG, 0, group_id, member),
+                                                               prompt_ids=[self.pad_id],
+                                                               step_rewards=[episode.reward])]
+            for t in trajectories:
+                t.spec = EpisodeSpec(TAG, 0, group_id, member)
+                t.error = episode.error
+                t.success = episode.error is None and episode.reward > 0
+                if episode.error:
+                    t.stop_reason = "env_timeout" if episode.timed_out else "env_error"
+                episode_of[id(t)] = episode.episode_id
+            rows += trajectories
+        if len(rows) != self.cfg.rollout_batch_size:
+            rows = adjust_to_mini_batches(rows, self.cfg, step)
+        return rows, episode_of
+
+    def step_metrics(self, rollout: Rollout, step_seconds: float) -> Dict[str, float]:
+        """The agentic metrics and the endpoint's counters (`endpoint/*`, totals of the run)."""
+        metrics = super().step_metrics(rollout, step_seconds)
+        metrics.update({f"endpoint/{k}": float(v) for k, v in self.server.metrics().items()})
+        return metrics
+
+    # -- validation, checkpoints --------------------------------------------------------------------
+    def validate(self, step: int) -> Dict[str, float]:
+        """None: validating an agent is refused at load (eval_steps)."""
+        return {}
+
+    def state_dict(self) -> Dict[str, object]:
+        """The task sampler's position."""
+        return {"sampler": self.sampler.state_dict(), "running_stats": None}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        """Back to the task position a checkpoint saved."""
+        if state.get("sampler") is not None:
+            self.sampler.load_state_dict(state["sampler"])
