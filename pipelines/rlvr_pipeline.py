@@ -16,10 +16,11 @@ after its oldest token was sampled (docs/async.md).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -69,6 +70,8 @@ class PromptGroupSource(RolloutSource):
         self.pool_held: List[int] = []
         self.dropped_total = 0
         self.ahead_metrics: Dict[str, float] = {}
+        self.ahead_step = 0  # the step of the last pool advance, and the ranks it advanced
+        self.pool_ranks: List[int] = []
 
     def connect(self, clusters: RunClusters) -> None:
         """Generation on the rollout engine, scores from the reward clusters."""
@@ -109,12 +112,30 @@ class PromptGroupSource(RolloutSource):
     def finish_ahead(self, started: list) -> Rollout:
         """The rollout of the calls `start_ahead` returned, once they are done."""
         if self.bound is not None:
-            return self._collect_pools(started)
+            counts: Dict[str, int] = {}
+            batch = self._collect_pools(started, counts)
+            data_metrics: Dict[str, float] = {}
+            if self.query_filters:  # the reward workers are idle now: score, refill under the same weights
+                step = self.ahead_step
+                batch, data_metrics = self._informative_groups(batch, lambda items, rounds: self._collect_pools(
+                    self._advance_pools(step, items, f"train-round{rounds}"), counts))
+            self.dropped_total += counts["dropped_past_bound"]
+            self.ahead_metrics = {
+                "rollout/partial_groups": float(sum(self.pool_held)),
+                "rollout/dropped_past_bound": float(counts["dropped_past_bound"]),
+                "rollout/dropped_past_bound_total": float(self.dropped_total),
+                "rollout/continuations": float(counts["continuations"]),
+                "rollout/reprefill_tokens": float(counts["reprefill_tokens"]),
+                "rollout/new_groups": float(counts["new_groups"]), **data_metrics}
+            return self.restore(batch)
         return self.restore(self.actor_infer.collect(started))
 
     def restore(self, batch: Batch) -> Rollout:
-        """A rollout of generated responses, their rewards to be scored."""
-        return self._rollout(batch, self.scorer.future(batch), dict(self.ahead_metrics))
+        """A rollout of generated responses, their rewards to be scored (scored already: dynamic
+        sampling with request pools)."""
+        rewards = (RewardFuture.ready(lambda: self.scorer.metrics(batch)) if "scores" in batch
+                   else self.scorer.future(batch))
+        return self._rollout(batch, rewards, dict(self.ahead_metrics))
 
     # -- request pools (async_generation_ratio k >= 2) ---------------------------------------------------
     def _shares(self, total: int) -> List[int]:
@@ -122,36 +143,41 @@ class PromptGroupSource(RolloutSource):
         ranks = self.actor_infer.world_size
         return [total // ranks + (1 if rank < total % ranks else 0) for rank in range(ranks)]
 
-    def _advance_pools(self, step: int) -> list:
+    def _advance_pools(self, step: int, refill: Optional[List[dict]] = None, stream: str = "train") -> list:
         """Each rollout rank's pool advanced for `step`: new prompts for the groups it no longer
         holds (taken or dropped; all of them at the first call), quota its share of
-        rollout_batch_size. Returns the calls."""
+        rollout_batch_size. `refill` (dynamic sampling's further rounds, same weights): those
+        prompts instead, each rank returning as many complete groups as it takes new prompts; ranks
+        with none are not advanced. Returns the calls (their ranks in `pool_ranks`)."""
         cfg = self.cfg
-        sizes = self._shares(math.ceil(cfg.async_pool_batches * cfg.rollout_batch_size))
-        held = self.pool_held or [0] * len(sizes)
-        new = [max(0, size - count) for size, count in zip(sizes, held)]
-        prompts = self._prompt_batch(self.sampler.next_batch(size=sum(new)) if sum(new) else [], step, "train")
+        held = self.pool_held or [0] * self.actor_infer.world_size
+        if refill is None:
+            sizes = self._shares(math.ceil(cfg.async_pool_batches * cfg.rollout_batch_size))
+            new = [max(0, size - count) for size, count in zip(sizes, held)]
+            quotas = self._shares(cfg.rollout_batch_size)
+            items = self.sampler.next_batch(size=sum(new)) if sum(new) else []
+        else:
+            new = quotas = self._shares(len(refill))
+            items = refill
+        prompts = self._prompt_batch(items, step, stream)
         starts = [sum(new[:rank]) for rank in range(len(new))]
-        return [worker.advance.remote(prompts.select(range(start, start + count)), quota, step, self.bound,
-                                      gen=cfg.actor_infer.generating_args)
-                for worker, start, count, quota in zip(self.actor_infer.workers, starts, new,
-                                                       self._shares(cfg.rollout_batch_size))]
+        self.ahead_step = step
+        self.pool_ranks = [rank for rank in range(len(new)) if refill is None or quotas[rank]]
+        return [self.actor_infer.workers[rank].advance.remote(
+            prompts.select(range(starts[rank], starts[rank] + new[rank])), quotas[rank], step, self.bound,
+            gen=cfg.actor_infer.generating_args) for rank in self.pool_ranks]
 
-    def _collect_pools(self, calls: list) -> Rollout:
-        """The ranks' complete groups as one rollout, with the pools' counts as `rollout/*` metrics."""
+    def _collect_pools(self, calls: list, counts: Dict[str, int]) -> Batch:
+        """The advanced ranks' complete groups as one batch; their counts added to `counts`, the
+        groups each holds now to `pool_held`."""
         results = self.actor_infer.gather(calls)
-        batch = Batch.concat([rows for rows, _ in results])
-        counts = {key: sum(c[key] for _, c in results) for key in results[0][1]}
-        self.pool_held = [c["partial_groups"] for _, c in results]
-        self.dropped_total += counts["dropped_past_bound"]
-        self.ahead_metrics = {
-            "rollout/partial_groups": float(counts["partial_groups"]),
-            "rollout/dropped_past_bound": float(counts["dropped_past_bound"]),
-            "rollout/dropped_past_bound_total": float(self.dropped_total),
-            "rollout/continuations": float(counts["continuations"]),
-            "rollout/reprefill_tokens": float(counts["reprefill_tokens"]),
-            "rollout/new_groups": float(counts["new_groups"])}
-        return self.restore(batch)
+        held = self.pool_held or [0] * self.actor_infer.world_size
+        for rank, (_, rank_counts) in zip(self.pool_ranks, results):
+            held[rank] = rank_counts["partial_groups"]
+            for key, value in rank_counts.items():
+                counts[key] = counts.get(key, 0) + value
+        self.pool_held = held
+        return Batch.concat([rows for rows, _ in results])
 
     def pool_states(self) -> Optional[List[Any]]:
         """k >= 2: every rollout rank's held groups (what a checkpoint saves); None otherwise."""
@@ -188,18 +214,26 @@ class PromptGroupSource(RolloutSource):
                                          gen=self.cfg.actor_infer.generating_args)
 
     def _generate_informative_groups(self, prompts: List[dict], step: int, timings: Dict[str, float]):
-        """Dynamic sampling (ROLL's query_filter_config): generate and score, drop the groups their
-        domain's filter rejects, and generate for as many new prompts of the same domains until
-        rollout_batch_size groups are kept or query_filter_max_rounds generations were made; then
-        top up with dropped groups. Returns the scored batch and `data/*` metrics."""
+        """Dynamic sampling (ROLL's query_filter_config), synchronous: generate, then
+        `_informative_groups` with further generations of their own seeds (exact resume)."""
+        def generate(items: List[dict], rounds: int) -> Batch:
+            with timed(timings, "generate"):
+                return self._generate(items, step, "train" if rounds == 1 else f"train-round{rounds}")
+
+        return self._informative_groups(generate(prompts, 1), generate, timings)
+
+    def _informative_groups(self, batch: Batch, regenerate: Callable[[List[dict], int], Batch],
+                            timings: Optional[Dict[str, float]] = None):
+        """Score the groups of `batch`, drop those their domain's filter rejects, and sample
+        (`regenerate(prompts, round)`) as many new prompts of the dropped groups' domains until
+        rollout_batch_size groups are kept or query_filter_max_rounds rounds were made; then top up
+        with dropped groups. Returns the scored batch and `data/*` metrics."""
         cfg, group = self.cfg, self.cfg.num_return_sequences_in_group
         kept, dropped = [], []
         rounds = extra_prompts = 0
         while True:
             rounds += 1
-            with timed(timings, "generate"):  # each round its own seeds (exact resume)
-                batch = self._generate(prompts, step, "train" if rounds == 1 else f"train-round{rounds}")
-            with timed(timings, "reward"):
+            with timed(timings, "reward") if timings is not None else contextlib.nullcontext():
                 self.scorer.score(batch)
             refill: Dict[str, int] = {}
             for index, keep in enumerate(self._groups_to_keep(batch)):
@@ -213,6 +247,7 @@ class PromptGroupSource(RolloutSource):
                 break
             prompts = self.sampler.next_batch(per_domain=_scale_counts(refill, missing))
             extra_prompts += len(prompts)
+            batch = regenerate(prompts, rounds + 1)
         filtered = len(dropped)
         cap_hit = len(kept) < cfg.rollout_batch_size
         groups = (kept + dropped)[:cfg.rollout_batch_size]  # topped up with dropped groups at the cap

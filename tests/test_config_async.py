@@ -33,7 +33,6 @@ def test_k2_is_accepted_with_rollout_log_probs_or_trainer_with_a_correction():
     (K2 + ["router_replay=true"], "with router_replay is refused"),
     (K2 + ["is_offload_states=true"], "put to sleep between phases"),
     (K2 + ["model_update_frequency=2"], "model_update_frequency = 2 is refused"),
-    (K2 + ["rewards.math_rule.query_filter_config.type=mean_filter"], "with dynamic sampling"),
     (K2 + ["async_pool_batches=0.5"], "async_pool_batches = 0.5 is refused"),
 ])
 def test_k2_refusals_name_the_key(overrides, expected):

@@ -46,7 +46,7 @@ def staleness_bound(cfg: PipelineConfig) -> Optional[int]:
            "Replay, rollout log-probs that would bias the ratio, the rollout engine asleep between phases, dynamic "
            "sampling, the rollout correction, the agentic pipeline; with k >= 2: `old_logprob_source: trainer` "
            "without a rollout correction, Routing Replay, biased rollout log-probs, the engine asleep between "
-           "phases, dynamic sampling, model_update_frequency > 1, the agentic pipeline; `async_pool_batches` below "
+           "phases, model_update_frequency > 1, the agentic pipeline; `async_pool_batches` below "
            "1", name="async.problems", rollout_only=True)
 def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     ratio = cfg.async_generation_ratio
@@ -125,11 +125,6 @@ def _bounded_problems(cfg: PipelineConfig, k: int) -> List[Finding]:
         problems.append(error(KEY, f"{KEY} = {k} with the rollout engine put to sleep between phases "
                                    f"(is_offload_states, or roles sharing GPUs) is refused: generating ahead needs "
                                    f"the rollout engine awake while the trainer trains, on devices of its own"))
-    filtered = [name for name, reward in cfg.rewards.items() if reward.query_filter_config.type != "no_filter"]
-    if filtered:
-        problems.append(error(KEY, f"{KEY} = {k} with dynamic sampling (rewards.{filtered[0]}.query_filter_config) "
-                                   f"is not built: the rejected groups' refill would need further advances of the "
-                                   f"request pools within one step; use {KEY}: 0 or 1 without it, or drop the filter"))
     if cfg.model_update_frequency > 1:
         problems.append(error(KEY, f"{KEY} = {k} with model_update_frequency = {cfg.model_update_frequency} is "
                                    f"refused: the bound counts policy versions as steps, and weights synced every "
