@@ -168,3 +168,55 @@ def test_weight_update_mid_generation_keeps_each_version_exact(vllm_engine, tiny
         assert gap <= 1e-4, (version, gap)
         other = (versions == (base + 1 if version == base else base)) & mask.bool()
         assert (trainer - rollout).abs()[other].max().item() > 1e-3  # the versions really differ
+
+
+class LengthEngine:
+    """The `RolloutEngine` contract, scripted: a prompt [kind, 0] gets `LENGTHS[kind]` response
+    tokens in all, one per engine step (a continuation's prompt holds its earlier ones)."""
+
+    LENGTHS = {9: 10}  # kind 9: a long response; every other kind: one token
+
+    def __init__(self):
+        from roll_gspo.strategies.engine import RequestTable
+
+        self.requests, self.weight_version, self.left = RequestTable(), 0, {}
+
+    def submit(self, request_id, prompt_ids, sampling, seed=None, group=None):
+        self.requests.add(request_id, self.weight_version)
+        self.left[request_id] = self.LENGTHS.get(prompt_ids[0], 1) - (len(prompt_ids) - 2)
+
+    def step(self):
+        done = []
+        for rid in self.requests.unfinished():
+            self.requests.extend(rid, [5], [-0.5], self.weight_version)
+            self.left[rid] -= 1
+            if not self.left[rid]:
+                self.requests.finish(rid, "stop")
+                done.append(rid)
+        return done
+
+    def unfinished(self):
+        return self.requests.unfinished()
+
+    def abort(self, request_ids):
+        return self.requests.abort(request_ids)
+
+
+def test_a_long_response_is_finished_at_its_last_chance_not_dropped():
+    """k = 2: a response still running after its first advance is at its last chance in the second
+    (incomplete at that cut it would be past the bound). The advance waits for it beyond the quota
+    and it is taken first (oldest), so the pool trains long responses too instead of dropping them;
+    the short groups that completed meanwhile are held, complete, for the next step."""
+    engine, sampling = LengthEngine(), Sampling(max_new_tokens=16)
+    pool = RequestPool(engine)
+    rows = [{"prompt_ids": [kind, 0], "sample_seed": 10 * i} for i, kind in enumerate((9, 1, 2, 3))]
+    taken, counts = pool.advance(rows, 2, step=2, bound=2, sampling=sampling, n=1)
+    assert [g.meta["prompt_ids"][0] for g in taken] == [1, 2] and counts.partial_groups == 2  # 9 running, 3 done
+    engine.weight_version = 1
+    taken, counts = pool.advance([{"prompt_ids": [k, 0], "sample_seed": 50 + k} for k in (4, 5)], 2, step=3,
+                                 bound=2, sampling=sampling, n=1)
+    assert counts.dropped_past_bound == 0
+    assert [g.meta["prompt_ids"][0] for g in taken] == [9, 3]  # version 0 first: the long one and the held one
+    (long,) = taken[0].requests
+    assert len(long.token_ids) == 10 and long.weight_versions == [0] + [1] * 9 and long.finish_reason == "stop"
+    assert sorted(g.meta["prompt_ids"][0] for g in pool.held) == [4, 5] and all(g.complete for g in pool.held)

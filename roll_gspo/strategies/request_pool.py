@@ -9,12 +9,16 @@ bound. Pure Python over the `RolloutEngine` contract (roll_gspo.strategies.engin
    and its segment number (`continuation_seed`: a new segment never replays the first one's
    random numbers); then the new prompt groups, n requests each (seed sample_seed + j);
 2. the engine is stepped until `quota` groups have all n responses finished (a group finishes
-   with its last response; groups finishing on one engine step count in submission order);
+   with its last response; groups finishing on one engine step count in submission order) and
+   the held groups at their last chance (incomplete at this cut, they would be past the bound;
+   at most `quota` of them) have finished too: a long response gets k advances and is then
+   waited for, never dropped for its length (dropping would train the short responses only);
 3. the cut: every request still in flight is aborted (the engine returns its tokens, log-probs and
    per-token weight versions) and held; held groups whose oldest token can no longer be trained
    within the bound are dropped: they would be trained at step + 1 or later, by a trainer holding
    version step or later, so a group whose oldest token has version v with step - v > bound goes;
-4. the `quota` complete groups come back, with the counts of the call.
+4. `quota` complete groups come back, the oldest first (by their oldest token's version, then
+   submission order), with the counts of the call.
 
 Because every request is aborted at the cut, the engine holds nothing between two calls: a weight
 sync, validation, `score` or an adapter load find it empty, the prefix cache reset applies to all,
@@ -159,7 +163,13 @@ class RequestPool:
                 owner[request_id] = (group, request)
                 waiting[group.key] = waiting.get(group.key, 0) + 1
         complete = [group for group in groups if group.complete]  # finished before (beyond an earlier quota)
-        while len(complete) < quota:
+        # Groups at their last advance: incomplete at this cut, they would be past the bound. The
+        # advance waits for them too (at most `quota`), so that a long response is finished in its
+        # k-th advance instead of being dropped there: dropping would train short responses only.
+        last_chance = {group.key for group in groups if not group.complete and _past(group, step, bound)}
+        must_finish = min(len(last_chance), quota)
+        finished_last_chance = 0
+        while len(complete) < quota or finished_last_chance < must_finish:
             if not self.engine.unfinished():
                 raise RuntimeError(f"the engine ran out of requests with {len(complete)} of {quota} groups complete")
             finished_now = []
@@ -169,18 +179,20 @@ class RequestPool:
                     waiting[group.key] -= 1
                     if not waiting[group.key]:
                         finished_now.append(group)
+                        finished_last_chance += group.key in last_chance
             complete.extend(sorted(finished_now, key=lambda g: order[g.key]))
         # The cut: everything comes back, finished or aborted with its tokens so far.
         for out in self.engine.abort(list(owner)):
             owner[out.request_id][1].add(out)
+        # Oldest first (then submission order): the groups nearest the bound are trained now.
+        complete.sort(key=lambda g: (_oldest_or_new(g), order[g.key]))
         taken = complete[:quota]
         taken_keys = {group.key for group in taken}
         kept = []
         for group in groups:
             if group.key in taken_keys:
                 continue
-            oldest = group.oldest_version()
-            if oldest is not None and step - oldest > bound:
+            if _past(group, step, bound):
                 counts.dropped_past_bound += 1
             else:
                 kept.append(group)
@@ -200,3 +212,16 @@ class RequestPool:
         self.added = int(state["added"])
         self.held = [PoolGroup(g["key"], dict(g["meta"]), [PoolRequest(**r) for r in g["requests"]])
                      for g in state["held"]]
+
+
+def _past(group: PoolGroup, step: int, bound: int) -> bool:
+    """Held after the cut of `step`, `group` would be trained at step + 1 or later by a trainer
+    holding version step or later: past the bound if its oldest token's version v has step - v > bound."""
+    oldest = group.oldest_version()
+    return oldest is not None and step - oldest > bound
+
+
+def _oldest_or_new(group: PoolGroup) -> float:
+    """The group's oldest token version (a group without tokens counts as newest)."""
+    oldest = group.oldest_version()
+    return float("inf") if oldest is None else float(oldest)
