@@ -14,6 +14,14 @@ class EchoWorker(RankWorker):
     def shard(self, batch: Batch) -> Batch:
         return Batch({"x": batch["x"] * 10}, {"rank": [self.rank] * len(batch)})
 
+    def imports_deepspeed_without_mlflow(self) -> bool:
+        import sys
+
+        from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW
+
+        return any((getattr(f, "target", None), getattr(f, "blocked", None)) == DEEPSPEED_WITHOUT_MLFLOW
+                   for f in sys.meta_path)
+
     def wait_or_fail(self) -> str:
         if self.rank == 1:
             raise FloatingPointError("rank 1 failed on purpose")
@@ -27,6 +35,8 @@ def test_dispatch_splits_and_reassembles_in_order(ray_session):
         out = cluster.dispatch("shard", Batch({"x": torch.arange(5)}))
         assert out["x"].tolist() == [0, 10, 20, 30, 40]
         assert out["rank"] == [0, 0, 1, 1, 1]
+        # Each rank imports DeepSpeed without mlflow (tests/test_imports.py: what that hook does).
+        assert cluster.execute_all("imports_deepspeed_without_mlflow") == [True, True]
     finally:
         cluster.shutdown()
 

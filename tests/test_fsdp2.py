@@ -36,7 +36,8 @@ def _rank_entry(rank, world, port, target, out_dir, args, env, cwd):
 # The ranks fork from one server process that imported the training stack once per test session,
 # instead of each spawned rank importing torch, transformers and DeepSpeed afresh (~5 s a rank on
 # 2 cores; 10 ranks in this file and test_lora). Each rank still is a fresh process of its own.
-RANK_PRELOAD = ["torch", "transformers", "deepspeed", "peft", "roll_gspo.workers.actor_train",
+# tests.conftest first: it has DeepSpeed imported without mlflow (roll_gspo.utils.imports), as in the ranks.
+RANK_PRELOAD = ["tests.conftest", "torch", "transformers", "deepspeed", "peft", "roll_gspo.workers.actor_train",
                 "roll_gspo.strategies.deepspeed_strategy", "roll_gspo.strategies.fsdp2_strategy", "tests.test_fsdp2"]
 
 
