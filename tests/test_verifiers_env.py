@@ -108,3 +108,17 @@ def test_a_multi_turn_verifiers_env_trains_through_the_endpoint(tmp_path, tiny_m
         assert r["agent/history_mismatches"] == 0 and r["endpoint/engine_failures"] == 0
         assert "verifiers/reward/digits" in r and r["traj/num_turns_mean"] == 2
         assert "actor/pg_loss" in r
+
+
+def test_the_verifiers_example_loads(tiny_model, monkeypatch):
+    """examples/example_verifiers.yaml: its env (examples/verifiers_envs/vf_arith.py) resolves and
+    loads its tasks; the endpoint is on."""
+    from roll_gspo.config import load_config
+    from roll_gspo.config.endpoint import uses_verifiers
+    from roll_gspo.serving.verifiers_env import load_env
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(ENVS), "..", "examples", "verifiers_envs"))
+    cfg = load_config("example_verifiers.yaml", [f"pretrain={tiny_model}"])
+    assert uses_verifiers(cfg) and cfg.rollout_endpoint.enabled
+    env, tasks = load_env(cfg.agent.verifiers_env)
+    assert type(env).__name__ == "SumEnv" and len(tasks) >= cfg.rollout_batch_size // cfg.train_env_manager.group_size
