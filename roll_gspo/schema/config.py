@@ -833,6 +833,14 @@ class AgentConfig(SchemaBlock):
               "episode's requests become its trajectory (the exact ids and log-probs the rollout engine "
               "sampled), its return value the reward. Starts `rollout_endpoint`; replaces custom_envs "
               "(docs/endpoint.md).")
+    verifiers_env: Optional[Dict[str, Any]] = _f(
+        None, "`pipeline: agentic`: a verifiers (0.4, `verifiers.v1`) environment as the agent, instead of "
+              "`agent_func`: its `[env]` block as a mapping, `{taskset: {id: TASKSET_ID}}` plus any of its fields "
+              "(env `id`, the agents' `harness` / `runtime` / `max_turns`, ...), validated by verifiers. Its "
+              "taskset gives the tasks (no task_file), its harnesses call the model through the run's endpoint "
+              "(verifiers' `X-Session-ID`: one record per trace) and each trainable trace's rubric reward "
+              "(`Trace.reward`) is its episode's reward; group_size episodes of each task. Needs verifiers "
+              "installed (`make install`; docs/endpoint.md).")
     task_file: Optional[str] = _f(
         None, "The agent's tasks: a `.jsonl` file (one JSON value per line) or a `.json` list; each row is one "
               "`task` (after `task_key`). Drawn in order, reshuffled each epoch when `shuffle`.")

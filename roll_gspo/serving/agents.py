@@ -34,6 +34,7 @@ class AgentEpisode:
     timed_out: bool = False
     seconds: float = 0.0
     mismatches: int = 0
+    signals: Dict[str, float] = dataclasses.field(default_factory=dict)  # named reward parts (verifiers' rubric)
 
 
 async def _play(agent: Agent, base_client, server: RolloutServer, task: Any, task_index: int, member: int,

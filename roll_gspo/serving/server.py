@@ -37,6 +37,9 @@ from roll_gspo.strategies.engine import RequestOutput, Sampling
 
 logger = logging.getLogger("roll_gspo.serving")
 EPISODE_HEADER = "X-Episode-Id"
+# verifiers' per-rollout header (the trace id, the same on every turn of a rollout): an episode key
+# when X-Episode-Id is absent, so a verifiers trace's turns land in one record.
+SESSION_HEADER = "X-Session-ID"
 
 
 class HttpError(Exception):
@@ -224,7 +227,8 @@ class RolloutServer:
             raise HttpError(400, "n must be 1 (one sampled answer per request: run a group's episodes instead)")
         if getattr(parsed, "use_beam_search", False):
             raise HttpError(400, "beam search is not a rollout")
-        episode = request.headers.get(EPISODE_HEADER) or getattr(parsed, "user", None) or EpisodeStore.new_id()
+        episode = (request.headers.get(EPISODE_HEADER) or request.headers.get(SESSION_HEADER)
+                   or getattr(parsed, "user", None) or EpisodeStore.new_id())
         if len(episode) > 256:
             raise HttpError(400, "episode ids are at most 256 characters")
         return parsed, episode
