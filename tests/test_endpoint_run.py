@@ -50,7 +50,7 @@ def agent_config(tmp_path, model, **changes):
     ({"rollout_endpoint": {"enabled": True, "host": "0.0.0.0"}}, "rollout_endpoint.token", "not a loopback"),
     ({"rollout_endpoint": {"enabled": True, "tool_parser": "nope"}}, "rollout_endpoint.tool_parser", "tool parsers"),
     ({"rollout_endpoint": {"enabled": True}, "async_generation_ratio": 2,
-      "actor_infer": {"generating_args": {"temperature": 1.0}}}, "rollout_endpoint", "request pools"),
+      "actor_infer": {"generating_args": {"temperature": 1.0}}}, "async_generation_ratio", "request pools"),
     ({"agent": {"agent_func": "tests.agent_fns:two_turn_digits", "task_file": "x.jsonl"}}, "agent.agent_func",
      "agentic pipeline"),
     ({"agent": {"timeout_s": 5}}, "agent.timeout_s", "only with agent.agent_func"),

@@ -46,8 +46,8 @@ def staleness_bound(cfg: PipelineConfig) -> Optional[int]:
            "Replay, rollout log-probs that would bias the ratio, the rollout engine asleep between phases, dynamic "
            "sampling, the rollout correction, the agentic pipeline; with k >= 2: `old_logprob_source: trainer` "
            "without a rollout correction, Routing Replay, biased rollout log-probs, the engine asleep between "
-           "phases, model_update_frequency > 1, the agentic pipeline; `async_pool_batches` below "
-           "1", name="async.problems", rollout_only=True)
+           "phases, model_update_frequency > 1, the agentic pipeline, the rollout endpoint; `async_pool_batches` "
+           "below 1", name="async.problems", rollout_only=True)
 def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     ratio = cfg.async_generation_ratio
     pool = cfg.async_pool_batches
@@ -103,6 +103,10 @@ def _bounded_problems(cfg: PipelineConfig, k: int) -> List[Finding]:
     if cfg.pipeline == "agentic":
         problems.append(error(KEY, f"{KEY} = {k} with the agentic pipeline is not built yet: episodes in flight "
                                    f"across steps (a per-turn bound) are issue 37's agentic part; use 0"))
+    if cfg.rollout_endpoint.enabled:
+        problems.append(error(KEY, f"{KEY} = {k} with rollout_endpoint is not built: the request pools step the "
+                                   f"rollout engine themselves, between steps it holds nothing, and the endpoint needs "
+                                   f"it driven by its engine loop the whole run (use {KEY}: 0 or 1)"))
     if cfg.router_replay:
         problems.append(error(KEY, f"{KEY} = {k} with router_replay is refused: Routing Replay replays the experts "
                                    f"the trainer records while it recomputes the old log-probs, and responses here "

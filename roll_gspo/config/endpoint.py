@@ -48,10 +48,10 @@ def _agent_enables_endpoint(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet
     return []
 
 
-@check("check", keys=(KEY, "async_generation_ratio", "is_offload_states"),
+@check("check", keys=(KEY, "is_offload_states"),
        doc="`rollout_endpoint`: a port outside 0-65535, a non-loopback host without a token, an empty model name, "
-           "a tool parser vLLM does not register, the sft pipeline, async_generation_ratio k >= 2 (the request "
-           "pools step the engine themselves), the rollout engine asleep between phases", name="endpoint.problems")
+           "a tool parser vLLM does not register, the sft pipeline, the rollout engine asleep between phases (beside "
+           "request pools, async_rollout refuses it)", name="endpoint.problems")
 def _endpoint_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     ep = cfg.rollout_endpoint
     if not ep.enabled:
@@ -85,10 +85,6 @@ def _endpoint_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]
             problems.append(error(f"{KEY}.tool_parser", f"{KEY}.tool_parser = {ep.tool_parser!r} is not one of vLLM's "
                                                         f"tool parsers ({', '.join(sorted(known)[:12])}, ...); null "
                                                         f"leaves tool calls as text"))
-    if cfg.async_generation_ratio >= 2:
-        problems.append(error(KEY, f"{KEY} with async_generation_ratio = {cfg.async_generation_ratio:g} is not built: "
-                                   f"the request pools step the rollout engine themselves, the endpoint needs it "
-                                   f"driven by the engine loop (use 0 or 1)"))
     from roll_gspo.placement.colocation import offload_between_phases
 
     if offload_between_phases(cfg):
