@@ -13,7 +13,7 @@ from typing import AbstractSet, List, Optional
 
 from roll_gspo.config.findings import Finding, error, notice
 from roll_gspo.config.registry import check
-from roll_gspo.config.schema import PipelineConfig
+from roll_gspo.config.schema import AgentConfig, PipelineConfig
 
 KEY = "rollout_endpoint"
 AGENT = "agent"
@@ -119,8 +119,11 @@ def _agent_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     a = cfg.agent
     verifiers_key = f"{AGENT}.verifiers_env"
     if not a.agent_func and not a.verifiers_env:
+        # Keys the YAML gives a value of its own (a printed config, `--print-config`, holds every default).
+        defaults = AgentConfig()
         written = [k for k in (yaml_keys or ()) if k.startswith(f"{AGENT}.") and k != f"{AGENT}.agent_func"
-                   and not k.startswith(verifiers_key)]
+                   and not k.startswith(verifiers_key)
+                   and getattr(a, k.split(".")[1], None) != getattr(defaults, k.split(".")[1], None)]
         return [error(written[0], f"{written[0]}: read only with agent.agent_func or agent.verifiers_env; set one "
                                   f"or remove the key")] if written else []
     which = f"{AGENT}.agent_func" if a.agent_func else verifiers_key
