@@ -86,8 +86,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         freeze_config(cfg)  # nothing below changes the config: what it decides is the plan
         plan = build_run_plan(cfg)
         print(plan.text())
+        resumable = _resume_fits(cfg)
         placed = _placement_plan_fits(cfg, args)
-        if not (_host_plan_fits(cfg, args) and placed):
+        if not (_host_plan_fits(cfg, args) and placed and resumable):
             return 1
         if plan.pipeline == "agentic":
             from roll_gspo.agentic.episodes import describe_episodes
@@ -135,6 +136,19 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"resume_from_checkpoint=auto", file=sys.stderr)
         return 130
     return 0
+
+
+def _resume_fits(cfg) -> bool:
+    """Print what the resume will do (exact, resharded, converted) or why it is refused."""
+    from roll_gspo.config.roll_compat import checkpoint_base
+    from roll_gspo.lifecycle.reshape import describe_resume
+
+    lines, problems = describe_resume(cfg, checkpoint_base(cfg))
+    for line in lines:
+        print(line)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return not problems
 
 
 def _placement_plan_fits(cfg, args) -> bool:

@@ -1,0 +1,181 @@
+"""Resuming on another training shape (issue 39 items 2-3; roll_gspo.lifecycle.reshape): a checkpoint
+written by 2 ranks resumes on 1 (DeepSpeed ZeRO-2 through its universal checkpoint, FSDP2 through
+torch.distributed.checkpoint's resharding), and a ZeRO-2 checkpoint resumes under FSDP2. Each carries
+the fp32 weights, Adam's moments and step, the LR schedule (compared tensor by tensor with what the
+2 ranks held), and the next step's loss and weights stay within float rounding of the uninterrupted
+2-rank run's: the same mini-batch (one per step), summed in another order. What cannot carry over
+is refused before any worker starts (`--dry-run` says which), and the pipeline itself resumes a
+2-rank run on 1 rank.
+
+Engine ranks are plain processes (tests.test_fsdp2.run_ranks: gloo, no Ray); the pipeline test runs on
+the session's Ray."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from roll_gspo.lifecycle.reshape import (LOAD_NATIVE, LOAD_UNIVERSAL, SHAPES_KEY, ResumeShapeError, TrainerShape,
+                                         decide, describe_resume, resume_actions, saved_shape, to_universal)
+from tests.test_fsdp2 import bare_worker, pipeline_config, run_ranks, training_batch
+
+ZERO2 = ("deepspeed_train", {"zero_optimization": {"stage": 2}})
+FSDP2 = ("fsdp2_train", {})
+ROWS = 8  # one mini-batch per step on 2 ranks (2 x 2 x 2 rows) and on 1 rank (2 x 4)
+
+
+def _strategy(model, engine, world):
+    strategy_name, strategy_config = engine
+    cfg = pipeline_config(model, strategy_name, strategy_config)
+    cfg.actor_train.training_args.gradient_accumulation_steps = 4 // world  # 8 rows per optimizer step
+    cfg.actor_train.training_args.warmup_steps = 4  # the LR still changes at the resumed step
+    if strategy_name == "fsdp2_train":
+        from roll_gspo.strategies.fsdp2_strategy import FSDP2Strategy as Strategy
+    else:
+        from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy as Strategy
+    return cfg, Strategy(cfg.actor_train, train=True, total_optimizer_steps=8, seed=0)
+
+
+def full_state(strategy):
+    """Every parameter's whole fp32 weight and Adam moments, by name (collective; rank 0 keeps them)."""
+    out = {}
+    if hasattr(strategy, "zero_stage"):  # DeepSpeed: its own accessors of the partitioned states
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        for name, param in strategy.module.named_parameters():
+            out[f"{name}/fp32"] = safe_get_full_fp32_param(param).detach().clone()
+            for key in ("exp_avg", "exp_avg_sq"):
+                out[f"{name}/{key}"] = safe_get_full_optimizer_state(param, key).detach().clone()
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model, optimizer = get_state_dict(strategy.model, strategy.optimizer,
+                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        names = {name for name, _ in strategy.model.named_parameters()}
+        out.update({f"{name}/fp32": t.clone() for name, t in model.items() if name in names})
+        for name, state in optimizer.get("state", {}).items():  # rank 0's only (cpu_offload)
+            out.update({f"{name}/{key}": state[key].clone() for key in ("exp_avg", "exp_avg_sq")})
+    return out if strategy.rank == 0 else {}
+
+
+def _batches(world, rank):
+    return [training_batch(ROWS, seed=40 + i).chunk(world)[rank] for i in range(3)]
+
+
+def _write_two_ranks(rank, world, out_dir, model):
+    """Per engine: 2 steps, a checkpoint, then the uninterrupted step 3."""
+    found = {}
+    for label, engine in (("fsdp2", FSDP2), ("zero2", ZERO2)):
+        cfg, strategy = _strategy(model, engine, world)
+        worker = bare_worker(cfg, strategy, rank)
+        batches = _batches(world, rank)
+        for batch in batches[:2]:
+            worker.train_step(batch)
+        folder = os.path.join(out_dir, label)
+        os.makedirs(folder, exist_ok=True)
+        strategy.save_checkpoint(folder)
+        saved = full_state(strategy)
+        metrics = worker.train_step(batches[2])
+        found[label] = {"saved": saved, "step3": metrics, "after": full_state(strategy), "lr": strategy.learning_rate()}
+    return found
+
+
+def _resume_one_rank(rank, world, out_dir, model):
+    found = {}
+    for label, source, engine, mode in (("zero2->zero2", "zero2", ZERO2, LOAD_UNIVERSAL),
+                                        ("zero2->fsdp2", "zero2", FSDP2, LOAD_UNIVERSAL),
+                                        ("fsdp2->fsdp2", "fsdp2", FSDP2, LOAD_NATIVE)):
+        cfg, strategy = _strategy(model, engine, world)
+        strategy.load_checkpoint(os.path.join(out_dir, source), mode)
+        loaded = full_state(strategy)
+        state = {"steps": strategy.global_steps, "lr": strategy.learning_rate()}
+        metrics = bare_worker(cfg, strategy, rank).train_step(_batches(world, rank)[2])
+        found[label] = {"loaded": loaded, "step3": metrics, "after": full_state(strategy), **state}
+    return found
+
+
+@pytest.fixture(scope="module")
+def reshaped(tmp_path_factory, tiny_model):
+    out = tmp_path_factory.mktemp("reshape")
+    written = run_ranks(2, _write_two_ranks, out, tiny_model)[0]
+    to_universal(str(out / "zero2"))  # the driver's part (prepare_resume)
+    resumed = run_ranks(1, _resume_one_rank, out, tiny_model)[0]
+    return written, resumed
+
+
+def _max_gap(a, b):
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("case", ["zero2->zero2", "zero2->fsdp2", "fsdp2->fsdp2"])
+def test_two_ranks_resume_on_one_with_weights_moments_and_schedule(reshaped, case):
+    written, resumed = reshaped
+    source = case.split("->")[0]
+    before, after = written[source], resumed[case]
+    # The checkpoint's fp32 weights and Adam's moments, whole, bit for bit; the step and the LR schedule.
+    assert before["saved"].keys() == after["loaded"].keys() and any(k.endswith("exp_avg_sq") for k in before["saved"])
+    different = [k for k in before["saved"] if not torch.equal(before["saved"][k], after["loaded"][k])]
+    assert not different, different
+    assert after["steps"] == 2
+    # The next step: the same 8 rows in one mini-batch, its gradient summed over 2 ranks or 4
+    # micro-batches of one rank: equal up to float rounding, not bit for bit.
+    loss_gap = abs(before["step3"]["actor/pg_loss"] - after["step3"]["actor/pg_loss"])
+    assert loss_gap < 1e-5, loss_gap
+    assert after["step3"]["actor/lr"] == before["step3"]["actor/lr"]  # warm-up continued: step 3 of 4
+    assert _max_gap(before["after"], after["after"]) < 1e-5
+    print(f"{case}: step-3 loss gap {loss_gap:.2e}, weights/moments after step 3 max gap "
+          f"{_max_gap(before['after'], after['after']):.2e}")
+
+
+# --------------------------------------------------------------------------------------------
+# The decision before any worker starts
+# --------------------------------------------------------------------------------------------
+def test_decisions_name_what_differs_and_what_to_do():
+    zero2x2 = TrainerShape("deepspeed", 2, 2, "fp32")
+    assert decide("actor_train", zero2x2, zero2x2).kind == "exact"
+    for wanted in (TrainerShape("deepspeed", 1, 2, "fp32"), TrainerShape("deepspeed", 2, 3, "fp32"),
+                   TrainerShape("fsdp2", 1, None, "fp32")):
+        action = decide("actor_train", zero2x2, wanted)
+        assert (action.kind, action.load_mode) == ("converted", LOAD_UNIVERSAL), wanted
+    fsdp = TrainerShape("fsdp2", 2, None, "fp32")
+    assert decide("actor_train", fsdp, TrainerShape("fsdp2", 1, None, "fp32")).kind == "resharded"
+    refused = decide("actor_train", fsdp, zero2x2)
+    assert refused.kind == "refused" and "actor_train.strategy_args.strategy_name=fsdp2_train" in refused.how
+    assert "world_size=2" in refused.how
+    stage0 = TrainerShape("deepspeed", 2, 0, "fp32")
+    assert decide("actor_train", stage0, TrainerShape("deepspeed", 1, 0, "fp32")).kind == "resharded"
+    assert decide("actor_train", stage0, zero2x2).kind == "refused"
+    lora = TrainerShape("deepspeed", 2, 3, "fp32", lora=True)
+    assert decide("actor_train", lora, TrainerShape("deepspeed", 2, 3, "fp32")).kind == "refused"
+    assert "stage=3" in decide("actor_train", lora, TrainerShape("fsdp2", 2, None, "fp32", lora=True)).how
+
+
+def _fake_checkpoint(root, shapes):
+    folder = root / "out" / "checkpoints" / "step_2"
+    folder.mkdir(parents=True)
+    (folder / "pipeline_state.json").write_text(json.dumps({"step": 2, SHAPES_KEY: shapes}))
+    (folder / "COMPLETE").write_text("ok\n")
+    return folder
+
+
+def test_dry_run_prints_the_resume_and_refuses_before_workers(tmp_path, tiny_model, capsys):
+    from roll_gspo.cli import main
+    from tests.test_pipeline_e2e import write_config
+
+    folder = _fake_checkpoint(tmp_path, {"actor_train": {"engine": "fsdp2", "world_size": 2, "zero_stage": None,
+                                                         "dtype": "fp32", "lora": False}})
+    write_config(tmp_path, tiny_model, resume_from_checkpoint="auto")
+    assert main(["--config", str(tmp_path / "config.yaml"), "--dry-run"]) == 1
+    captured = capsys.readouterr()
+    assert "resume: from" in captured.out and "refused" in captured.out
+    assert "actor_train: refused, FSDP2, 2 ranks, fp32 -> DeepSpeed ZeRO-2, 2 ranks, fp32" in captured.err
+    assert "fsdp2_train" in captured.err
+    assert main(["--config", str(tmp_path / "config.yaml"), "--dry-run", "actor_train.strategy_args.strategy_name="
+                 "fsdp2_train", "actor_train.strategy_args.strategy_config=null", "actor_train.world_size=1"]) == 0
+    assert "actor_train: resharded, FSDP2, 2 ranks, fp32 -> FSDP2, 1 rank, fp32" in capsys.readouterr().out
+    cfg = write_config(tmp_path, tiny_model, resume_from_checkpoint=str(folder))
+    with pytest.raises(ResumeShapeError, match="resume_from_checkpoint: .* cannot resume as configured"):
+        resume_actions(cfg, str(folder))
+    lines, problems = describe_resume(cfg, cfg.output_dir)
+    assert problems and lines == [f"resume: from {folder}: refused"]
