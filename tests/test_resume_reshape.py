@@ -179,3 +179,49 @@ def test_dry_run_prints_the_resume_and_refuses_before_workers(tmp_path, tiny_mod
         resume_actions(cfg, str(folder))
     lines, problems = describe_resume(cfg, cfg.output_dir)
     assert problems and lines == [f"resume: from {folder}: refused"]
+
+
+# --------------------------------------------------------------------------------------------
+# The pipeline: a run checkpointed with 2 training ranks resumes with 1 and trains on
+# --------------------------------------------------------------------------------------------
+# One mini-batch per step on either shape (16 responses: 2 ranks x 4 rows x 2 accumulations, or
+# 1 rank x 4 x 4), so the resumed step trains on the rows the uninterrupted one does.
+TWO_RANKS = dict(max_steps=3, save_steps=2, save_total_limit=2, importance_sampling="seq",
+                 actor_train={"world_size": 2, "training_args": {"gradient_accumulation_steps": 2}})
+ONE_RANK = ["actor_train.world_size=1", "actor_train.training_args.gradient_accumulation_steps=4"]
+
+
+@pytest.mark.e2e
+def test_pipeline_two_ranks_resume_on_one_and_train_on(tmp_path, tiny_model, ray_session, capsys):
+    from roll_gspo.cli import main
+    from roll_gspo.config import load_config
+    from tests.test_pipeline_e2e import load_weights, read_metrics, run, write_config
+
+    (tmp_path / "two").mkdir()
+    first = write_config(tmp_path / "two", tiny_model, **TWO_RANKS)
+    uninterrupted = run(first)
+    # The run as a user resumes it after losing a node: its output up to the step-2 checkpoint, one rank.
+    (tmp_path / "one").mkdir()
+    resumed_cfg = write_config(tmp_path / "one", tiny_model, **TWO_RANKS)
+    checkpoints = os.path.join(resumed_cfg.output_dir, "checkpoints")
+    shutil.copytree(os.path.join(first.output_dir, "checkpoints", "step_2"), os.path.join(checkpoints, "step_2"))
+    config_path = str(tmp_path / "one" / "config.yaml")
+    assert main(["--config", config_path, "--dry-run", "resume_from_checkpoint=auto", *ONE_RANK]) == 0
+    printed = capsys.readouterr().out
+    assert ("actor_train: converted, DeepSpeed ZeRO-2, 2 ranks, fp32 -> DeepSpeed ZeRO-2, 1 rank, fp32: "
+            "DeepSpeed's universal checkpoint") in printed, printed
+    resumed = run(load_config(config_path, ["resume_from_checkpoint=auto", *ONE_RANK]))
+    assert [r["step"] for r in resumed if "actor/pg_loss" in r] == [3]
+    assert os.path.isdir(os.path.join(checkpoints, "step_2", "universal", "engine", "zero"))
+    assert saved_shape(os.path.join(checkpoints, "step_3"), "actor_train") == TrainerShape("deepspeed", 1, 2, "fp32")
+    want, got = uninterrupted[-1], resumed[-1]
+    assert want["step"] == got["step"] == 3
+    # Step 3's rollout comes from step 2's weights, carried bit for bit: the same samples and rewards.
+    assert got["reward/mean"] == want["reward/mean"]
+    gaps = {key: abs(got[key] - want[key]) for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl")}
+    assert all(gap < 1e-5 for gap in gaps.values()), gaps
+    final_gap = max(float((load_weights(os.path.join(resumed_cfg.output_dir, "final_model"))[k] - w).abs().max())
+                    for k, w in load_weights(os.path.join(first.output_dir, "final_model")).items())
+    assert final_gap < 1e-5, final_gap
+    print(f"2 -> 1 ranks, step 3: {gaps}, final weights max gap {final_gap:.2e}")
+    assert read_metrics(resumed_cfg)[-1]["step"] == 3
