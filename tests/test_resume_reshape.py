@@ -90,9 +90,27 @@ def _resume_one_rank(rank, world, out_dir, model):
         strategy.load_checkpoint(os.path.join(out_dir, source), mode)
         loaded = full_state(strategy)
         state = {"steps": strategy.global_steps, "lr": strategy.learning_rate()}
-        metrics = bare_worker(cfg, strategy, rank).train_step(_batches(world, rank)[2])
+        worker = bare_worker(cfg, strategy, rank)
+        metrics = worker.train_step(_batches(world, rank)[2])
         found[label] = {"loaded": loaded, "step3": metrics, "after": full_state(strategy), **state}
+        if label == "zero2->zero2":  # and back to 2 ranks, under ZeRO-1: a checkpoint, then the step it resumes
+            folder = os.path.join(out_dir, "zero2_one_rank")
+            os.makedirs(folder, exist_ok=True)
+            strategy.save_checkpoint(folder)
+            found["step4"] = worker.train_step(_batches(world, rank)[2])
+            found["after4"] = full_state(strategy)
     return found
+
+
+ZERO1 = ("deepspeed_train", {"zero_optimization": {"stage": 1}})
+
+
+def _resume_two_ranks_zero1(rank, world, out_dir, model):
+    cfg, strategy = _strategy(model, ZERO1, world)
+    strategy.load_checkpoint(os.path.join(out_dir, "zero2_one_rank"), LOAD_UNIVERSAL)
+    loaded, steps = full_state(strategy), strategy.global_steps
+    metrics = bare_worker(cfg, strategy, rank).train_step(_batches(world, rank)[2])
+    return {"loaded": loaded, "steps": steps, "step4": metrics, "after4": full_state(strategy)}
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +119,8 @@ def reshaped(tmp_path_factory, tiny_model):
     written = run_ranks(2, _write_two_ranks, out, tiny_model)[0]
     to_universal(str(out / "zero2"))  # the driver's part (prepare_resume)
     resumed = run_ranks(1, _resume_one_rank, out, tiny_model)[0]
+    to_universal(str(out / "zero2_one_rank"))
+    resumed["zero2->zero1"] = run_ranks(2, _resume_two_ranks_zero1, out, tiny_model)[0]
     return written, resumed
 
 
@@ -128,13 +148,26 @@ def test_two_ranks_resume_on_one_with_weights_moments_and_schedule(reshaped, cas
           f"{_max_gap(before['after'], after['after']):.2e}")
 
 
+def test_one_rank_resumes_on_two_under_zero1(reshaped):
+    """ZeRO-2 on 1 rank (the resumed run's step-3 checkpoint) -> ZeRO-1 on 2 ranks: another stage and
+    more ranks."""
+    _, resumed = reshaped
+    one, two = resumed["zero2->zero2"], resumed["zero2->zero1"]
+    different = [k for k in one["after"] if not torch.equal(one["after"][k], two["loaded"][k])]
+    assert not different and two["steps"] == 3, different
+    loss_gap = abs(resumed["step4"]["actor/pg_loss"] - two["step4"]["actor/pg_loss"])
+    weights_gap = _max_gap(resumed["after4"], two["after4"])
+    assert loss_gap < 1e-5 and weights_gap < 1e-5, (loss_gap, weights_gap)
+    print(f"zero2 x1 -> zero1 x2: step-4 loss gap {loss_gap:.2e}, weights/moments max gap {weights_gap:.2e}")
+
+
 # --------------------------------------------------------------------------------------------
 # The decision before any worker starts
 # --------------------------------------------------------------------------------------------
 def test_decisions_name_what_differs_and_what_to_do():
     zero2x2 = TrainerShape("deepspeed", 2, 2, "fp32")
     assert decide("actor_train", zero2x2, zero2x2).kind == "exact"
-    for wanted in (TrainerShape("deepspeed", 1, 2, "fp32"), TrainerShape("deepspeed", 2, 3, "fp32"),
+    for wanted in (TrainerShape("deepspeed", 1, 2, "fp32"), TrainerShape("deepspeed", 2, 1, "fp32"),
                    TrainerShape("fsdp2", 1, None, "fp32")):
         action = decide("actor_train", zero2x2, wanted)
         assert (action.kind, action.load_mode) == ("converted", LOAD_UNIVERSAL), wanted
@@ -143,6 +176,10 @@ def test_decisions_name_what_differs_and_what_to_do():
     refused = decide("actor_train", fsdp, zero2x2)
     assert refused.kind == "refused" and "actor_train.strategy_args.strategy_name=fsdp2_train" in refused.how
     assert "world_size=2" in refused.how
+    assert decide("actor_train", zero2x2, TrainerShape("deepspeed", 2, 3, "fp32")).kind == "refused"
+    zero3 = TrainerShape("deepspeed", 2, 3, "fp32")
+    assert decide("actor_train", zero3, TrainerShape("deepspeed", 4, 3, "fp32")).kind == "converted"
+    assert decide("actor_train", zero3, TrainerShape("fsdp2", 2, None, "fp32")).kind == "refused"
     stage0 = TrainerShape("deepspeed", 2, 0, "fp32")
     assert decide("actor_train", stage0, TrainerShape("deepspeed", 1, 0, "fp32")).kind == "resharded"
     assert decide("actor_train", stage0, zero2x2).kind == "refused"

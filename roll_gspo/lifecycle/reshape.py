@@ -10,15 +10,16 @@ with the config and decides, per role:
 * **resharded**: FSDP2 to FSDP2 on other ranks (torch.distributed.checkpoint re-splits the shards
   at load time), or DeepSpeed ZeRO-0 in fp32, whose weights and optimizer state are whole in the
   checkpoint.
-* **converted**: DeepSpeed ZeRO-1/2/3 to DeepSpeed on other ranks or another stage 1-3, and
-  DeepSpeed ZeRO-1/2/3 to FSDP2: the checkpoint is converted once, in the driver, to DeepSpeed's
+* **converted**: DeepSpeed ZeRO-1/2 to DeepSpeed ZeRO-1/2 on other ranks or the other stage,
+  ZeRO-3 to ZeRO-3 on other ranks, and DeepSpeed ZeRO-1/2 to FSDP2: the checkpoint is converted once, in the driver, to DeepSpeed's
   universal checkpoint (`deepspeed.checkpoint.ds_to_universal`: per parameter, the whole fp32
   master weight, Adam's two moments and the step), kept in the checkpoint folder as `universal/`.
   DeepSpeed loads it with `load_universal_checkpoint`; FSDP2 reads the same files as whole tensors
   and shards them (`set_state_dict` of full state dicts). The LR schedule and the optimizer step
   come from the checkpoint's model-states file.
 * **refused**, before any worker starts, naming what differs and what to do: FSDP2 to DeepSpeed,
-  ZeRO-0 to or from another stage, a ZeRO-0 bf16/fp16 checkpoint on other ranks, a LoRA adapter
+  ZeRO-1/2 to or from ZeRO-3 (DeepSpeed 0.19's universal loader does not cross that line), ZeRO-3
+  to FSDP2, ZeRO-0 to or from another stage, a ZeRO-0 bf16/fp16 checkpoint on other ranks, a LoRA adapter
   on another engine or stage, a LoRA run resumed without LoRA or the reverse.
 
 What stays exact across a reshape and what does not is in docs/crash_safety.md.
@@ -199,6 +200,15 @@ def decide(role: str, saved: TrainerShape, wanted: TrainerShape) -> ResumeAction
         return refuse("ZeRO stage 0 keeps the optimizer state in torch's own format, which DeepSpeed's universal "
                       "checkpoint does not convert; resume with stage 0, or use ZeRO-1/2/3 from the start when a "
                       "run may need to change its shape")
+    if wanted.engine == "deepspeed" and (saved.zero_stage == 3) != (wanted.zero_stage == 3):
+        return refuse(f"DeepSpeed {deepspeed_version()} loads a universal checkpoint only within ZeRO-1/2 or within "
+                      f"ZeRO-3 (ZeRO-3 reads an optimizer-state file that a ZeRO-1/2 conversion does not write, and "
+                      f"looks for its model states under another name); resume with stage "
+                      f"{'3' if saved.zero_stage == 3 else '1 or 2'}, or under fsdp2_train"
+                      + (" (from ZeRO-1/2)" if saved.zero_stage == 3 else ""))
+    if saved.zero_stage == 3 and wanted.engine == "fsdp2":
+        return refuse("a ZeRO-3 checkpoint is not converted to FSDP2 here (only ZeRO-1/2 ones, through the universal "
+                      "checkpoint)")
     if saved.lora:  # same stage (checked above), other ranks
         return refuse("a LoRA checkpoint (adapter only) is not converted to another number of ranks")
     if wanted.engine == "deepspeed":
@@ -209,6 +219,15 @@ def decide(role: str, saved: TrainerShape, wanted: TrainerShape) -> ResumeAction
 _UNIVERSAL_HOW = ("DeepSpeed's universal checkpoint (ds_to_universal, once, into the checkpoint's universal/ "
                   "folder): whole fp32 weights, Adam's moments and step per parameter, re-split at load time; LR "
                   "schedule and optimizer step kept")
+
+
+def deepspeed_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("deepspeed")
+    except Exception:  # noqa: BLE001  (not installed: the run fails elsewhere, naming it)
+        return "?"
 
 
 def find_resume_folder(output_dir: str, resume_from_checkpoint: Optional[str]) -> Optional[str]:
@@ -271,6 +290,7 @@ def to_universal(where: str) -> str:
     try:
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
             ds_to_universal.main(args)
+        _both_model_state_names(args.output_folder)
         os.rename(tmp, final)
     except Exception as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -280,6 +300,18 @@ def to_universal(where: str) -> str:
     logger.info("converted %s to DeepSpeed's universal checkpoint %s in %.1f s", args.input_folder, final,
                 time.monotonic() - started)
     return final
+
+
+def _both_model_state_names(engine_dir: str) -> None:
+    """DeepSpeed looks for a universal checkpoint's model-states file under its own stage's name
+    (`mp_rank_00_model_states.pt` for ZeRO-1/2, `zero_pp_rank_0_mp_rank_00_model_states.pt` for
+    ZeRO-3), and the conversion keeps the source's: both names, one file (a hard link), so a
+    ZeRO-2 checkpoint resumes under ZeRO-3 and back."""
+    names = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    present = [n for n in names if os.path.exists(os.path.join(engine_dir, n))]
+    for name in names:
+        if present and name not in present:
+            os.link(os.path.join(engine_dir, present[0]), os.path.join(engine_dir, name))
 
 
 def universal_trainer_state(universal: str) -> Dict[str, Any]:
