@@ -202,6 +202,9 @@ def test_dry_run_prints_the_resume_and_refuses_before_workers(tmp_path, tiny_mod
 
     folder = _fake_checkpoint(tmp_path, {"actor_train": {"engine": "fsdp2", "world_size": 2, "zero_stage": None,
                                                          "dtype": "fp32", "lora": False}})
+    write_config(tmp_path, tiny_model)
+    assert main(["--config", str(tmp_path / "config.yaml"), "--dry-run"]) == 1  # a fresh start over checkpoints
+    assert "already holds checkpoints (step_2 newest)" in capsys.readouterr().err
     write_config(tmp_path, tiny_model, resume_from_checkpoint="auto")
     assert main(["--config", str(tmp_path / "config.yaml"), "--dry-run"]) == 1
     captured = capsys.readouterr()

@@ -341,6 +341,10 @@ def describe_resume(cfg, output_dir: str) -> "tuple[List[str], List[str]]":
     except FileNotFoundError as exc:
         return [], [str(exc)]
     if folder is None:
+        existing = complete_checkpoints(output_dir)
+        if cfg.resume_from_checkpoint is None and existing:  # what resolve_resume refuses at the start
+            return [], [f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])} newest): set "
+                        f"resume_from_checkpoint=auto to continue, or choose another output_dir"]
         fresh = "no checkpoint yet, a fresh start" if cfg.resume_from_checkpoint else "a fresh start"
         return [f"resume: {fresh}"], []
     try:
