@@ -9,6 +9,7 @@ is refused before any worker starts (`--dry-run` says which), and the pipeline i
 
 Engine ranks are plain processes (tests.test_fsdp2.run_ranks: gloo, no Ray); the pipeline test runs on
 the session's Ray."""
+import glob
 import json
 import os
 import shutil
@@ -211,6 +212,11 @@ def test_dry_run_prints_the_resume_and_refuses_before_workers(tmp_path, tiny_mod
     assert "resume: from" in captured.out and "refused" in captured.out
     assert "actor_train: refused, FSDP2, 2 ranks, fp32 -> DeepSpeed ZeRO-2, 2 ranks, fp32" in captured.err
     assert "fsdp2_train" in captured.err
+    # The run itself: the same line, before Ray or any worker starts (no raw trace from a worker).
+    assert main(["--config", str(tmp_path / "config.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "error: resume_from_checkpoint: " in err and "Traceback" not in err
+    assert not glob.glob(os.path.join(tmp_path, "out", "logs", "actor_train-*"))  # no training rank started
     assert main(["--config", str(tmp_path / "config.yaml"), "--dry-run", "actor_train.strategy_args.strategy_name="
                  "fsdp2_train", "actor_train.strategy_args.strategy_config=null", "actor_train.world_size=1"]) == 0
     assert "actor_train: resharded, FSDP2, 2 ranks, fp32 -> FSDP2, 1 rank, fp32" in capsys.readouterr().out
