@@ -122,6 +122,7 @@ def reshaped(tmp_path_factory, tiny_model):
     resumed = run_ranks(1, _resume_one_rank, out, tiny_model)[0]
     to_universal(str(out / "zero2_one_rank"))
     resumed["zero2->zero1"] = run_ranks(2, _resume_two_ranks_zero1, out, tiny_model)[0]
+    written["folder"] = str(out)
     return written, resumed
 
 
@@ -160,6 +161,12 @@ def test_one_rank_resumes_on_two_under_zero1(reshaped):
     weights_gap = _max_gap(resumed["after4"], two["after4"])
     assert loss_gap < 1e-5 and weights_gap < 1e-5, (loss_gap, weights_gap)
     print(f"zero2 x1 -> zero1 x2: step-4 loss gap {loss_gap:.2e}, weights/moments max gap {weights_gap:.2e}")
+
+
+def test_shape_of_a_checkpoint_without_the_record_is_read_from_its_files(reshaped):
+    folder = reshaped[0]["folder"]
+    assert saved_shape(os.path.join(folder, "zero2"), "actor_train", {}) == TrainerShape("deepspeed", 2, 2, "fp32")
+    assert saved_shape(os.path.join(folder, "fsdp2"), "actor_train", {}) == TrainerShape("fsdp2", 2, None, None)
 
 
 # --------------------------------------------------------------------------------------------
