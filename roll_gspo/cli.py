@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="validate config, data files, model folder and reward functions without "
                              "starting Ray, and print the placement plan (which role's ranks sit on which "
-                             "node and GPU); exit 0 if all is well, 1 with the errors otherwise")
+                             "node and GPU) and what a resume will do with its checkpoint (exact, resharded, "
+                             "converted, or refused with the reason); exit 0 if all is well, 1 with the errors "
+                             "otherwise")
     cluster = parser.add_argument_group(
         "cluster for the --dry-run placement plan",
         "Describe the cluster (--nodes, --gpus-per-node, --device-memory-gb) or read it from a running "
