@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -19,6 +19,7 @@ from roll_gspo.distributed.cluster import Cluster, WorkerDiedError
 from roll_gspo.lifecycle.checkpoint import (CheckpointError, begin_checkpoint, checkpoint_failure,
     commit_checkpoint, discard, read_state)
 from roll_gspo.lifecycle.graceful_stop import GracefulStop, resume_command
+from roll_gspo.lifecycle.reshape import LOAD_NATIVE, SHAPES_KEY, ResumeAction, shapes_record
 
 logger = logging.getLogger("roll_gspo")
 ROLLOUT_BUFFER_FILE = "rollout_buffer.pt"  # the rollouts generated ahead (async), saved with the checkpoint
@@ -51,16 +52,22 @@ def write_checkpoint(cfg: PipelineConfig, actor_train: Cluster, step: int, *, bu
         message = checkpoint_failure(output_dir, step, exc)
         discard(folder)
         raise CheckpointError(message) from exc
-    return commit_checkpoint(folder, {"step": step, **driver_state}, output_dir, step, cfg.save_total_limit)
+    # The training shape it was written with (engine, ranks, ZeRO stage, dtype): what a resume on
+    # another shape compares (roll_gspo.lifecycle.reshape).
+    state = {"step": step, **driver_state, SHAPES_KEY: shapes_record(cfg)}
+    return commit_checkpoint(folder, state, output_dir, step, cfg.save_total_limit)
 
 
-def restore_trainer(folder: str, actor_train: Cluster, critic: Optional[Cluster] = None) -> dict:
-    """Load the trainer ranks' state (and the critic's, PPO) from `folder`; returns the driver state
-    saved there (its `step` is the last one done)."""
+def restore_trainer(folder: str, actor_train: Cluster, critic: Optional[Cluster] = None,
+                    actions: Sequence[ResumeAction] = ()) -> dict:
+    """Load the trainer ranks' state (and the critic's, PPO) from `folder`, each role as its
+    `actions` say (`resume_actions`: exact, resharded or converted; default: as written); returns
+    the driver state saved there (its `step` is the last one done)."""
     state = read_state(folder)
-    actor_train.execute_all("load_checkpoint", folder)
+    modes = {action.role: action.load_mode for action in actions}
+    actor_train.execute_all("load_checkpoint", folder, modes.get("actor_train", LOAD_NATIVE))
     if critic is not None:
-        critic.execute_all("load_checkpoint", folder)
+        critic.execute_all("load_checkpoint", folder, modes.get("critic", LOAD_NATIVE))
     return state
 
 

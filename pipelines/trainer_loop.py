@@ -29,6 +29,7 @@ from roll_gspo.config.plan import build_run_plan
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.batch_fields import TRAINER_TENSORS, view
 from roll_gspo.lifecycle.checkpoint import resolve_resume
+from roll_gspo.lifecycle.reshape import prepare_resume, resume_actions
 from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 from roll_gspo.models.moe_routing import folder_is_moe
@@ -55,6 +56,13 @@ class TrainerLoop:
         self.cfg = cfg = prepare_models(
             cfg, ["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else []))
         self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
+        # Another training shape than the checkpoint's: refused here, before any worker starts, or
+        # converted here (DeepSpeed's universal checkpoint) for the workers to load.
+        self.resume_actions = resume_actions(cfg, self.resume_dir) if self.resume_dir else []
+        for action in self.resume_actions:
+            (logger.info if action.kind == "exact" else logger.warning)("resume: %s", action.line())
+        if self.resume_dir:
+            prepare_resume(self.resume_dir, self.resume_actions)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
         # What the run decided (offload, old log-probs, reference, routes): the loop and workers read it.
         self.plan = build_run_plan(cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
@@ -239,7 +247,7 @@ class TrainerLoop:
     def _load_checkpoint(self, folder: str) -> None:
         """The trainer's state, the source's and the rollouts generated ahead, from `folder`; the
         rollout engine then holds the trainer's weights."""
-        state = restore_trainer(folder, self.actor_train, critic=self.critic)
+        state = restore_trainer(folder, self.actor_train, critic=self.critic, actions=self.resume_actions)
         self.source.load_state_dict(state)
         self.start_step = int(state["step"])
         self.old_logprobs = resumed_old_logprobs(self.old_logprobs, state, self.start_step)  # where the gap had led

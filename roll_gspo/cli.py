@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="validate config, data files, model folder and reward functions without "
                              "starting Ray, and print the placement plan (which role's ranks sit on which "
-                             "node and GPU); exit 0 if all is well, 1 with the errors otherwise")
+                             "node and GPU) and what a resume will do with its checkpoint (exact, resharded, "
+                             "converted, or refused with the reason); exit 0 if all is well, 1 with the errors "
+                             "otherwise")
     cluster = parser.add_argument_group(
         "cluster for the --dry-run placement plan",
         "Describe the cluster (--nodes, --gpus-per-node, --device-memory-gb) or read it from a running "
@@ -86,8 +88,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         freeze_config(cfg)  # nothing below changes the config: what it decides is the plan
         plan = build_run_plan(cfg)
         print(plan.text())
+        resumable = _resume_fits(cfg)
         placed = _placement_plan_fits(cfg, args)
-        if not (_host_plan_fits(cfg, args) and placed):
+        if not (_host_plan_fits(cfg, args) and placed and resumable):
             return 1
         if plan.pipeline == "agentic":
             from roll_gspo.agentic.episodes import describe_episodes
@@ -135,6 +138,19 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"resume_from_checkpoint=auto", file=sys.stderr)
         return 130
     return 0
+
+
+def _resume_fits(cfg) -> bool:
+    """Print what the resume will do (exact, resharded, converted) or why it is refused."""
+    from roll_gspo.config.roll_compat import checkpoint_base
+    from roll_gspo.lifecycle.reshape import describe_resume
+
+    lines, problems = describe_resume(cfg, checkpoint_base(cfg))
+    for line in lines:
+        print(line)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return not problems
 
 
 def _placement_plan_fits(cfg, args) -> bool:

@@ -209,8 +209,20 @@ class DeepSpeedStrategy(TrainEngineStrategy):
         with self.offloader.on_device():
             self.engine.save_checkpoint(folder, tag="engine", exclude_frozen_parameters=self._lora())
 
-    def load_checkpoint(self, folder: str) -> None:
-        with self.offloader.on_device():
-            path, _ = self.engine.load_checkpoint(folder, tag="engine", load_module_strict=not self._lora())
+    def load_checkpoint(self, folder: str, mode: str = "native") -> None:
+        """The state `save_checkpoint` wrote; `mode` "universal": DeepSpeed's universal checkpoint
+        the driver converted it to (`<folder>/universal`, roll_gspo.lifecycle.reshape), which
+        re-splits the fp32 weights and Adam's moments over this run's ranks and ZeRO stage."""
+        from roll_gspo.lifecycle.reshape import LOAD_UNIVERSAL, UNIVERSAL_DIR
+
+        universal = mode == LOAD_UNIVERSAL
+        source = os.path.join(folder, UNIVERSAL_DIR) if universal else folder
+        config = self.engine._config
+        config.load_universal_checkpoint = universal  # read by DeepSpeed's load path only
+        try:
+            with self.offloader.on_device():
+                path, _ = self.engine.load_checkpoint(source, tag="engine", load_module_strict=not self._lora())
+        finally:
+            config.load_universal_checkpoint = False
         if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint in {folder}")
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {source}")

@@ -215,12 +215,18 @@ class FSDP2Strategy(TrainEngineStrategy):
         torch.save(_rng_state(), os.path.join(folder, RNG_STATE.format(rank=self.rank)))
         torch.distributed.barrier()
 
-    def load_checkpoint(self, folder: str) -> None:
+    def load_checkpoint(self, folder: str, mode: str = "native") -> None:
         """The state `save_checkpoint` wrote. The shards are re-split when the number of ranks
-        changed (each rank's RNG then restarts from the seed)."""
+        changed (each rank's RNG then restarts from the seed). `mode` "universal": a DeepSpeed
+        checkpoint, converted by the driver to DeepSpeed's universal checkpoint (`_load_universal`)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        from roll_gspo.lifecycle.reshape import LOAD_UNIVERSAL
+
+        if mode == LOAD_UNIVERSAL:
+            self._load_universal(folder)
+            return
         path = os.path.join(folder, CHECKPOINT_DIR)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"no FSDP2 checkpoint in {folder} (no {CHECKPOINT_DIR}/ folder; a DeepSpeed "
@@ -238,6 +244,43 @@ class FSDP2Strategy(TrainEngineStrategy):
             _set_rng_state(torch.load(rng))
         else:
             logger.info("rank %d: %s has no RNG state of this rank (written by fewer ranks)", self.rank, folder)
+
+    def _load_universal(self, folder: str) -> None:
+        """A DeepSpeed checkpoint's state from its universal form (`<folder>/universal`): each
+        parameter's whole fp32 weight, Adam's moments and step, sharded over this run's ranks (every
+        rank reads the whole tensors and keeps its shard); the LR schedule and optimizer step."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+        from roll_gspo.lifecycle.reshape import UNIVERSAL_DIR, universal_tensor, universal_trainer_state
+
+        universal = os.path.join(folder, UNIVERSAL_DIR)
+        full = StateDictOptions(full_state_dict=True)  # every rank: whole tensors (cpu_offload keeps rank 0's only)
+        with self.offloader.on_device():
+            model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=full)
+            # A tied weight is one parameter under two names; the universal checkpoint holds it once.
+            aliases = {}
+            for name, param in self.model.named_parameters(remove_duplicate=False):
+                aliases.setdefault(id(param), name)
+            canonical = {name: aliases[id(param)] for name, param in self.model.named_parameters(remove_duplicate=False)}
+            for name in model_state:
+                source = canonical.get(name, name)
+                model_state[name] = universal_tensor(universal, source, "fp32").to(model_state[name].dtype)
+            for name, state in optimizer_state["state"].items():
+                source = canonical.get(name, name)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    state[key] = universal_tensor(universal, source, key).to(state[key].dtype).view_as(state[key])
+                state["step"] = torch.as_tensor(float(universal_tensor(universal, source, "step")),
+                                                dtype=state["step"].dtype)
+            set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                           options=StateDictOptions(full_state_dict=True))
+        trainer = universal_trainer_state(universal)
+        if trainer["scheduler"] is not None:
+            self.scheduler.load_state_dict(trainer["scheduler"])
+            # The optimizer's param groups came fresh (the warm-up's first LR): the schedule's current one.
+            for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+                group["lr"] = lr
+        self.global_steps = trainer["global_steps"]
+        self._micro_steps = self.global_steps * self.role.training_args.gradient_accumulation_steps
 
     def _checkpoint_group(self):
         """gloo for the checkpoint's own collectives (offload_policy keeps shards on the host, which

@@ -355,8 +355,9 @@ class ActorTrainWorker(RankWorker):
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(folder)
 
-    def load_checkpoint(self, folder: str) -> None:
-        self.strategy.load_checkpoint(folder)
+    def load_checkpoint(self, folder: str, mode: str = "native") -> None:
+        """`mode`: how (roll_gspo.lifecycle.reshape.ResumeAction.load_mode; the driver decided it)."""
+        self.strategy.load_checkpoint(folder, mode)
 
     def save_hf_model(self, folder: str) -> None:
         self.strategy.save_hf_model(folder, self.role.model_args.model_name_or_path)

@@ -110,12 +110,12 @@ class CriticWorker(RankWorker):
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(os.path.join(folder, CHECKPOINT_SUBDIR))
 
-    def load_checkpoint(self, folder: str) -> None:
+    def load_checkpoint(self, folder: str, mode: str = "native") -> None:
         path = os.path.join(folder, CHECKPOINT_SUBDIR)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"checkpoint {folder} holds no critic ({CHECKPOINT_SUBDIR}/): it was written by a "
                                     f"run without adv_estimator: gae, which cannot resume as PPO")
-        self.strategy.load_checkpoint(path)
+        self.strategy.load_checkpoint(path, mode)
 
     def optimizer_steps(self) -> int:
         return self.strategy.global_steps
