@@ -1,11 +1,10 @@
-"""A run serves the rollout endpoint (`rollout_endpoint`), and an agent written only against the
-`openai` client trains through it (`agent.agent_func`): issue 38 items 2 and 4 in a run. Bad
-values of both blocks are refused at load, naming the key."""
+"""An agent written only against the `openai` client trains through the run's rollout endpoint
+(`agent.agent_func`): issue 38 item 4 in a run (item 2, an RLVR run serving the endpoint, is the
+resumed run of tests/test_resume_reshape.py's pipeline test). Bad values of both blocks
+(`rollout_endpoint`, `agent`) are refused at load, naming the key."""
 import json
-import logging
 import os
 
-import openai
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -81,33 +80,9 @@ def test_an_agent_config_loads_and_turns_the_endpoint_on(tmp_path, tiny_model):
     assert cfg.rollout_endpoint.enabled and cfg.rollout_endpoint.host == "127.0.0.1"
 
 
-@pytest.mark.e2e
-def test_an_rlvr_run_serves_the_endpoint_and_stops_it(tmp_path, tiny_model, ray_session, caplog):
-    """The run prints the address once its workers are up; a client is served during the run (its
-    request shares the rank's running batch with the run's own generation); it stops with the run."""
-    from pipelines.rlvr_pipeline import PromptGroupSource
-    from pipelines.trainer_loop import TrainerLoop
-
-    cfg = write_config(tmp_path, tiny_model, max_steps=1, rollout_endpoint={"enabled": True},
-                       actor_train={"world_size": 1, "training_args": {"per_device_train_batch_size": 8}},
-                       rollout_batch_size=2, num_return_sequences_in_group=4)
-    with caplog.at_level(logging.INFO, logger="roll_gspo"):
-        loop = TrainerLoop(cfg, PromptGroupSource)
-    try:
-        address = loop.endpoint.address
-        assert f"rollout endpoint: {address}" in caplog.text and address.startswith("http://127.0.0.1:")
-        client = openai.OpenAI(base_url=address, api_key="unused", max_retries=0)
-        assert [m.id for m in client.models.list().data] == ["policy"]
-        r = client.completions.create(model="policy", prompt="1+2=", max_tokens=4, user="outside")
-        assert r.choices[0].token_ids and r.episode_id == "outside"
-        metrics = loop.run()
-        assert metrics["time/step_s"] > 0
-        r = client.completions.create(model="policy", prompt="1+2=", max_tokens=4)  # still served after the step
-        assert r.choices[0].token_ids
-    finally:
-        loop.shutdown()
-    with pytest.raises(openai.APIConnectionError):
-        openai.OpenAI(base_url=address, api_key="unused", max_retries=0, timeout=5).models.list()
+# An RLVR run serving the endpoint (the address printed, a client served before and after a step, the
+# endpoint stopped with the run) is the resumed run of
+# tests/test_resume_reshape.py::test_pipeline_two_ranks_resume_on_one_and_train_on: one run, both checks.
 
 
 @pytest.mark.e2e

@@ -5,12 +5,13 @@ the fp32 weights, Adam's moments and step, the LR schedule (compared tensor by t
 2 ranks held), and the next step's loss and weights stay within float rounding of the uninterrupted
 2-rank run's: the same mini-batch (one per step), summed in another order. What cannot carry over
 is refused before any worker starts (`--dry-run` says which), and the pipeline itself resumes a
-2-rank run on 1 rank.
+2-rank run on 1 rank (that run also serving the rollout endpoint: started, served and stopped with it).
 
 Engine ranks are plain processes (tests.test_fsdp2.run_ranks: gloo, no Ray); the pipeline test runs on
 the session's Ray."""
 import glob
 import json
+import logging
 import os
 import shutil
 
@@ -239,13 +240,20 @@ def test_dry_run_prints_the_resume_and_refuses_before_workers(tmp_path, tiny_mod
 # --------------------------------------------------------------------------------------------
 # One mini-batch per step on either shape (16 responses: 2 ranks x 4 rows x 2 accumulations, or
 # 1 rank x 4 x 4), so the resumed step trains on the rows the uninterrupted one does.
-TWO_RANKS = dict(max_steps=3, save_steps=2, save_total_limit=2, importance_sampling="seq",
+TWO_RANKS = dict(max_steps=2, save_steps=1, save_total_limit=2, importance_sampling="seq",
                  actor_train={"world_size": 2, "training_args": {"gradient_accumulation_steps": 2}})
 ONE_RANK = ["actor_train.world_size=1", "actor_train.training_args.gradient_accumulation_steps=4"]
 
 
 @pytest.mark.e2e
-def test_pipeline_two_ranks_resume_on_one_and_train_on(tmp_path, tiny_model, ray_session, capsys):
+def test_pipeline_two_ranks_resume_on_one_and_train_on(tmp_path, tiny_model, ray_session, capsys, caplog):
+    """The resumed run also serves the rollout endpoint (`rollout_endpoint`; issue 38 item 2, one run
+    for both): it prints the address once its workers are up, a client is served before and after
+    the step, and the endpoint stops with the run."""
+    import openai
+
+    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.cli import main
     from roll_gspo.config import load_config
     from tests.test_pipeline_e2e import load_weights, read_metrics, run, write_config
@@ -253,28 +261,45 @@ def test_pipeline_two_ranks_resume_on_one_and_train_on(tmp_path, tiny_model, ray
     (tmp_path / "two").mkdir()
     first = write_config(tmp_path / "two", tiny_model, **TWO_RANKS)
     uninterrupted = run(first)
-    # The run as a user resumes it after losing a node: its output up to the step-2 checkpoint, one rank.
+    # The run as a user resumes it after losing a node: its output up to the step-1 checkpoint, one rank.
     (tmp_path / "one").mkdir()
     resumed_cfg = write_config(tmp_path / "one", tiny_model, **TWO_RANKS)
     checkpoints = os.path.join(resumed_cfg.output_dir, "checkpoints")
-    shutil.copytree(os.path.join(first.output_dir, "checkpoints", "step_2"), os.path.join(checkpoints, "step_2"))
+    shutil.copytree(os.path.join(first.output_dir, "checkpoints", "step_1"), os.path.join(checkpoints, "step_1"))
     config_path = str(tmp_path / "one" / "config.yaml")
     assert main(["--config", config_path, "--dry-run", "resume_from_checkpoint=auto", *ONE_RANK]) == 0
     printed = capsys.readouterr().out
     assert ("actor_train: converted, DeepSpeed ZeRO-2, 2 ranks, fp32 -> DeepSpeed ZeRO-2, 1 rank, fp32: "
             "DeepSpeed's universal checkpoint") in printed, printed
-    resumed = run(load_config(config_path, ["resume_from_checkpoint=auto", *ONE_RANK]))
-    assert [r["step"] for r in resumed if "actor/pg_loss" in r] == [3]
-    assert os.path.isdir(os.path.join(checkpoints, "step_2", "universal", "engine", "zero"))
-    assert saved_shape(os.path.join(checkpoints, "step_3"), "actor_train") == TrainerShape("deepspeed", 1, 2, "fp32")
+    with caplog.at_level(logging.INFO, logger="roll_gspo"):
+        loop = TrainerLoop(load_config(config_path, ["resume_from_checkpoint=auto", *ONE_RANK,
+                                                     "rollout_endpoint.enabled=true"]), PromptGroupSource)
+    try:
+        address = loop.endpoint.address
+        assert f"rollout endpoint: {address}" in caplog.text and address.startswith("http://127.0.0.1:")
+        client = openai.OpenAI(base_url=address, api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["policy"]
+        r = client.completions.create(model="policy", prompt="1+2=", max_tokens=4, user="outside")
+        assert r.choices[0].token_ids and r.episode_id == "outside"
+        assert loop.run()["time/step_s"] > 0
+        r = client.completions.create(model="policy", prompt="1+2=", max_tokens=4)  # still served after the step
+        assert r.choices[0].token_ids
+    finally:
+        loop.shutdown()
+    with pytest.raises(openai.APIConnectionError):
+        openai.OpenAI(base_url=address, api_key="unused", max_retries=0, timeout=5).models.list()
+    resumed = read_metrics(resumed_cfg)
+    assert [r["step"] for r in resumed if "actor/pg_loss" in r] == [2]
+    assert os.path.isdir(os.path.join(checkpoints, "step_1", "universal", "engine", "zero"))
+    assert saved_shape(os.path.join(checkpoints, "step_2"), "actor_train") == TrainerShape("deepspeed", 1, 2, "fp32")
     want, got = uninterrupted[-1], resumed[-1]
-    assert want["step"] == got["step"] == 3
-    # Step 3's rollout comes from step 2's weights, carried bit for bit: the same samples and rewards.
+    assert want["step"] == got["step"] == 2
+    # Step 2's rollout comes from step 1's weights, carried bit for bit: the same samples and rewards.
     assert got["reward/mean"] == want["reward/mean"]
     gaps = {key: abs(got[key] - want[key]) for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl")}
     assert all(gap < 1e-5 for gap in gaps.values()), gaps
     final_gap = max(float((load_weights(os.path.join(resumed_cfg.output_dir, "final_model"))[k] - w).abs().max())
                     for k, w in load_weights(os.path.join(first.output_dir, "final_model")).items())
     assert final_gap < 1e-5, final_gap
-    print(f"2 -> 1 ranks, step 3: {gaps}, final weights max gap {final_gap:.2e}")
-    assert read_metrics(resumed_cfg)[-1]["step"] == 3
+    print(f"2 -> 1 ranks, step 2: {gaps}, final weights max gap {final_gap:.2e}")
+    assert read_metrics(resumed_cfg)[-1]["step"] == 2
