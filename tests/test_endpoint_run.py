@@ -93,7 +93,9 @@ def test_an_openai_client_agent_trains_through_the_endpoint(tmp_path, tiny_model
     from pipelines.trainer_loop import TrainerLoop
     from tests import agent_fns
 
-    cfg = agent_config(tmp_path, tiny_model)
+    # hf_infer ranks (no vLLM start): the path under test is the agent's ids through the endpoint to
+    # the trained rows, the same for either engine (vLLM behind the endpoint in a run: test_resume_reshape).
+    cfg = agent_config(tmp_path, tiny_model, actor_infer={"strategy_args": {"strategy_name": "hf_infer"}})
     agent_fns.SEEN.clear()
     loop = TrainerLoop(cfg, AgentSource)
     batches = []
