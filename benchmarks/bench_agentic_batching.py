@@ -15,7 +15,7 @@ medians are reported. Then the endpoint's overhead per request (benchmarks/bench
 measure): an OpenAI chat request through the rollout endpoint against the same seeded request sent
 straight to the rank. Times are wall time on a shared machine: compare the modes within one run.
 
-    python benchmarks/bench_agentic_batching.py [--episodes 32] [--turns 4] [--env-latency 0.05]
+    python benchmarks/bench_agentic_batching.py [--episodes 32] [--turns 4] [--env-latency 0.05] [--jitter 0]
         [--ranks 1] [--repeats 3] [--requests 20] [--json out.json] [--quick]
 
 `--quick`: 4 episodes of 2 turns, one repeat, 3 overhead requests (the test's structure check).
@@ -39,16 +39,19 @@ MODES = ("waves", "continuous")
 
 
 class SlowEnv:
-    """An env whose every step first waits `latency_s` (a remote env, a tool run)."""
+    """An env whose every step first waits `latency_s` (a remote env, a tool run), times
+    1 + jitter * u, u uniform in [-1, 1] from the env's seed (the same waits in both modes)."""
 
-    def __init__(self, env: Any, latency_s: float):
-        self.env, self.latency_s = env, latency_s
+    def __init__(self, env: Any, latency_s: float, jitter: float = 0.0, seed: int = 0):
+        import random
+
+        self.env, self.latency_s, self.jitter, self.random = env, latency_s, jitter, random.Random(seed)
 
     def reset(self, seed=None):
         return self.env.reset(seed=seed)
 
     def step(self, action):
-        time.sleep(self.latency_s)
+        time.sleep(self.latency_s * (1 + self.jitter * self.random.uniform(-1, 1)))
         return self.env.step(action)
 
 
@@ -141,7 +144,7 @@ def table(report: Dict[str, Any]) -> str:
 
     rows = report["modes"]
     lines = [f"agentic FrozenLake, {report['episodes']} episodes x <= {report['turns']} turns, env latency "
-             f"{report['env_latency_s'] * 1000:.0f} ms, {report['ranks']} rank(s), median of {report['repeats']}",
+             f"{report['env_latency_s'] * 1000:.0f} ms +- {report['jitter']:.0%}, {report['ranks']} rank(s), median of {report['repeats']}",
              f"{'':24}{'waves':>12}{'continuous':>12}"]
     for key, label, spec in (("turns_per_s", "turns / s", ".2f"), ("busy_fraction", "engine busy", ".0%"),
                              ("wall_s", "wall s", ".2f"), ("engine_steps", "engine steps", ".0f"),
@@ -162,6 +165,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--turns", type=int, default=4, help="FrozenLake max_steps (turns per episode)")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens_per_step")
     parser.add_argument("--env-latency", type=float, default=0.05, help="seconds added to every env step")
+    parser.add_argument("--jitter", type=float, default=0.0,
+                        help="env latency varies by +- this fraction (0: every step waits --env-latency)")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=20, help="endpoint overhead: sequential requests")
@@ -192,7 +197,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if not ray.is_initialized():
         init_local_ray(args.ranks * 0.1)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    setups = {tag: EnvSetup(tag, s.config, lambda seed, make=s.make: SlowEnv(make(seed), args.env_latency),
+    setups = {tag: EnvSetup(tag, s.config, lambda seed, make=s.make: SlowEnv(make(seed), args.env_latency,
+                                                                             args.jitter, seed),
                             s.error_penalty) for tag, s in build_env_setups(cfg).items()}
     gen = manager_generating_args(cfg, cfg.train_env_manager)
     runner = EpisodeRunner(ChatStitcher(tokenizer, cfg.actor_train.data_args.template), setups,
@@ -218,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     finally:
         infer.shutdown()
     report = {"episodes": args.episodes, "turns": args.turns, "tokens_per_turn": args.tokens,
-              "env_latency_s": args.env_latency, "ranks": args.ranks, "repeats": args.repeats, "quick": args.quick,
+              "env_latency_s": args.env_latency, "jitter": args.jitter, "ranks": args.ranks, "repeats": args.repeats, "quick": args.quick,
               "modes": modes, "runs": {m: [{k: r[k] for k in keys} for r in runs[m]] for m in MODES},
               "speedup": modes["continuous"]["turns_per_s"] / modes["waves"]["turns_per_s"],
               **check, "endpoint": overhead, "load_average": os.getloadavg(), "cpus": os.cpu_count(),
