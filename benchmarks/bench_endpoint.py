@@ -58,20 +58,10 @@ def main() -> None:
         client.chat.completions.create(model="tiny", messages=messages, seed=i, user="warm")
     server.take_episode("warm")
 
-    direct, served, tokens = [], [], []
-    for i in range(args.requests):
-        start = time.perf_counter()
-        out = loop.submit(f"d{i}", prompt_ids, sampling, seed=1000 + i).result()
-        direct.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        resp = client.chat.completions.create(model="tiny", messages=messages, seed=1000 + i, user=f"s{i}")
-        served.append(time.perf_counter() - start)
-        assert resp.choices[0].token_ids == out.token_ids  # the same seeded request both ways
-        tokens.append(len(out.token_ids))
-        server.take_episode(f"s{i}")
-    d, s = statistics.median(direct) * 1000, statistics.median(served) * 1000
-    print(f"sequential, {args.requests} requests of {statistics.mean(tokens):.1f} tokens: engine loop {d:.1f} ms, "
-          f"endpoint {s:.1f} ms (median); overhead {s - d:.1f} ms per request")
+    o = request_overhead(lambda i: loop.submit(f"d{i}", prompt_ids, sampling, seed=1000 + i).result(), client,
+                         server, messages, args.requests)
+    print(f"sequential, {args.requests} requests of {o['tokens']:.1f} tokens: engine loop {o['direct_ms']:.1f} ms, "
+          f"endpoint {o['endpoint_ms']:.1f} ms (median); overhead {o['overhead_ms']:.1f} ms per request")
 
     async def episode(ac, i):
         history = [{"role": "user", "content": f"task {i}"}]
@@ -95,6 +85,27 @@ def main() -> None:
           f"{reused} turns reused recorded ids")
     server.stop()
     loop.close()
+
+
+def request_overhead(direct, client, server, messages, requests: int, model: str = "tiny") -> dict:
+    """The endpoint's cost per request: `requests` seeded requests, each sent straight to the engine
+    (`direct(i)`: the request seeded 1000 + i, its `RequestOutput`) and then as an OpenAI chat
+    request (`client`, the same seed; its episode taken from `server`), one at a time. Medians in
+    ms; the two must sample the same ids."""
+    direct_s, served_s, tokens = [], [], []
+    for i in range(requests):
+        start = time.perf_counter()
+        out = direct(i)
+        direct_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        resp = client.chat.completions.create(model=model, messages=messages, seed=1000 + i, user=f"overhead{i}")
+        served_s.append(time.perf_counter() - start)
+        assert resp.choices[0].token_ids == out.token_ids  # the same seeded request both ways
+        tokens.append(len(out.token_ids))
+        server.take_episode(f"overhead{i}")
+    d, s = statistics.median(direct_s) * 1000, statistics.median(served_s) * 1000
+    return {"requests": requests, "tokens": statistics.mean(tokens), "direct_ms": d, "endpoint_ms": s,
+            "overhead_ms": s - d}
 
 
 if __name__ == "__main__":

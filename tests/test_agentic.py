@@ -2,7 +2,6 @@
 loop (env failures, hangs, malformed results, budgets, overlap of env steps with generation),
 trajectory tensors and masks, advantages, episode seeds, health warnings, and ROLL's agentic YAML
 surface (interpolation anchors, checks)."""
-import threading
 import time
 
 import pytest
@@ -123,6 +122,27 @@ def test_episodes_end_on_env_failures_without_stopping_the_others(tok):
     metrics = trajectory_metrics([ok, raised, hung, bad], "traj")
     assert metrics["env/errors"] == 2 and metrics["env/timeouts"] == 1
     assert metrics["env/metric/steps"] == pytest.approx((3 + 1 + 1) / 3)  # the last value each reported
+
+
+def test_continuous_turns_give_the_waves_trajectories(tok):
+    """`submit` (one request per turn, awaited on its own) plays the same episodes as waves: env
+    failures, a slow env, tools and the token budget end the same episodes the same way."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    setups = _setups([None, "raise", "hang", "tool"], timeout=1.0)
+    specs = [EpisodeSpec(tag, 3, f"g{i}", i) for i, tag in enumerate(["ok", "raise", "hang", "tool", "ok"])]
+    runner = EpisodeRunner(ChatStitcher(tok), setups, sequence_length=64, max_new_tokens=8)
+    waves = runner.run(specs, _engine(tok), lambda i, t: i * 10 + t)
+    seeds = []
+    generate = _engine(tok, delay=0.01)
+    with ThreadPoolExecutor(4) as pool:
+        def submit(request):
+            seeds.append((request.index, request.seed))
+            return pool.submit(lambda: generate([request])[0])
+        continuous = runner.run(specs, None, lambda i, t: i * 10 + t, submit=submit)
+    fields = ("stop_reason", "step_rewards", "prompt_ids", "response_ids", "agent_mask", "log_probs", "messages")
+    assert [[getattr(t, f) for f in fields] for t in continuous] == [[getattr(t, f) for f in fields] for t in waves]
+    assert sorted(seeds) == sorted((t.spec.index, t.spec.index * 10 + n) for t in waves for n in range(t.turns))
 
 
 def test_trajectory_ids_and_masks(tok):

@@ -2,10 +2,21 @@
 
 Each episode is a small state machine: reset -> (generate a turn -> step the env -> append the
 observation's ids) until the env ends it, the turn cap or the token budget. The loop keeps every
-episode in flight: turns of all episodes that are ready go to the rollout engine in one call (vLLM
-batches them), and while that call runs the environments of the episodes from the previous call
-step in threads. A call is sent as soon as the engine is free and no env step is outstanding, or
-when the ready ones have waited `batch_window_s` for slow env steps (a tool run, a remote env).
+episode in flight, its turns sent to the rollout engine one of two ways:
+
+- continuous (`run(..., submit=...)`, what the agentic pipeline uses): each episode's turn is one
+  request, submitted the moment its env step returns and awaited on its own; the rank's engine loop
+  (roll_gspo.strategies.engine_loop) adds it to the running batch at the next engine step, so a slow
+  env step or a long turn holds back no other episode.
+- waves (`run(specs, generate, ...)`): the turns of all episodes that are ready go to the engine in
+  one call, and while that call runs the environments of the episodes from the previous call step
+  in threads. A call is sent as soon as the engine is free and no env step is outstanding, or when
+  the ready ones have waited `batch_window_s` for slow env steps. Kept for callers that generate in
+  batches of their own (the warm start's scripted policy) and as the benchmark's baseline.
+
+Both give the same trajectories: a turn's tokens depend on its seed (`turn_seed`) and its context
+alone, never on which other turns share the engine's batch (vLLM and hf_infer sample each seeded
+request from a generator of its own), so the episodes' order of arrival changes nothing but timing.
 
 Env calls run in daemon threads with a deadline: one that raises, returns a malformed result or
 does not return within `env_step_timeout_s` ends its episode (counted, logged, the step's reward
@@ -47,6 +58,7 @@ class TurnOutput:
 
 
 GenerateFn = Callable[[List[TurnRequest]], List[TurnOutput]]
+SubmitFn = Callable[[TurnRequest], "Future[TurnOutput]"]  # one turn, awaited on its own
 
 
 @dataclasses.dataclass
@@ -131,11 +143,16 @@ class EpisodeRunner:
         self.errors_logged: set = set()
 
     # -- the loop -----------------------------------------------------------------------------------
-    def run(self, specs: Sequence[EpisodeSpec], generate: GenerateFn,
-            turn_seed: Callable[[int, int], int]) -> List[Trajectory]:
-        """Every episode of `specs`, played to its end. `turn_seed(index, turn)`: the sampling seed of
-        an episode's turn (a function of the step, so a resumed run samples what an uninterrupted one
-        does). Returns the trajectories in `specs` order."""
+    def run(self, specs: Sequence[EpisodeSpec], generate: Optional[GenerateFn],
+            turn_seed: Callable[[int, int], int], *, submit: Optional[SubmitFn] = None) -> List[Trajectory]:
+        """Every episode of `specs`, played to its end, its turns sent by `submit` (continuous: one
+        request per turn, see the module docstring) or else in waves by `generate`. `turn_seed(index,
+        turn)`: the sampling seed of an episode's turn (a function of the step, so a resumed run
+        samples what an uninterrupted one does). Returns the trajectories in `specs` order."""
+        if submit is not None:
+            return self._run_continuous(specs, submit, turn_seed)
+        if generate is None:
+            raise ValueError("EpisodeRunner.run needs `generate` (waves) or `submit` (continuous)")
         trajectories = [Trajectory(spec) for spec in specs]
         envs: Dict[int, Any] = {}
         env_calls: Dict[int, _EnvCall] = {}  # episode index -> its outstanding reset / step
@@ -177,6 +194,34 @@ class EpisodeRunner:
             engine.close()
         return trajectories
 
+    def _run_continuous(self, specs: Sequence[EpisodeSpec], submit: SubmitFn,
+                        turn_seed: Callable[[int, int], int]) -> List[Trajectory]:
+        """`run` with one request per turn, submitted as soon as the episode is ready."""
+        trajectories = [Trajectory(spec) for spec in specs]
+        by_index = {t.spec.index: t for t in trajectories}
+        envs: Dict[int, Any] = {}
+        env_calls: Dict[int, _EnvCall] = {}  # episode index -> its outstanding reset / step
+        turns: Dict[int, Future] = {}  # episode index -> its turn in flight
+        for t in trajectories:
+            env_calls[t.spec.index] = self._call(t, lambda t=t: self._reset(t, envs))
+        while env_calls or turns:
+            waiting = [c.future for c in env_calls.values()] + list(turns.values())
+            wait(waiting, timeout=self._wait_timeout(env_calls, None), return_when=FIRST_COMPLETED)
+            for call in env_calls.values():
+                if time.monotonic() > call.deadline:
+                    call.expire()
+            for index in sorted(i for i, c in env_calls.items() if c.future.done()):
+                t = by_index[index]
+                self._after_env_call(t, env_calls.pop(index).future, envs)
+                request = None if t.done else self._request(t, turn_seed)
+                if request is not None:
+                    turns[index] = submit(request)
+            for index in sorted(i for i, f in turns.items() if f.done()):
+                t, out = by_index[index], turns.pop(index).result()  # an engine failure ends the run, as in waves
+                self._after_turn(t, out)
+                env_calls[index] = self._call(t, lambda t=t, out=out: self._step(t, envs, out))
+        return trajectories
+
     def _wait_timeout(self, env_calls: Dict[int, _EnvCall], ready_since: Optional[float]) -> float:
         now = time.monotonic()
         timeouts = [max(c.deadline - now, 0.0) + 0.01 for c in env_calls.values()]
@@ -190,14 +235,20 @@ class EpisodeRunner:
     def _requests(self, ready: List[Trajectory], turn_seed) -> Tuple[List[TurnRequest], List[Trajectory]]:
         requests, kept = [], []
         for t in sorted(ready, key=lambda t: t.spec.index):  # a call's order never depends on timing
-            cap = min(self.setups[t.spec.tag].config.max_tokens_per_step, self.max_new_tokens,
-                      self.sequence_length - t.length)
-            if cap < 1:
-                t.stop_reason = "max_length"
-                continue
-            requests.append(TurnRequest(t.spec.index, t.context_ids(), cap, turn_seed(t.spec.index, t.turns)))
-            kept.append(t)
+            request = self._request(t, turn_seed)
+            if request is not None:
+                requests.append(request)
+                kept.append(t)
         return requests, kept
+
+    def _request(self, t: Trajectory, turn_seed) -> Optional[TurnRequest]:
+        """The episode's next turn; None (the episode ends, max_length) when no token fits."""
+        cap = min(self.setups[t.spec.tag].config.max_tokens_per_step, self.max_new_tokens,
+                  self.sequence_length - t.length)
+        if cap < 1:
+            t.stop_reason = "max_length"
+            return None
+        return TurnRequest(t.spec.index, t.context_ids(), cap, turn_seed(t.spec.index, t.turns))
 
     # -- one episode's transitions ------------------------------------------------------------------
     def _reset(self, t: Trajectory, envs: Dict[int, Any]) -> Tuple[str, dict]:
