@@ -25,13 +25,15 @@ from roll_gspo.agentic.episodes import trajectory_metrics
 from roll_gspo.agentic.health import HealthMonitor
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.endpoint import _agent_function
+from roll_gspo.config.endpoint import uses_verifiers
+from roll_gspo.envs.agents import agent_function, load_env
 from roll_gspo.serving.agents import AgentEpisode, agent_metrics, load_tasks, run_agent
 
 from pipelines.agentic_pipeline import EpisodeSource, adjust_to_mini_batches
 from pipelines.common import timed
 from pipelines.setup import RunClusters
 from pipelines.sources import RewardFuture, Rollout
+from pipelines.trainer_loop import run_loop
 
 logger = logging.getLogger("roll_gspo")
 TAG = "agent"
@@ -56,7 +58,7 @@ class AgentSource(EpisodeSource):
 
     def _load(self) -> List:
         """The agent (kept on self) and its tasks."""
-        self.agent = _agent_function(self.cfg.agent.agent_func)
+        self.agent = agent_function(self.cfg.agent.agent_func)
         return load_tasks(self.cfg.agent.task_file, self.cfg.agent.task_key)
 
     async def _play(self, tasks: List) -> List[AgentEpisode]:
@@ -142,8 +144,6 @@ class VerifiersSource(AgentSource):
     taskset's tasks, its episodes through the endpoint (X-Session-ID per trace), the rubric's reward."""
 
     def _load(self) -> List:
-        from roll_gspo.serving.verifiers_env import load_env
-
         self.env, tasks = load_env(self.cfg.agent.verifiers_env)
         return tasks
 
@@ -160,3 +160,9 @@ class VerifiersSource(AgentSource):
         from roll_gspo.serving.verifiers_env import rubric_metrics
 
         return rubric_metrics(episodes)
+
+
+def run_agent_pipeline(cfg: PipelineConfig) -> Dict[str, float]:
+    """Train `cfg`'s agentic run on an agent's episodes (`agent.agent_func`) or a verifiers
+    environment's (`agent.verifiers_env`) to the end; the last step's metrics."""
+    return run_loop(cfg, VerifiersSource if uses_verifiers(cfg) else AgentSource)

@@ -258,12 +258,6 @@ def adjust_to_mini_batches(samples: list, cfg: PipelineConfig, step: int) -> lis
 
 
 def run_agentic(cfg: PipelineConfig) -> Dict[str, float]:
-    """Train `cfg`'s agentic run to the end (an agent's episodes with `agent.agent_func`, a verifiers
-    environment's with `agent.verifiers_env`); the last step's metrics."""
-    from roll_gspo.config.endpoint import uses_agent, uses_verifiers
-
-    if uses_agent(cfg):
-        from pipelines.agent_source import AgentSource, VerifiersSource
-
-        return run_loop(cfg, VerifiersSource if uses_verifiers(cfg) else AgentSource)
+    """Train `cfg`'s agentic run on its environments' episodes to the end; the last step's metrics
+    (an agent's or a verifiers environment's episodes: pipelines.agent_source.run_agent_pipeline)."""
     return run_loop(cfg, EpisodeSource)

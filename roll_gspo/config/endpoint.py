@@ -7,13 +7,14 @@ task) -> float` through it as the step's episodes, and so turns the endpoint on.
 """
 from __future__ import annotations
 
-import inspect
 import os
 from typing import AbstractSet, List, Optional
 
 from roll_gspo.config.findings import Finding, error, notice
 from roll_gspo.config.registry import check
 from roll_gspo.config.schema import AgentConfig, PipelineConfig
+from roll_gspo.envs.agents import agent_function, load_env, load_tasks
+from roll_gspo.utils.net import is_loopback
 
 KEY = "rollout_endpoint"
 AGENT = "agent"
@@ -59,8 +60,6 @@ def _endpoint_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]
     if not cfg.has_rollout():
         return [error(f"{KEY}.enabled", f"{KEY}.enabled: the {cfg.pipeline} pipeline has no rollout ranks to serve; "
                                         f"remove it")]
-    from roll_gspo.serving.server import is_loopback
-
     problems = []
     if not isinstance(ep.port, int) or not 0 <= ep.port <= 65535:
         problems.append(error(f"{KEY}.port", f"{KEY}.port = {ep.port!r}: a TCP port, 0-65535 (0: a free one)"))
@@ -92,20 +91,6 @@ def _endpoint_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]
                                    f"roles sharing GPUs) is refused: a request arriving while it sleeps would fail; "
                                    f"give the rollout ranks GPUs of their own or set is_offload_states: false"))
     return problems
-
-
-def _agent_function(path: str):
-    """The agent `path` names; ValueError / ImportError saying why not."""
-    from roll_gspo.utils.imports import import_object
-
-    fn = import_object(path)
-    if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-        raise ValueError(f"{path!r} is not an async function (`async def agent(client, task) -> float`)")
-    try:
-        inspect.signature(fn).bind(object(), object())
-    except TypeError as exc:
-        raise ValueError(f"{path!r} does not take (client, task): {exc}") from None
-    return fn
 
 
 @check("check", keys=(AGENT, "custom_envs", "eval_steps", "train_env_manager"),
@@ -155,7 +140,7 @@ def _agent_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
 def _agent_func_problems(a) -> List[Finding]:
     problems = []
     try:
-        _agent_function(a.agent_func)
+        agent_function(a.agent_func)
     except (ValueError, ImportError) as exc:
         problems.append(error(f"{AGENT}.agent_func", f"{AGENT}.agent_func: {exc}"))
     if not a.task_file:
@@ -164,8 +149,6 @@ def _agent_func_problems(a) -> List[Finding]:
     elif not os.path.isfile(a.task_file):
         problems.append(error(f"{AGENT}.task_file", f"{AGENT}.task_file = {a.task_file!r}: no such file"))
     else:
-        from roll_gspo.serving.agents import load_tasks
-
         try:
             load_tasks(a.task_file, a.task_key)
         except ValueError as exc:
@@ -181,8 +164,6 @@ def _verifiers_problems(a) -> List[Finding]:
     if not hasattr(a.verifiers_env, "items"):
         return [error(key, f"{key}: verifiers' env block as a mapping ({{taskset: {{id: ...}}, ...}}), got "
                            f"{a.verifiers_env!r}")]
-    from roll_gspo.serving.verifiers_env import load_env
-
     try:
         load_env(a.verifiers_env)
     except (ImportError, ValueError) as exc:

@@ -17,6 +17,7 @@ import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
 from roll_gspo.agentic.trajectory import Trajectory
+from roll_gspo.envs.agents import load_tasks  # noqa: F401  (the runner's tasks; imported from here too)
 from roll_gspo.serving.episodes import EpisodeStore
 from roll_gspo.serving.server import EPISODE_HEADER, RolloutServer
 
@@ -76,38 +77,6 @@ async def run_agent(agent: Agent, tasks: Sequence[Any], server: RolloutServer, *
             for i, task in enumerate(tasks) for j in range(group_size))))
     finally:
         await base.close()
-
-
-def load_tasks(path: str, key: Optional[str] = None) -> List[Any]:
-    """An agent's tasks: a `.jsonl` file (one JSON value a line; blank lines skipped) or a `.json`
-    list; `key`: each row's `row[key]` instead of the row. ValueError naming the line or row."""
-    import json
-
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if path.endswith(".json"):
-        try:
-            rows = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not JSON ({exc})") from None
-        if not isinstance(rows, list):
-            raise ValueError(f"{path}: a .json task file holds a list of tasks")
-    else:
-        rows = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as exc:
-                    raise ValueError(f"{path}, line {number}: not JSON ({exc})") from None
-    if not rows:
-        raise ValueError(f"{path} holds no task")
-    if key is not None:
-        missing = [i for i, row in enumerate(rows) if not isinstance(row, dict) or key not in row]
-        if missing:
-            raise ValueError(f"{path}: row {missing[0]} has no key {key!r} (task_key)")
-        rows = [row[key] for row in rows]
-    return rows
 
 
 def agent_metrics(episodes: List[AgentEpisode]) -> Dict[str, float]:

@@ -18,7 +18,6 @@ and a counted failure; neither stops the server or a rank.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import socket
@@ -34,6 +33,7 @@ from roll_gspo.data.chat_templates import render_chat
 from roll_gspo.serving.backends import Router
 from roll_gspo.serving.episodes import EpisodeRecord, EpisodeStore, TurnPlan, template_messages, with_tools
 from roll_gspo.strategies.engine import RequestOutput, Sampling
+from roll_gspo.utils.net import is_loopback
 
 logger = logging.getLogger("roll_gspo.serving")
 EPISODE_HEADER = "X-Episode-Id"
@@ -46,15 +46,6 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
         super().__init__(message)
         self.status, self.message, self.kind = status, message, kind
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class RolloutServer:

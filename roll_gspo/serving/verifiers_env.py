@@ -12,54 +12,17 @@ the env marks untrainable (a simulated user, a judge) are dropped, their records
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from roll_gspo.envs.agents import INSTALL, env_config, load_env
 from roll_gspo.serving.agents import AgentEpisode
 from roll_gspo.serving.server import RolloutServer
 
 logger = logging.getLogger("roll_gspo.serving")
-INSTALL = "pip install 'verifiers==0.4.0' (or `make install`: the cpu and gpu extras carry it)"
 TOKEN_VAR = "ROLL_GSPO_ENDPOINT_TOKEN"  # verifiers' client reads its api key from an environment variable
-
-
-def env_config(spec: Dict[str, Any]):
-    """verifiers' env config for `spec` (its `[env]` block as a dict: `taskset.id`, optional env
-    `id`, the agents' fields), validated by verifiers itself. ImportError naming the install
-    command when verifiers is missing; ValueError saying why a spec is not an env."""
-    try:
-        from verifiers.v1.utils.loaders import resolve_env_config
-    except ImportError as exc:
-        raise ImportError(f"verifiers is not installed ({exc}): {INSTALL}") from None
-    spec = _plain(spec)
-    taskset = spec.get("taskset")
-    if not isinstance(taskset, dict) or not isinstance(taskset.get("id"), str) or not taskset["id"]:
-        raise ValueError("needs taskset.id: the id of a verifiers taskset (an importable package exporting a "
-                         "vf.Taskset subclass in __all__)")
-    try:
-        return resolve_env_config(spec)
-    except Exception as exc:  # noqa: BLE001  (an unknown id, a field verifiers refuses: its own message)
-        raise ValueError(f"{type(exc).__name__}: {_first_line(exc)}") from None
-
-
-def load_env(spec: Dict[str, Any]):
-    """The verifiers `Env` `spec` describes and its tasks (a bounded taskset, in load order)."""
-    config = env_config(spec)  # first: says how to install verifiers when it is missing
-    from verifiers.v1.utils.loaders import load_environment
-
-    try:
-        env = load_environment(config)
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"{type(exc).__name__}: {_first_line(exc)}") from None
-    if not env.taskset.bounded:
-        raise ValueError(f"taskset {config.taskset.id!r} is infinite: bound it (verifiers' taskset config) first")
-    tasks = list(env.taskset)
-    if not tasks:
-        raise ValueError(f"taskset {config.taskset.id!r} holds no task")
-    return env, tasks
 
 
 async def run_env(env, tasks: Sequence[Any], server: RolloutServer, *, model_name: str, group_size: int = 1,
@@ -131,20 +94,9 @@ def rubric_metrics(episodes: List[AgentEpisode]) -> Dict[str, float]:
     return {f"verifiers/reward/{name}": sum(v) / len(v) for name, v in sorted(sums.items())}
 
 
-def _plain(value: Any) -> Any:
-    """A plain, mutable deep copy (the run's config is frozen)."""
-    return json.loads(json.dumps(value, default=lambda v: dict(v) if hasattr(v, "items") else list(v))) \
-        if value is not None else None
-
-
 def _trace_error(trace) -> str:
     last = trace.last_error
     return f"{last.type}: {last.message}"[:500] if last is not None else "the trace is not ok (verifiers)"
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text if len(text) < 600 else text[:600] + " ..."
 
 
 __all__ = ["env_config", "load_env", "run_env", "rubric_metrics", "INSTALL"]
