@@ -58,8 +58,10 @@ def test_a_weight_update_pauses_the_loop_and_requests_wait(vllm_engine, tiny_mod
     version = vllm_engine.weight_version
     sampling = Sampling(max_new_tokens=40, temperature=1.0)
     futures = [loop.submit(f"w{i}", PROMPTS[i], sampling, seed=70 + i) for i in range(3)]
-    while loop.steps < 3:
+    deadline = time.monotonic() + 60  # bounded: a loop that stops stepping fails the test, never hangs it
+    while loop.steps < 3 and vllm_engine.unfinished() and time.monotonic() < deadline:
         time.sleep(0.005)
+    assert loop.steps >= 3 or not vllm_engine.unfinished(), f"the loop stopped stepping at {loop.steps} steps"
     engine.begin_weight_update()  # pauses at the next step boundary, held until finish
     steps = loop.steps
     live = vllm_engine.unfinished()
