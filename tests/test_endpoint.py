@@ -4,6 +4,7 @@ Token capture: the ids an episode's trajectory holds are those the engine was se
 history sent back as text reuses them, an edited history opens a counted segment; bad input gets
 a 4xx, a client gone mid-request a counted failure, and the server goes on."""
 import asyncio
+import gc
 import json
 import time
 
@@ -29,6 +30,7 @@ def served(tiny_model):
     from roll_gspo.strategies.engine_loop import EngineLoop
     from roll_gspo.strategies.vllm_strategy import VllmStrategy
 
+    gc.collect()  # an earlier module's in-process engine destroyed now, not under this one (test_engine_loop)
     engine = VllmStrategy(role_for(tiny_model), max_model_len=SEQ, seed=0)
     loop = EngineLoop(engine)
     server = RolloutServer([LoopBackend(loop)], AutoTokenizer.from_pretrained(tiny_model), model_name="tiny",
@@ -38,6 +40,8 @@ def served(tiny_model):
     yield server, loop, address
     server.stop()
     loop.close()
+    del server, loop, engine
+    gc.collect()  # the loop's thread and the server hold the engine in a cycle: destroyed here, not later
 
 
 def client(address, **kw):
