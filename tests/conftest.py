@@ -14,10 +14,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
-# As in every rank: DeepSpeed imported here (in-process SFT, fork-server ranks) leaves mlflow out.
-from roll_gspo.utils.imports import import_deepspeed_without_mlflow  # noqa: E402
+# As in every rank: DeepSpeed imported here (in-process SFT, fork-server ranks) leaves mlflow out,
+# transformers leaves scikit-learn out.
+from roll_gspo.utils.imports import lighter_imports  # noqa: E402
 
-import_deepspeed_without_mlflow()
+lighter_imports()
 
 
 

@@ -8,19 +8,17 @@ import torch
 
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, RankWorker
+from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW, TRANSFORMERS_WITHOUT_SKLEARN
 
 
 class EchoWorker(RankWorker):
     def shard(self, batch: Batch) -> Batch:
         return Batch({"x": batch["x"] * 10}, {"rank": [self.rank] * len(batch)})
 
-    def imports_deepspeed_without_mlflow(self) -> bool:
+    def lighter_import_targets(self) -> list:
         import sys
 
-        from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW
-
-        return any((getattr(f, "target", None), getattr(f, "blocked", None)) == DEEPSPEED_WITHOUT_MLFLOW
-                   for f in sys.meta_path)
+        return sorted(getattr(f, "target", "") for f in sys.meta_path if hasattr(f, "target"))
 
     def wait_or_fail(self) -> str:
         if self.rank == 1:
@@ -35,8 +33,10 @@ def test_dispatch_splits_and_reassembles_in_order(ray_session):
         out = cluster.dispatch("shard", Batch({"x": torch.arange(5)}))
         assert out["x"].tolist() == [0, 10, 20, 30, 40]
         assert out["rank"] == [0, 0, 1, 1, 1]
-        # Each rank imports DeepSpeed without mlflow (tests/test_imports.py: what that hook does).
-        assert cluster.execute_all("imports_deepspeed_without_mlflow") == [True, True]
+        # Each rank imports DeepSpeed without mlflow and transformers without scikit-learn
+        # (tests/test_imports.py: what those hooks do).
+        targets = [DEEPSPEED_WITHOUT_MLFLOW[0], TRANSFORMERS_WITHOUT_SKLEARN]
+        assert cluster.execute_all("lighter_import_targets") == [targets, targets]
     finally:
         cluster.shutdown()
 

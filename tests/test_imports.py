@@ -1,12 +1,13 @@
 """roll_gspo.utils.imports: a module imported without one of its optional imports (DeepSpeed's
-autotuner without mlflow, in every rank: tests/test_cluster.py checks the ranks install it)."""
+autotuner without mlflow, transformers' candidate generator without scikit-learn, in every rank:
+tests/test_cluster.py checks the ranks install them)."""
 import importlib
 import importlib.util
 import sys
 
 import pytest
 
-from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW, _WithoutWhileLoading
+from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW, TRANSFORMERS_WITHOUT_SKLEARN, _WithoutWhileLoading
 
 
 @pytest.fixture
@@ -44,3 +45,39 @@ def test_deepspeed_autotuner_still_tries_mlflow():
     spec = importlib.util.find_spec(target)
     assert spec is not None and f"import {blocked}" in spec.loader.get_source(target)
     assert spec.loader.is_package(target) is False  # the wrapped loader answers as the file's own
+
+
+def test_transformers_candidate_generator_still_asks_for_sklearn():
+    """The hook swaps `transformers.utils.is_sklearn_available` while this module loads: if a
+    transformers upgrade moves the import or the check, this says so."""
+    spec = importlib.util.find_spec(TRANSFORMERS_WITHOUT_SKLEARN)
+    source = spec.loader.get_source(TRANSFORMERS_WITHOUT_SKLEARN)
+    assert "is_sklearn_available" in source and "from sklearn" in source
+    assert "from ..utils import" in source  # the name is read from transformers.utils at import time
+
+
+def test_transformers_loads_without_sklearn_and_generates(tmp_path):
+    """In a fresh process with the hooks (as a rank): the auto classes and generate() work and
+    scikit-learn is never imported."""
+    import subprocess
+
+    code = ("import sys\n"
+            "from roll_gspo.utils.imports import lighter_imports\n"
+            "lighter_imports()\n"
+            "import torch\n"
+            "from transformers import AutoModelForCausalLM, LlamaConfig\n"
+            "from transformers.generation import candidate_generator\n"
+            "config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
+            "                     num_attention_heads=2, num_key_value_heads=2)\n"
+            "model = AutoModelForCausalLM.from_config(config)\n"
+            "out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)\n"
+            "assert out.shape == (1, 6), out.shape\n"
+            "assert 'sklearn' not in sys.modules\n"
+            "assert candidate_generator.is_sklearn_available() is False\n"
+            "print('ok')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-2000:]
+    import transformers.utils
+
+    if importlib.util.find_spec("sklearn") is not None:  # the hook restored the real answer here too
+        assert transformers.utils.is_sklearn_available() is True

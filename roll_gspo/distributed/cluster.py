@@ -18,7 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.schema.config import PipelineConfig, RoleConfig
-from roll_gspo.utils.imports import import_deepspeed_without_mlflow
+from roll_gspo.utils.imports import lighter_imports
 from roll_gspo.utils.logging import (LOG_DIR_ENV, capture_output, configure_vllm_logging, keep_logs_in_file,
                                      log_path, setup_logging, trace_to_log_file)
 
@@ -440,7 +440,7 @@ class RankWorker:
         setup_logging()
         keep_logs_in_file()
         configure_vllm_logging()  # before any vLLM import in this process
-        import_deepspeed_without_mlflow()  # ~3 s of CPU less in each DeepSpeed rank's start-up
+        lighter_imports()  # mlflow and sklearn left out: ~3 + ~1 s of CPU less in each rank's start-up
 
     def rendezvous_address(self):
         return self._master

@@ -1,7 +1,9 @@
 """Import an object named by a config string (`pkg.module:name`, `pkg.module:obj.attr` or
 `pkg.module.name`), never `eval`. One place for reward functions, worker classes and preflight."""
+import contextlib
 import importlib
-from typing import Any
+import sys
+from typing import Any, Iterator
 
 
 def import_object(path: str) -> Any:
@@ -33,12 +35,12 @@ def import_callable(path: str) -> Any:
     return obj
 
 
-class _WithoutWhileLoading:
-    """Meta-path finder: while module `target` executes, `import blocked` raises ImportError (unless
-    `blocked` was imported before); afterwards `blocked` imports as usual."""
+class _WhileLoading:
+    """Meta-path finder: module `target` executes inside `context()` (a context manager); found and
+    loaded by its own loader otherwise."""
 
-    def __init__(self, target: str, blocked: str):
-        self.target, self.blocked = target, blocked
+    def __init__(self, target: str, context: Any):
+        self.target, self.context = target, context
 
     def find_spec(self, name, path, target=None):
         if name != self.target:
@@ -48,9 +50,7 @@ class _WithoutWhileLoading:
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        import sys
-
-        loader, blocked = spec.loader, self.blocked
+        loader, context = spec.loader, self.context
 
         class Loader:
             def __getattr__(self, name):  # get_source, is_package, ...: the file's own loader
@@ -60,17 +60,37 @@ class _WithoutWhileLoading:
                 return loader.create_module(spec)
 
             def exec_module(self, module):
-                if blocked in sys.modules:
+                with context():
                     return loader.exec_module(module)
-                sys.modules[blocked] = None  # `import blocked` -> ImportError
-                try:
-                    return loader.exec_module(module)
-                finally:
-                    if sys.modules.get(blocked, 0) is None:
-                        del sys.modules[blocked]
 
         spec.loader = Loader()
         return spec
+
+
+class _WithoutWhileLoading(_WhileLoading):
+    """While module `target` executes, `import blocked` raises ImportError (unless `blocked` was
+    imported before); afterwards `blocked` imports as usual."""
+
+    def __init__(self, target: str, blocked: str):
+        self.blocked = blocked
+        super().__init__(target, self._blocking)
+
+    @contextlib.contextmanager
+    def _blocking(self) -> Iterator[None]:
+        if self.blocked in sys.modules:
+            yield
+            return
+        sys.modules[self.blocked] = None  # type: ignore[assignment]  # `import blocked` -> ImportError
+        try:
+            yield
+        finally:
+            if sys.modules.get(self.blocked, 0) is None:
+                del sys.modules[self.blocked]
+
+
+def _install(finder: _WhileLoading) -> None:
+    if not any(type(f) is type(finder) and f.target == finder.target for f in sys.meta_path):
+        sys.meta_path.insert(0, finder)
 
 
 # DeepSpeed's autotuner (the `deepspeed --autotuning` launcher, never used here) logs to mlflow when it
@@ -81,12 +101,43 @@ class _WithoutWhileLoading:
 # autotuner only sets has_mlflow = False.
 DEEPSPEED_WITHOUT_MLFLOW = ("deepspeed.autotuning.autotuner", "mlflow")
 
+# transformers' candidate generator (assisted decoding, never used here) imports sklearn.metrics
+# whenever scikit-learn is installed (reasoning-gym and lm-eval bring it), and every
+# `from transformers import AutoModelForCausalLM` imports the candidate generator: sklearn and scipy
+# cost each rank ~1 CPU-second (3 runs on a loaded 2-core machine: 4.3-4.5 -> 3.2-3.6 CPU-s for
+# transformers' auto classes). The module then sees scikit-learn as absent, a state transformers
+# supports (only assisted decoding's confidence-threshold tuning reads it).
+TRANSFORMERS_WITHOUT_SKLEARN = "transformers.generation.candidate_generator"
+
+
+@contextlib.contextmanager
+def _sklearn_reported_absent() -> Iterator[None]:
+    if "sklearn" in sys.modules:  # imported already: nothing to save
+        yield
+        return
+    import transformers.utils as transformers_utils
+
+    reported = transformers_utils.is_sklearn_available
+    transformers_utils.is_sklearn_available = lambda: False  # what the module binds at its import
+    try:
+        yield
+    finally:
+        transformers_utils.is_sklearn_available = reported
+
 
 def import_deepspeed_without_mlflow() -> None:
     """From now on in this process, importing DeepSpeed leaves mlflow out (idempotent; the mlflow
     tracker still imports it where a run asks for it)."""
-    import sys
+    _install(_WithoutWhileLoading(*DEEPSPEED_WITHOUT_MLFLOW))
 
-    if not any(isinstance(f, _WithoutWhileLoading) and (f.target, f.blocked) == DEEPSPEED_WITHOUT_MLFLOW
-               for f in sys.meta_path):
-        sys.meta_path.insert(0, _WithoutWhileLoading(*DEEPSPEED_WITHOUT_MLFLOW))
+
+def import_transformers_without_sklearn() -> None:
+    """From now on in this process, transformers' candidate generator leaves scikit-learn out
+    (idempotent; scikit-learn itself still imports where something asks for it)."""
+    _install(_WhileLoading(TRANSFORMERS_WITHOUT_SKLEARN, _sklearn_reported_absent))
+
+
+def lighter_imports() -> None:
+    """Both of the above: what every rank installs before it imports its libraries."""
+    import_deepspeed_without_mlflow()
+    import_transformers_without_sklearn()
