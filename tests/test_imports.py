@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW, TRANSFORMERS_WITHOUT_SKLEARN, _WithoutWhileLoading
+from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW, TRANSFORMERS_WITHOUT, _WithoutWhileLoading
 
 
 @pytest.fixture
@@ -47,18 +47,22 @@ def test_deepspeed_autotuner_still_tries_mlflow():
     assert spec.loader.is_package(target) is False  # the wrapped loader answers as the file's own
 
 
-def test_transformers_candidate_generator_still_asks_for_sklearn():
-    """The hook swaps `transformers.utils.is_sklearn_available` while this module loads: if a
+@pytest.mark.parametrize("module,package", sorted(TRANSFORMERS_WITHOUT.items()))
+def test_transformers_modules_still_ask_for_their_optional_package(module, package):
+    """The hook swaps `transformers.utils.is_<package>_available` while the module loads: if a
     transformers upgrade moves the import or the check, this says so."""
-    spec = importlib.util.find_spec(TRANSFORMERS_WITHOUT_SKLEARN)
-    source = spec.loader.get_source(TRANSFORMERS_WITHOUT_SKLEARN)
-    assert "is_sklearn_available" in source and "from sklearn" in source
-    assert "from ..utils import" in source  # the name is read from transformers.utils at import time
+    sources = [importlib.util.find_spec(module).loader.get_source(module)]
+    if module == "transformers.loss.loss_utils":  # the detection losses it imports ask for scipy
+        sources.append(importlib.util.find_spec("transformers.loss.loss_for_object_detection").loader.get_source(
+            "transformers.loss.loss_for_object_detection"))
+        assert "loss_for_object_detection import" in sources[0]
+    assert f"is_{package}_available()" in sources[-1] and f"from {package}" in sources[-1]
+    assert "from ..utils import" in sources[-1]  # the name is read from transformers.utils at import time
 
 
 def test_transformers_loads_without_sklearn_and_generates(tmp_path):
     """In a fresh process with the hooks (as a rank): the auto classes and generate() work and
-    scikit-learn is never imported."""
+    neither scikit-learn nor scipy is imported."""
     import subprocess
 
     code = ("import sys\n"
@@ -72,7 +76,7 @@ def test_transformers_loads_without_sklearn_and_generates(tmp_path):
             "model = AutoModelForCausalLM.from_config(config)\n"
             "out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)\n"
             "assert out.shape == (1, 6), out.shape\n"
-            "assert 'sklearn' not in sys.modules\n"
+            "assert 'sklearn' not in sys.modules and 'scipy' not in sys.modules, sorted(sys.modules)\n"
             "assert candidate_generator.is_sklearn_available() is False\n"
             "print('ok')\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -101,28 +101,36 @@ def _install(finder: _WhileLoading) -> None:
 # autotuner only sets has_mlflow = False.
 DEEPSPEED_WITHOUT_MLFLOW = ("deepspeed.autotuning.autotuner", "mlflow")
 
-# transformers' candidate generator (assisted decoding, never used here) imports sklearn.metrics
-# whenever scikit-learn is installed (reasoning-gym and lm-eval bring it), and every
-# `from transformers import AutoModelForCausalLM` imports the candidate generator: sklearn and scipy
-# cost each rank ~1 CPU-second (3 runs on a loaded 2-core machine: 4.3-4.5 -> 3.2-3.6 CPU-s for
-# transformers' auto classes). The module then sees scikit-learn as absent, a state transformers
-# supports (only assisted decoding's confidence-threshold tuning reads it).
-TRANSFORMERS_WITHOUT_SKLEARN = "transformers.generation.candidate_generator"
+# Two transformers modules import an optional package whenever it is installed, and
+# `from transformers import AutoModelForCausalLM` imports both: the candidate generator (assisted
+# decoding, never used here) imports sklearn.metrics (scikit-learn comes with reasoning-gym and
+# lm-eval), the loss registry's object-detection losses import scipy.optimize. Each rank paid ~1.3 CPU-seconds for them
+# (3 runs on a loaded 2-core machine: 4.3-4.5 -> 3.2-3.6 CPU-s for transformers' auto classes
+# without sklearn; scipy.optimize 0.4 s more). The module then sees the package as absent, a state
+# transformers supports (what reads it: assisted decoding's confidence-threshold tuning, DETR-style
+# matching losses).
+TRANSFORMERS_WITHOUT = {"transformers.generation.candidate_generator": "sklearn",
+                        "transformers.loss.loss_utils": "scipy"}
 
 
-@contextlib.contextmanager
-def _sklearn_reported_absent() -> Iterator[None]:
-    if "sklearn" in sys.modules:  # imported already: nothing to save
-        yield
-        return
-    import transformers.utils as transformers_utils
+def _reported_absent(package: str) -> Any:
+    flag = f"is_{package}_available"
 
-    reported = transformers_utils.is_sklearn_available
-    transformers_utils.is_sklearn_available = lambda: False  # what the module binds at its import
-    try:
-        yield
-    finally:
-        transformers_utils.is_sklearn_available = reported
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:
+        if package in sys.modules:  # imported already: nothing to save
+            yield
+            return
+        import transformers.utils as transformers_utils
+
+        reported = getattr(transformers_utils, flag)
+        setattr(transformers_utils, flag, lambda: False)  # what the module binds at its import
+        try:
+            yield
+        finally:
+            setattr(transformers_utils, flag, reported)
+
+    return context
 
 
 def import_deepspeed_without_mlflow() -> None:
@@ -131,13 +139,14 @@ def import_deepspeed_without_mlflow() -> None:
     _install(_WithoutWhileLoading(*DEEPSPEED_WITHOUT_MLFLOW))
 
 
-def import_transformers_without_sklearn() -> None:
-    """From now on in this process, transformers' candidate generator leaves scikit-learn out
-    (idempotent; scikit-learn itself still imports where something asks for it)."""
-    _install(_WhileLoading(TRANSFORMERS_WITHOUT_SKLEARN, _sklearn_reported_absent))
+def import_transformers_without_optional_packages() -> None:
+    """From now on in this process, the modules of `TRANSFORMERS_WITHOUT` leave their package out
+    (idempotent; the package itself still imports where something asks for it)."""
+    for module, package in TRANSFORMERS_WITHOUT.items():
+        _install(_WhileLoading(module, _reported_absent(package)))
 
 
 def lighter_imports() -> None:
     """Both of the above: what every rank installs before it imports its libraries."""
     import_deepspeed_without_mlflow()
-    import_transformers_without_sklearn()
+    import_transformers_without_optional_packages()
