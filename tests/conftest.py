@@ -21,7 +21,6 @@ from roll_gspo.utils.imports import lighter_imports  # noqa: E402
 lighter_imports()
 
 
-
 @pytest.fixture(scope="session")
 def session_cache(tmp_path_factory):
     """Built-in models and data sets under a per-session cache (not ~/.cache)."""
