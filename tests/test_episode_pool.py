@@ -207,3 +207,77 @@ def _roundtrip(state):
     torch.save(state, buffer)
     buffer.seek(0)
     return buffer
+
+
+# -- the agentic source, modes 1 and k = 2 --------------------------------------------------------
+LAKE = {"env_type": "frozen_lake", "max_tokens_per_step": 3, "agent_system_template": "",
+        "agent_template": "{observation}\n",
+        "env_config": {"size": 3, "p": 0.8, "is_slippery": False, "action_pattern": "^(.*)$", "env_instruction": ""}}
+
+
+def episode_source(tmp_path, tok, ratio):
+    """The agentic source of a two-tag FrozenLake config (episodes of at most 2 and 4 turns), its
+    turns from a scripted engine."""
+    from pipelines.agentic_pipeline import EpisodeSource
+    from tests.test_agentic_e2e import small_config
+
+    cfg = small_config(tmp_path, async_generation_ratio=ratio, eval_steps=0,
+                       custom_envs={"Short": {**LAKE, "max_steps": 2}, "Long": {**LAKE, "max_steps": 4}},
+                       train_env_manager={"tags": ["Short", "Long"], "num_env_groups": 2, "group_size": 4})
+    source, engine = EpisodeSource(cfg, tok), ScriptedEngine()
+    source.submitter = lambda gen, name: engine.submit
+    return source, engine
+
+
+def same_rollout(a, b):
+    assert a.metrics == b.metrics and a.weight_versions == b.weight_versions and a.trainable == b.trainable
+    for key in ("input_ids", "loss_mask", "rollout_log_probs", "scores"):
+        assert torch.equal(a.batch[key], b.batch[key]), key
+
+
+def checkpointed(source, make):
+    """A new source from `source`'s driver state and pool, through torch.save as a checkpoint keeps them."""
+    fresh = make()
+    fresh.load_state_dict(torch.load(_roundtrip(source.state_dict()), weights_only=False))
+    fresh.load_pool_states(torch.load(_roundtrip(source.pool_states()), weights_only=False))
+    return fresh
+
+
+def test_one_step_ahead_plays_the_steps_episodes_and_restores_them_exactly(tmp_path, tok):
+    sync, _ = episode_source(tmp_path / "sync", tok, 0)
+    ahead, _ = episode_source(tmp_path / "ahead", tok, 1)
+    ahead.produce(1, {})
+    started = ahead.start_ahead(2)  # played in a driver thread while the trainer would train
+    rollout = ahead.finish_ahead(started)
+    sync.produce(1, {})
+    same_rollout(rollout, sync.produce(2, {}))  # the same episodes (same weights here)
+    assert "health/uniform_reward_steps" in rollout.metrics and "traj/reward_mean" in rollout.metrics
+    resumed = checkpointed(ahead, lambda: episode_source(tmp_path / "resumed", tok, 1)[0])
+    same_rollout(resumed.restore(rollout.batch), rollout)  # traj/* and health/* from the driver state
+    assert resumed.health.state_dict() == ahead.health.state_dict()
+
+
+def test_k2_source_streams_groups_across_versions_and_resumes_exactly(tmp_path, tok):
+    make = lambda name: episode_source(tmp_path / name, tok, 2)  # noqa: E731
+    live, engine = make("live")
+    rollouts = {1: live.produce(1, {})}
+    for step in (2, 3):  # generated ahead under version step - 2
+        engine.version = step - 2
+        rollouts[step] = live.finish_ahead(live.start_ahead(step))
+    assert live.pool.held and rollouts[3].metrics["rollout/continuations"] > 0
+    resumed = checkpointed(live, lambda: make("resumed")[0])
+    same_rollout(resumed.restore(rollouts[3].batch), rollouts[3])
+    resumed.submitter = live.submitter
+    for step in (4, 5):
+        engine.version = step - 2
+        again = resumed.finish_ahead(resumed.start_ahead(step))
+        rollouts[step] = live.finish_ahead(live.start_ahead(step))
+        same_rollout(again, rollouts[step])
+    mixed = 0
+    for step, rollout in rollouts.items():
+        batch = rollout.batch
+        assert len(batch) == 8 and all(0 <= step - 1 - v <= 2 for v in batch["weight_version"])
+        for row, versions in enumerate(batch["token_weight_versions"]):
+            assert len(versions) == int(batch["response_mask"][row].sum()) and min(versions) == batch["weight_version"][row]
+            mixed += len(set(versions)) > 1
+    assert mixed and max(step - 1 - min(r.weight_versions) for step, r in rollouts.items()) == 2
