@@ -1,5 +1,5 @@
 """Agentic runs asynchronous (issue 37 item 4), without Ray: the episode pool's cut between turns
-(`round_allowed`), its staleness bound per turn (last chance, drops), its independence of timing,
+(`turn_allowed`), its staleness bound per turn (last chance, drops), its independence of timing,
 its checkpoint (held episodes' envs replayed; a non-deterministic env refused), and the agentic
 source's modes 1 and k = 2 over a scripted engine: the rollout generated ahead and the one a
 checkpoint restores carry the same samples and metrics, and a restored pool plays on as the live
@@ -12,7 +12,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from roll_gspo.agentic.episode_pool import EpisodePool, GroupRounds, group_rounds, round_allowed
+from roll_gspo.agentic.episode_pool import EpisodeGroup, EpisodePool, GroupRounds, group_rounds, turn_allowed
 from roll_gspo.agentic.episodes import episode_specs, turn_seed_bases
 from roll_gspo.agentic.rollout import EnvSetup, EpisodeProgress, EpisodeRunner, TurnOutput
 from roll_gspo.agentic.tokens import ChatStitcher
@@ -99,38 +99,53 @@ def snapshot(results):
 
 
 # -- the cut ------------------------------------------------------------------------------------
-def test_round_allowed_is_decided_by_what_groups_have_played():
-    done = lambda n: GroupRounds(n, True)  # noqa: E731
-    playing = lambda n: GroupRounds(n, False)  # noqa: E731
-    # quota 1: a group may still end within 1 round, so round 2 waits; once it has, round 2 is out.
-    assert round_allowed({"a": playing(1), "b": playing(3)}, 1, set(), 0, 2) is None
-    assert round_allowed({"a": done(1), "b": playing(3)}, 1, set(), 0, 2) is False
-    assert round_allowed({"a": playing(2), "b": playing(3)}, 1, set(), 0, 2) is True  # neither ends within 1
+def test_turn_allowed_is_decided_by_what_groups_have_played():
+    done = lambda n, order: GroupRounds(n, True, order)  # noqa: E731
+    playing = lambda n, order: GroupRounds(n, False, order)  # noqa: E731
+
+    def b_turn(a, b, quota, r, last_chance=(), must=0):  # group b's (order 1) turn of round r
+        return turn_allowed({"a": a, "b": b}, quota, set(last_chance), must, r, 1)
+
+    # quota 1: a may still end within 1 round, so b's 2nd turn waits; once a has, it is out.
+    assert b_turn(playing(1, 0), playing(3, 1), 1, 2) is None
+    assert b_turn(done(1, 0), playing(3, 1), 1, 2) is False
+    assert b_turn(playing(3, 0), playing(3, 1), 1, 2) is True  # a needs a 3rd round: b's 2nd comes first
+    # Within a round the group that joined first comes first: a ending at round 2 cuts b's 2nd turn,
+    # while a's own 2nd turn never waits for b.
+    assert b_turn(playing(2, 0), playing(3, 1), 1, 2) is None and b_turn(done(2, 0), playing(3, 1), 1, 2) is False
+    assert turn_allowed({"a": playing(2, 0), "b": playing(2, 1)}, 1, set(), 0, 2, 0) is True
     # quota 2: both must end; the first ending early does not cut the other.
-    assert round_allowed({"a": done(1), "b": playing(3)}, 2, set(), 0, 3) is True
-    # a group at its last chance keeps the advance going after the quota's groups are complete ...
-    assert round_allowed({"a": done(1), "b": playing(3)}, 1, {"b"}, 1, 3) is True
-    assert round_allowed({"a": done(1), "b": done(3)}, 1, {"b"}, 1, 4) is False
-    # ... and rounds stay open while it might still end earlier.
-    assert round_allowed({"a": done(1), "b": playing(2)}, 1, {"b"}, 1, 3) is None
+    assert b_turn(done(1, 0), playing(3, 1), 2, 3) is True
+    # A group at its last chance keeps the advance going after the quota's groups are complete ...
+    assert b_turn(done(1, 0), playing(3, 1), 1, 3, {"b"}, 1) is True
+    assert b_turn(done(1, 0), done(3, 1), 1, 4, {"b"}, 1) is False
+    # ... and a later group's turns wait while the last-chance one might still end before them.
+    assert turn_allowed({"a": done(1, 0), "b": playing(2, 1), "c": playing(3, 2)}, 1, {"b"}, 1, 3, 2) is None
     progress = {0: EpisodeProgress(2, "ready"), 1: EpisodeProgress(1, "ended"), 2: EpisodeProgress(1, "busy"),
                 3: EpisodeProgress(1, "ended")}
-    assert group_rounds(progress, {0: "a", 1: "a", 2: "b", 3: "b"}) == {"a": playing(3), "b": playing(1)}
+    a, b = (EpisodeGroup(key, order, [], []) for key, order in (("a", 0), ("b", 1)))
+    assert group_rounds(progress, {0: a, 1: a, 2: b, 3: b}) == {"a": playing(3, 0), "b": playing(1, 1)}
 
 
 def test_advance_cuts_between_turns_and_holds_the_rest(tok):
-    """Quota 2 of 4 groups: the short groups end after 2 rounds, so the advance plays 2 rounds; the
-    long episodes are held after their 2nd turn's env step, their envs kept, nothing in flight."""
+    """Quota 2 of 4 groups (two short, then two long, in that order): the short groups complete at
+    slots (2, 0) and (2, 1), so the long ones play their 1st turn and are cut before their 2nd, held
+    after its env step with their envs, nothing in flight."""
     pool, engine = EpisodePool(make_runner(tok)), ScriptedEngine()
     specs, bases = new_groups(1, 4)
     taken, counts = pool.advance(specs, bases, 2, 2, step=1, bound=2, submit=engine.submit)
     assert [t.spec.tag for g in taken for t in g.episodes] == ["short"] * 4
     assert all(t.turns == 2 and t.stop_reason == "terminated" for g in taken for t in g.episodes)
-    assert (counts.rounds, counts.turns, counts.new_groups, counts.partial_groups) == (2, 16, 4, 2)
+    assert (counts.rounds, counts.turns, counts.new_groups, counts.partial_groups) == (2, 12, 4, 2)
     held = [t for g in pool.held for t in g.episodes]
-    assert all(t.spec.tag == "long" and t.turns == 2 and not t.done for t in held)
-    assert sorted(pool.envs) == sorted(t.spec.index for t in held) and all(e.steps == 2 for e in pool.envs.values())
+    assert all(t.spec.tag == "long" and t.turns == 1 and not t.done for t in held)
+    assert sorted(pool.envs) == sorted(t.spec.index for t in held) and all(e.steps == 1 for e in pool.envs.values())
     assert all(t.length == len(t.prompt_ids) + len(t.response_ids) and t.agent_mask[-1] == 0 for t in held)
+    # The next advance (quota 1, no new group): the first long group ends at its 4th turn of this
+    # advance, slot (4, 2); the second is cut before its 4th.
+    taken, counts = pool.advance([], [], 2, 1, step=2, bound=2, submit=engine.submit)
+    assert [t.turns for g in taken for t in g.episodes] == [5, 5] and counts.rounds == 4
+    assert [t.turns for g in pool.held for t in g.episodes] == [4, 4]
 
 
 def test_staleness_bound_per_turn_over_steps(tok):
@@ -150,17 +165,17 @@ def test_staleness_bound_per_turn_over_steps(tok):
     assert spans > 0
     assert max(step - 1 - g.oldest_version() for step, (gs, _) in enumerate(results, 1) for g in gs) == 2
 
-    # Quota 1, one short and three long groups: the long ones are held after 2 turns of version 0. At
-    # step 3 (version 1) all three are at their last chance (3 - 0 > 2): the advance finishes them, takes
-    # the oldest and drops the other two, past the bound.
+    # Quota 1, one short and three long groups: the long ones are held after 1 turn of version 0. At
+    # step 3 (version 1) all three are at their last chance (3 - 0 > 2); m = 1: the first one's 4 more
+    # turns finish it and it is taken; the other two, cut before their last turn, are dropped.
     pool, engine = EpisodePool(make_runner(tok)), ScriptedEngine()
     specs, bases = new_groups(1, 8)  # four short groups, then four long ones
     taken, counts = pool.advance(specs[6:14], bases[6:14], 2, 1, 1, 2, engine.submit)
     assert [g.episodes[0].spec.tag for g in taken] == ["short"] and counts.partial_groups == 3
     engine.version = 1
     taken, counts = pool.advance([], [], 2, 1, 3, 2, engine.submit)
-    assert (counts.rounds, len(taken), counts.dropped_past_bound, counts.partial_groups) == (3, 1, 2, 0)
-    assert taken[0].episodes[0].turn_versions == [0, 0, 1, 1, 1] and not pool.envs and not pool.held
+    assert (counts.rounds, len(taken), counts.dropped_past_bound, counts.partial_groups) == (4, 1, 2, 0)
+    assert taken[0].episodes[0].turn_versions == [0, 1, 1, 1, 1] and not pool.envs and not pool.held
 
 
 def test_the_cut_does_not_depend_on_timing(tok):

@@ -9,17 +9,20 @@ the episode runner (roll_gspo.agentic.rollout) and a turn submitter; no Ray.
 2. the episodes play on, one request per turn, env steps in threads: a held episode continues with
    its next turn (its whole context prefilled under the current weights), a new one starts with
    its reset;
-3. **the cut, between turns.** Rounds count an episode's turns within the advance (its 1st, 2nd,
-   ... turn of this advance). A group completes at round R_g, the most turns one of its episodes
-   plays in the advance before it ends (0 for a group complete before). The advance plays rounds
-   up to R* = the `quota`-th smallest R_g, and at least the m-th smallest R_g of the groups at
-   their last chance (held, incomplete, and past the bound if still incomplete at this cut; m =
-   min(their number, quota)), so a long episode gets k advances and is then finished rather than
-   dropped for its length. A turn of round r starts only once R* >= r is certain
-   (`round_allowed`, from what every group has played so far), so which turns an advance plays
-   depends on the episodes alone, never on timing: env latencies and the engine's batching change
-   when a turn runs, not whether. No turn is ever cut: at the end of an advance every episode has
-   ended, or has had its env step and waits for its next turn; the engine holds nothing;
+3. **the cut, between turns.** A turn's slot is (its round, its group's order): its round counts
+   the episode's turns within the advance (its 1st, 2nd, ... turn of this advance), and groups are
+   ordered as they joined. A group completes at the slot (R_g, its order), R_g the most turns one
+   of its episodes plays in the advance before it ends (0 for a group complete before). The advance
+   plays the turns up to T* = the `quota`-th smallest completion slot, and at least up to the m-th
+   smallest of the groups at their last chance (held, incomplete, and past the bound if still
+   incomplete at this cut; m = min(their number, quota)), so a long episode gets k advances and is
+   then finished rather than dropped for its length. So the first `quota` groups to complete, in
+   rounds of turns and then in the order they joined, complete; the others stop between two turns.
+   A turn starts only once it is certain to be within the cut (`turn_allowed`, from what every
+   group has played so far), so which turns an advance plays depends on the episodes alone, never
+   on timing: env latencies and the engine's batching change when a turn runs, not whether. No
+   turn is ever cut: at the end of an advance every episode has ended, or has had its env step and
+   waits for its next turn; the engine holds nothing;
 4. `quota` complete groups return, the oldest first (their oldest turn's version, then the order
    they joined); complete groups beyond the quota are held. Held groups whose oldest turn's version
    v has step - v > bound are dropped and counted: trained at step + 1 or later, by a trainer of
@@ -40,7 +43,7 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from roll_gspo.agentic.episodes import turn_seed
-from roll_gspo.agentic.rollout import EpisodeProgress, EpisodeRunner, SubmitFn
+from roll_gspo.agentic.rollout import EpisodeProgress, EpisodeRunner, SubmitFn, TurnGate
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
 
 
@@ -64,10 +67,12 @@ class EpisodeGroup:
 
 @dataclasses.dataclass(frozen=True)
 class GroupRounds:
-    """What a group's episodes have played so far in an advance: `lower` <= R_g, exact when complete."""
+    """What a group's episodes have played so far in an advance: `lower` <= R_g, exact when
+    complete; `order`: the group's place in the pool (the second key of a slot)."""
 
     lower: int
     complete: bool
+    order: int
 
 
 @dataclasses.dataclass
@@ -77,43 +82,46 @@ class EpisodeCounts:
     complete: int = 0  # groups returned
     partial_groups: int = 0  # groups held after the cut (in flight, or complete beyond the quota)
     dropped_past_bound: int = 0  # held groups dropped: their oldest turn would be trained past the bound
-    continuations: int = 0  # held episodes continued under the current weights
+    continuations: int = 0  # held episodes (with a turn) continued under the current weights
     reprefill_tokens: int = 0  # the context ids of those episodes, prefilled again under the new weights
     new_groups: int = 0  # groups that joined
     turns: int = 0  # turns played
-    rounds: int = 0  # R*: the rounds the advance played
+    rounds: int = 0  # the most turns an episode played in the advance
 
     def as_dict(self) -> Dict[str, int]:
         return dataclasses.asdict(self)
 
 
-def group_rounds(progress: Dict[int, EpisodeProgress], group_of: Dict[int, str]) -> Dict[str, GroupRounds]:
+def group_rounds(progress: Dict[int, EpisodeProgress], group_of: Dict[int, EpisodeGroup]) -> Dict[str, GroupRounds]:
     """Per group, from its episodes' progress: R_g's lower bound (an ended or busy episode has
     played its turns, a ready one will play one more) and whether the group is complete."""
     lower: Dict[str, int] = {}
     complete: Dict[str, bool] = {}
+    order: Dict[str, int] = {}
     for index, p in progress.items():
-        key = group_of[index]
-        lower[key] = max(lower.get(key, 0), p.turns + (p.state == "ready"))
-        complete[key] = complete.get(key, True) and p.state == "ended"
-    return {key: GroupRounds(lower[key], complete[key]) for key in lower}
+        group = group_of[index]
+        lower[group.key] = max(lower.get(group.key, 0), p.turns + (p.state == "ready"))
+        complete[group.key] = complete.get(group.key, True) and p.state == "ended"
+        order[group.key] = group.order
+    return {key: GroupRounds(lower[key], complete[key], order[key]) for key in lower}
 
 
-def round_allowed(groups: Dict[str, GroupRounds], quota: int, last_chance: Set[str], must: int,
-                  r: int) -> Optional[bool]:
-    """Whether round `r` is within the cut R* = max(R_Q, R_L) (see the module): True when R* >= r
-    is certain, False when R* < r is, None while the groups' play so far leaves it open. R_Q >= r
-    iff fewer than `quota` groups complete within r - 1 rounds; R_L likewise over `last_chance`
-    with `must` (0: no last-chance term)."""
-    def within(keys) -> Tuple[int, int]:  # (possibly, certainly) complete within r - 1 rounds
-        rounds = [groups[key] for key in keys]
-        return (sum(g.lower <= r - 1 for g in rounds), sum(g.complete and g.lower <= r - 1 for g in rounds))
+def turn_allowed(groups: Dict[str, GroupRounds], quota: int, last_chance: Set[str], must: int,
+                 r: int, order: int) -> Optional[bool]:
+    """Whether the turn of slot (round `r`, group order `order`) is within the cut T* = max(T_Q,
+    T_L) (see the module): True when certain, False when certainly not, None while the groups'
+    play so far leaves it open. T_Q >= (r, order) iff fewer than `quota` groups complete at a slot
+    before it; T_L likewise over `last_chance` with `must` (0: no last-chance term)."""
+    def before(keys) -> Tuple[int, int]:  # groups (possibly, certainly) complete at a slot before (r, order)
+        slots = [groups[key] for key in keys]
+        possibly = [g for g in slots if g.lower < r or (g.lower == r and g.order < order)]
+        return len(possibly), sum(g.complete for g in possibly)
 
-    possibly, certainly = within(groups)
+    possibly, certainly = before(groups)
     if possibly < quota:
         return True
     if must:
-        possibly_last, certainly_last = within(last_chance & groups.keys())
+        possibly_last, certainly_last = before(last_chance & groups.keys())
         if possibly_last < must:
             return True
         if certainly >= quota and certainly_last >= must:
@@ -150,7 +158,7 @@ class EpisodePool:
         if quota > len(groups):
             raise ValueError(f"a quota of {quota} complete groups from a pool of {len(groups)}")
         trajectories = [t for g in groups for t in g.episodes]
-        continued = [t for t in trajectories if not t.done and t.spec.index in self.envs]
+        continued = [t for t in trajectories if not t.done and t.turn_versions]  # held after a turn
         counts.continuations = len(continued)
         counts.reprefill_tokens = sum(t.length for t in continued)
         last_chance = {g.key for g in groups if not g.complete and _past(g, step, bound)}
@@ -159,9 +167,6 @@ class EpisodePool:
                                   gate=self._gate(groups, quota, last_chance, min(len(last_chance), quota)))
         counts.turns = sum(played.values())
         counts.rounds = max(played.values(), default=0)
-        for t in trajectories:
-            if t.done:
-                self.envs.pop(t.spec.index, None)  # ended (max_length ends keep no env either)
         complete = sorted((g for g in groups if g.complete), key=lambda g: (_oldest_or_new(g), g.order))
         if len(complete) < quota:
             raise RuntimeError(f"an advance ended with {len(complete)} of {quota} groups complete")
@@ -181,14 +186,13 @@ class EpisodePool:
         return taken, counts
 
     @staticmethod
-    def _gate(groups: List[EpisodeGroup], quota: int, last_chance: Set[str],
-              must: int) -> Callable[[Dict[int, EpisodeProgress]], Callable[[int], Optional[bool]]]:
-        """`EpisodeRunner.play`'s gate: a round is played once it is certainly within the cut."""
-        group_of = {t.spec.index: g.key for g in groups for t in g.episodes}
+    def _gate(groups: List[EpisodeGroup], quota: int, last_chance: Set[str], must: int) -> TurnGate:
+        """`EpisodeRunner.play`'s gate: a turn is played once it is certainly within the cut."""
+        group_of = {t.spec.index: g for g in groups for t in g.episodes}
 
-        def gate(progress: Dict[int, EpisodeProgress]) -> Callable[[int], Optional[bool]]:
+        def gate(progress: Dict[int, EpisodeProgress]) -> Callable[[int, int], Optional[bool]]:
             rounds = group_rounds(progress, group_of)
-            return lambda r: round_allowed(rounds, quota, last_chance, must, r)
+            return lambda index, r: turn_allowed(rounds, quota, last_chance, must, r, group_of[index].order)
 
         return gate
 

@@ -7,7 +7,10 @@ episode in flight, its turns sent to the rollout engine one of two ways:
 - continuous (`run(..., submit=...)`, what the agentic pipeline uses): each episode's turn is one
   request, submitted the moment its env step returns and awaited on its own; the rank's engine loop
   (roll_gspo.strategies.engine_loop) adds it to the running batch at the next engine step, so a slow
-  env step or a long turn holds back no other episode.
+  env step or a long turn holds back no other episode. `play` is its loop over given trajectories
+  and envs, so that episodes can stop between turns and go on in a later call; its `gate` decides
+  which turns a call plays (the episode pool of `async_generation_ratio` k >= 2,
+  roll_gspo.agentic.episode_pool, cuts there).
 - waves (`run(specs, generate, ...)`): the turns of all episodes that are ready go to the engine in
   one call, and while that call runs the environments of the episodes from the previous call step
   in threads. A call is sent as soon as the engine is free and no env step is outstanding, or when
@@ -70,8 +73,8 @@ class EpisodeProgress:
     state: str  # "ended" | "ready" | "busy"
 
 
-# play's gate: the progress of every episode -> (round -> True / False / None); see `play`.
-TurnGate = Callable[[Dict[int, EpisodeProgress]], Callable[[int], Optional[bool]]]
+# play's gate: the progress of every episode -> ((episode index, round) -> True / False / None); see `play`.
+TurnGate = Callable[[Dict[int, EpisodeProgress]], Callable[[int, int], Optional[bool]]]
 
 
 @dataclasses.dataclass
@@ -221,8 +224,9 @@ class EpisodeRunner:
         earlier call, its env stepped after its last turn) with its next turn; ended ones are
         skipped. `envs` is updated in place (an ended episode's env is dropped). `gate(progress)`
         (None: every turn starts at once) decides whether an episode's next turn is played in this
-        call: it returns, for a turn's round (its ordinal among the episode's turns of this call),
-        True (play it), False (not in this call) or None (not known yet: the episode waits). The
+        call: it returns, for an episode's index and the turn's round (its ordinal among the
+        episode's turns of this call), True (play it), False (not in this call) or None (not known
+        yet: the episode waits). The
         call returns when nothing is in flight and no turn may start; the episodes not ended are
         then ready for their next turn. Returns the turns each episode played (by index)."""
         by_index = {t.spec.index: t for t in trajectories}
@@ -234,14 +238,14 @@ class EpisodeRunner:
             if t.done:
                 continue
             if t.spec.index in envs:
-                self._ready(t, ready, turn_seed)
+                self._ready(t, ready, envs, turn_seed)
             else:
                 env_calls[t.spec.index] = self._call(t, lambda t=t: self._reset(t, envs))
         while True:
             if ready:
                 decide = gate(self._progress(by_index, played, ready)) if gate is not None else None
                 for index in sorted(ready):
-                    if decide is None or decide(played[index] + 1):
+                    if decide is None or decide(index, played[index] + 1):
                         turns[index] = submit(ready.pop(index))
                         played[index] += 1
             if not env_calls and not turns:
@@ -255,23 +259,26 @@ class EpisodeRunner:
                 t = by_index[index]
                 self._after_env_call(t, env_calls.pop(index).future, envs)
                 if not t.done:
-                    self._ready(t, ready, turn_seed)
+                    self._ready(t, ready, envs, turn_seed)
             for index in sorted(i for i, f in turns.items() if f.done()):
                 t, out = by_index[index], turns.pop(index).result()  # an engine failure ends the run, as in waves
                 self._after_turn(t, out)
                 env_calls[index] = self._call(t, lambda t=t, out=out: self._step(t, envs, out))
         if ready and gate is not None:  # with nothing in flight every round is decided
             decide = gate(self._progress(by_index, played, ready))
-            undecided = [i for i in ready if decide(played[i] + 1) is None]
+            undecided = [i for i in ready if decide(i, played[i] + 1) is None]
             if undecided:
                 raise RuntimeError(f"the turn gate left episodes {undecided} undecided with nothing in flight")
         return played
 
-    def _ready(self, t: Trajectory, ready: Dict[int, TurnRequest], turn_seed: Callable[[int, int], int]) -> None:
-        """The episode's next turn, waiting to be submitted (none: it ends, max_length)."""
+    def _ready(self, t: Trajectory, ready: Dict[int, TurnRequest], envs: Dict[int, Any],
+               turn_seed: Callable[[int, int], int]) -> None:
+        """The episode's next turn, waiting to be submitted (none: it ends, max_length, its env dropped)."""
         request = self._request(t, turn_seed)
         if request is not None:
             ready[t.spec.index] = request
+        else:
+            envs.pop(t.spec.index, None)
 
     @staticmethod
     def _progress(by_index: Dict[int, Trajectory], played: Dict[int, int],
