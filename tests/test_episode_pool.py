@@ -4,6 +4,7 @@ its checkpoint (held episodes' envs replayed; a non-deterministic env refused), 
 source's modes 1 and k = 2 over a scripted engine: the rollout generated ahead and the one a
 checkpoint restores carry the same samples and metrics, and a restored pool plays on as the live
 one. The run on the real stack is tests/test_agentic_e2e.py::test_async_agentic_staleness_two_and_exact_resume."""
+import dataclasses
 import random
 import threading
 import time
@@ -296,3 +297,26 @@ def test_k2_source_streams_groups_across_versions_and_resumes_exactly(tmp_path, 
             assert len(versions) == int(batch["response_mask"][row].sum()) and min(versions) == batch["weight_version"][row]
             mixed += len(set(versions)) > 1
     assert mixed and max(step - 1 - min(r.weight_versions) for step, r in rollouts.items()) == 2
+
+
+def test_an_episode_whose_env_fails_at_reset_is_an_empty_sample_of_the_newest_version(tmp_path, tok):
+    """k = 2: the first group's envs raise at reset; the group completes with no turn and is taken
+    beside a played one; its rows get a pad prompt (no loss) and count as the batch's newest version
+    (nothing stale)."""
+    source, engine = episode_source(tmp_path, tok, 2)
+    setup = source.train_runner.setups["Short"]
+    first_seed = episode_specs(source.cfg.train_env_manager, 16, source.cfg.seed, 1, "train")[0].env_seed
+
+    def broken(seed):
+        env = setup.make(seed)
+        if seed == first_seed:
+            env.reset = lambda seed=None: (_ for _ in ()).throw(RuntimeError("no map"))
+        return env
+
+    source.train_runner.setups["Short"] = dataclasses.replace(setup, make=broken)
+    engine.version = 3
+    rollout = source.produce(1, {})
+    failed = [row for row, t in enumerate(rollout.batch["prompt_lengths"]) if int(t) == 1]
+    assert rollout.metrics["env/errors"] == 4 and len(failed) == 4 and rollout.trainable
+    for row in failed:
+        assert rollout.batch["loss_mask"][row].sum() == 0 and rollout.batch["weight_version"][row] == 3
