@@ -121,9 +121,9 @@ def test_fp32_gap_and_exact_resume(tmp_path, session_cache, ray_session):
 
 # async_generation_ratio: 2 (issue 37 item 4): episodes in flight across steps. Two tags whose episodes
 # last at most 2 and 5 turns (the random model's moves are mostly invalid, so most run to the cap): of
-# the pool's 4 groups a step takes 2, the cut falls between turns when the short groups end, and the
-# long episodes are held with their envs and continued under the next weights; at step 3 the group
-# started under version 0 is at its last chance and finishes under version 1 (staleness 2). An invalid
+# the pool's 4 groups a step takes the first 2 to complete, the others stop between two turns and are
+# held with their envs, continued under the next weights; at step 3 the groups started under version 0
+# are at their last chance and finish under version 1 (staleness 2). An invalid
 # move costs 0.1, so the advantages are not 0 and every step changes the weights.
 LAKE = {**SMALL["custom_envs"]["Lake"], "max_steps": 2,
         "env_config": {**SMALL["custom_envs"]["Lake"]["env_config"], "format_penalty": -0.1}}
