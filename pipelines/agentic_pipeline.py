@@ -33,7 +33,7 @@ import torch
 from roll_gspo.agentic.episode_pool import EpisodePool
 from roll_gspo.agentic.episodes import episode_specs, set_ids, trajectory_metrics, turn_seed_bases, turn_seed_fn
 from roll_gspo.agentic.health import HealthMonitor
-from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, TurnOutput, TurnRequest
+from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, SubmitFn, TurnOutput, TurnRequest
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.agentic.trajectory import (Trajectory, trajectory_tensors, transcript, turn_sample_tensors,
     turn_samples)
@@ -103,7 +103,7 @@ class EpisodeSource(RolloutSource):
         self.health = HealthMonitor([tag for tag, s in setups.items()
                                      if s.config.tool_wrapper is not None and s.config.tool_wrapper.tool_configs])
         self.actor_infer: Any = None  # connect()
-        self.submitter: Optional[Callable[[Any, str], Any]] = None  # connect(): (gen, name) -> turn_submitter
+        self.submitter: Callable[[Any, str], SubmitFn] = _not_connected  # connect(): (gen, name) -> turn_submitter
         # async_generation_ratio 1 and k >= 2: the metrics of the rollout generated ahead (a resumed run's
         # first step logs them as the uninterrupted run did); k >= 2: the episode pool and its drops so far.
         self.ahead = generates_ahead(cfg)
@@ -137,19 +137,18 @@ class EpisodeSource(RolloutSource):
     def start_ahead(self, step: int) -> Tuple[int, Future]:
         """`step`'s episodes started in a driver thread (k >= 2: the pool's advance for `step`): they
         play while the trainer trains; `finish_ahead` joins them before the weight sync."""
-        cfg = self.cfg
-        if self.pool is None:
+        cfg, pool, bound = self.cfg, self.pool, self.bound
+        if pool is None or bound is None:
             return step, _in_thread(lambda: self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train",
                                                        self.train_gen, self.train_runner))
         manager = cfg.train_env_manager
         size = manager.group_size
         quota = cfg.rollout_batch_size // size
-        new = max(0, math.ceil(cfg.async_pool_batches * quota) - len(self.pool.held))
+        new = max(0, math.ceil(cfg.async_pool_batches * quota) - len(pool.held))
         specs = episode_specs(manager, new * size, cfg.seed, step, "train")
         bases = turn_seed_bases(cfg.seed, step, len(specs), "train")
         submit = self.submitter(self.train_gen, f"train-{step}")
-        bound = self.bound
-        return step, _in_thread(lambda: self.pool.advance(specs, bases, size, quota, step, bound, submit))
+        return step, _in_thread(lambda: pool.advance(specs, bases, size, quota, step, bound, submit))
 
     def finish_ahead(self, started: Tuple[int, Future]) -> Rollout:
         """The rollout of the episodes `start_ahead` started, once they are played (k >= 2: the
@@ -308,6 +307,10 @@ class EpisodeSource(RolloutSource):
         """The held groups a checkpoint saved, their envs replayed, before the first advance."""
         if self.pool is not None and states:
             self.pool.load_state(states[0])
+
+
+def _not_connected(gen, name: str) -> SubmitFn:
+    raise RuntimeError("EpisodeSource plays episodes once connected to the rollout engine (connect)")
 
 
 def _in_thread(play: Callable[[], Any]) -> Future:
