@@ -90,7 +90,8 @@ class AgentSource(EpisodeSource):
         if not trainable:
             logger.warning("step %d: no agent episode generated a token (errors: %s); nothing to train on, the step "
                            "is skipped", step, sorted({e.error for e in episodes if e.error})[:3])
-        metrics = {**trajectory_metrics(rows, "traj"), **agent_metrics(episodes),
+        metrics = {**trajectory_metrics(rows, "traj"), **(self.health.metrics() if trainable else {}),
+                   **agent_metrics(episodes),
                    "agent/tasks": float(len(tasks)), **self._metrics(episodes)}
         return Rollout(batch, RewardFuture.ready(), metrics, weight_versions=list(batch["weight_version"]),
                        trainable=trainable)

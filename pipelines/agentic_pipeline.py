@@ -7,23 +7,33 @@ its rank's engine loop, sent when its env step returns, continuous batching) and
 token ids; observations and tool results masked out of the loss); their rewards are the
 environments'. The loop scores the old policy (and the reference for a KL term), takes the source's
 advantages (per group of trajectories, or per turn), trains and syncs the weights.
+
+Asynchronous (docs/async.md): with `async_generation_ratio: 1` the next step's episodes play in a
+driver thread while the trainer trains, joined before the weight sync (every turn sampled by one
+version, nothing in flight at a checkpoint). With k >= 2 episodes stay in flight across steps in
+an `EpisodePool` (roll_gspo.agentic.episode_pool): cut between turns, each turn stamped with the
+version that sampled it, trajectories whose oldest turn would be trained more than k versions late
+dropped and counted; a checkpoint saves the held episodes, whose envs a resume replays.
 """
 from __future__ import annotations
 
 import itertools
 import json
 import logging
+import math
 import os
+import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from roll_gspo.agentic.episodes import episode_specs, set_ids, trajectory_metrics, turn_seed_fn
+from roll_gspo.agentic.episode_pool import EpisodePool
+from roll_gspo.agentic.episodes import episode_specs, set_ids, trajectory_metrics, turn_seed_bases, turn_seed_fn
 from roll_gspo.agentic.health import HealthMonitor
-from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, TurnOutput, TurnRequest
+from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, SubmitFn, TurnOutput, TurnRequest
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.agentic.trajectory import (Trajectory, trajectory_tensors, transcript, turn_sample_tensors,
     turn_samples)
@@ -31,6 +41,7 @@ from roll_gspo.algorithms.trajectory_advantages import (discounted_turn_returns,
     trajectory_advantages)
 from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.config import PipelineConfig
+from roll_gspo.config.async_rollout import generates_ahead, staleness_bound
 from roll_gspo.config.agentic_checks import env_manager_kind, error_penalty, manager_generating_args
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.lifecycle.seeding import rollout_seeds
@@ -72,6 +83,9 @@ class EpisodeSource(RolloutSource):
     """Agentic rollouts: episodes played against environments, turned into samples, their rewards
     the environments' (known when the episodes end)."""
 
+    pool: Optional[EpisodePool] = None  # async_generation_ratio k >= 2 (a subclass without envs has none)
+    ahead = False
+
     def __init__(self, cfg: PipelineConfig, tokenizer):
         self.cfg = cfg
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -89,37 +103,104 @@ class EpisodeSource(RolloutSource):
         self.health = HealthMonitor([tag for tag, s in setups.items()
                                      if s.config.tool_wrapper is not None and s.config.tool_wrapper.tool_configs])
         self.actor_infer: Any = None  # connect()
+        self.submitter: Callable[[Any, str], SubmitFn] = _not_connected  # connect(): (gen, name) -> turn_submitter
+        # async_generation_ratio 1 and k >= 2: the metrics of the rollout generated ahead (a resumed run's
+        # first step logs them as the uninterrupted run did); k >= 2: the episode pool and its drops so far.
+        self.ahead = generates_ahead(cfg)
+        self.ahead_metrics: Dict[str, float] = {}
+        self.bound = staleness_bound(cfg)
+        self.pool = EpisodePool(self.train_runner) if self.bound is not None else None
+        self.dropped_total = 0
 
     def connect(self, clusters: RunClusters) -> None:
         """The rollout engine the episodes' turns are generated on: each rank's engine loop
         (continuous batching) from now on."""
         self.actor_infer = clusters.actor_infer
         self.actor_infer.execute_all("start_engine_loop")
+        workers = self.actor_infer.workers
+        self.submitter = lambda gen, name: turn_submitter(workers, gen, name)
 
     # -- rollouts -----------------------------------------------------------------------------------
     def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
         """rollout_batch_size episodes as samples (a trajectory each, or a turn each with
-        env_manager_cls: step); health warnings; not trainable when no token was generated."""
+        env_manager_cls: step); health warnings; not trainable when no token was generated.
+        k >= 2: the first step's rollout from the episode pool, as every later one."""
         cfg = self.cfg
+        if self.pool is not None:
+            with timed(timings, "generate"):
+                return self.finish_ahead(self.start_ahead(step))
         with timed(timings, "generate"):
             trajectories = self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train", self.train_gen,
                                       self.train_runner)
+        return self._rollout(trajectories, step, {})
+
+    def start_ahead(self, step: int) -> Tuple[int, Future]:
+        """`step`'s episodes started in a driver thread (k >= 2: the pool's advance for `step`): they
+        play while the trainer trains; `finish_ahead` joins them before the weight sync."""
+        cfg, pool, bound = self.cfg, self.pool, self.bound
+        if pool is None or bound is None:
+            return step, _in_thread(lambda: self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train",
+                                                       self.train_gen, self.train_runner))
+        manager = cfg.train_env_manager
+        size = manager.group_size
+        quota = cfg.rollout_batch_size // size
+        new = max(0, math.ceil(cfg.async_pool_batches * quota) - len(pool.held))
+        specs = episode_specs(manager, new * size, cfg.seed, step, "train")
+        bases = turn_seed_bases(cfg.seed, step, len(specs), "train")
+        submit = self.submitter(self.train_gen, f"train-{step}")
+        return step, _in_thread(lambda: pool.advance(specs, bases, size, quota, step, bound, submit))
+
+    def finish_ahead(self, started: Tuple[int, Future]) -> Rollout:
+        """The rollout of the episodes `start_ahead` started, once they are played (k >= 2: the
+        pool's complete groups, with the advance's counts)."""
+        step, future = started
+        if self.pool is None:
+            rollout = self._rollout(future.result(), step, {})
+        else:
+            groups, counts = future.result()
+            self.dropped_total += counts.dropped_past_bound
+            rollout = self._rollout(self._sampleable([t for g in groups for t in g.episodes]), step, {
+                "rollout/partial_groups": float(counts.partial_groups),
+                "rollout/dropped_past_bound": float(counts.dropped_past_bound),
+                "rollout/dropped_past_bound_total": float(self.dropped_total),
+                "rollout/continuations": float(counts.continuations),
+                "rollout/reprefill_tokens": float(counts.reprefill_tokens),
+                "rollout/new_groups": float(counts.new_groups),
+                "rollout/turns": float(counts.turns), "rollout/rounds": float(counts.rounds)})
+        self.ahead_metrics = dict(rollout.metrics)
+        return rollout
+
+    def restore(self, batch: Batch) -> Rollout:
+        """The rollout generated ahead again, from the batch a checkpoint saved and the metrics the
+        driver state kept of it (its trajectories are gone)."""
+        return Rollout(batch, RewardFuture.ready(), dict(self.ahead_metrics),
+                       weight_versions=list(batch["weight_version"]), trainable=bool(batch["loss_mask"].sum()))
+
+    def _rollout(self, trajectories: List[Trajectory], step: int, extra: Dict[str, float]) -> Rollout:
+        """Played trajectories as `step`'s rollout: samples, health warnings (its counters in the
+        metrics, as of this rollout), trajectory metrics."""
         batch = self.samples(trajectories, step)
         self.health.check(step, trajectories)
         trainable = bool(batch["loss_mask"].sum())
         if not trainable:  # no generated token at all (every opening too long, every reset failed)
             logger.warning("step %d: no trajectory has a generated token (stops: %s); nothing to train on, the "
                            "step is skipped", step, {t.stop_reason for t in trajectories})
-        return Rollout(batch, RewardFuture.ready(), trajectory_metrics(trajectories, "traj"),
-                       weight_versions=list(batch["weight_version"]), trainable=trainable)
+        metrics = {**trajectory_metrics(trajectories, "traj"), **(self.health.metrics() if trainable else {}), **extra}
+        return Rollout(batch, RewardFuture.ready(), metrics, weight_versions=list(batch["weight_version"]),
+                       trainable=trainable)
 
     def _play(self, manager, count: int, step: int, stream: str, gen, runner: EpisodeRunner) -> List[Trajectory]:
         """`count` episodes of `manager`'s envs, their turns generated by the rollout engine."""
         specs = episode_specs(manager, count, self.cfg.seed, step, stream)
-        submit = turn_submitter(self.actor_infer.workers, gen, f"{stream}-{step}")
-        trajectories = runner.run(specs, None, turn_seed_fn(self.cfg.seed, step, len(specs), stream), submit=submit)
+        submit = self.submitter(gen, f"{stream}-{step}")
+        return self._sampleable(runner.run(specs, None, turn_seed_fn(self.cfg.seed, step, len(specs), stream),
+                                           submit=submit))
+
+    def _sampleable(self, trajectories: List[Trajectory]) -> List[Trajectory]:
+        """Ended trajectories ready to be samples: one whose env failed at reset gets a pad prompt
+        (an empty sample, in no loss)."""
         for t in trajectories:
-            if not t.prompt_ids:  # the env failed at reset: an empty sample, in no loss
+            if not t.prompt_ids:
                 t.prompt_ids = [self.pad_id]
         return trajectories
 
@@ -145,7 +226,16 @@ class EpisodeSource(RolloutSource):
         batch["set_id"] = torch.tensor([int(sets[i]) for _, i in rows], dtype=torch.long)
         batch["turn_returns"] = returns
         batch["started"] = torch.tensor([t.opened for t, _ in rows], dtype=torch.bool)
-        batch["weight_version"] = [t.weight_version for t, _ in rows]
+        # Versions: a trajectory's from its oldest turn, a turn sample's its own; a row without a generated
+        # token (its env failed at reset) counts as the newest in the batch (it carries nothing stale).
+        newest = max((t.weight_version for t in trajectories if any(t.agent_mask)), default=step - 1)
+        token_versions = [t.token_versions() if any(t.agent_mask) else [newest] * len(t.response_ids)
+                          for t in trajectories]
+        if not self.step_wise:
+            batch["token_weight_versions"] = token_versions
+        else:
+            batch["token_weight_versions"] = [token_versions[i][s.start:s.end] for s, (_, i) in zip(samples, rows)]
+        batch["weight_version"] = [min(v, default=newest) for v in batch["token_weight_versions"]]
         batch["finished"] = [t.stop_reason in ("terminated", "truncated", "max_turns") for t, _ in rows]
         return batch
 
@@ -167,9 +257,9 @@ class EpisodeSource(RolloutSource):
         return advantages, metrics
 
     def step_metrics(self, rollout: Rollout, step_seconds: float) -> Dict[str, float]:
-        """Health counters (on a trained step), whether the step was skipped, agent-token throughput."""
+        """Whether the step was skipped, agent-token throughput (the health counters are the rollout's)."""
         agent_tokens = float(rollout.batch["loss_mask"].sum())
-        return {**(self.health.metrics() if rollout.trainable else {}), "train/skipped": float(not rollout.trainable),
+        return {"train/skipped": float(not rollout.trainable),
                 "throughput/agent_tokens_per_s": agent_tokens / max(step_seconds, 1e-9),
                 "data/samples": float(len(rollout.batch))}
 
@@ -190,6 +280,51 @@ class EpisodeSource(RolloutSource):
                     f.write(json.dumps(transcript(t)) + "\n")
         metrics = trajectory_metrics(trajectories, "val")
         return {**metrics, "val/samples": float(len(trajectories)), "time/validation_s": time.perf_counter() - start}
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """The health monitor's counters; generating ahead: the metrics of the rollout generated
+        ahead (its trajectories are gone; the checkpoint holds its batch); k >= 2: the drops so far."""
+        state: Dict[str, Any] = {"sampler": None, "running_stats": None, "health": self.health.state_dict()}
+        if self.ahead:
+            state["episodes_ahead"] = {"ahead_metrics": dict(self.ahead_metrics), "dropped_total": self.dropped_total}
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Back to the counters and metrics a checkpoint saved (older checkpoints hold none)."""
+        if state.get("health"):
+            self.health.load_state_dict(state["health"])
+        ahead = state.get("episodes_ahead")
+        if self.ahead and isinstance(ahead, dict):
+            self.ahead_metrics = dict(ahead["ahead_metrics"])
+            self.dropped_total = int(ahead["dropped_total"])
+
+    def pool_states(self) -> Optional[List[Any]]:
+        """k >= 2: the episode pool's held groups (what a checkpoint saves); None otherwise."""
+        return [self.pool.state()] if self.pool is not None else None
+
+    def load_pool_states(self, states: Optional[List[Any]]) -> None:
+        """The held groups a checkpoint saved, their envs replayed, before the first advance."""
+        if self.pool is not None and states:
+            self.pool.load_state(states[0])
+
+
+def _not_connected(gen, name: str) -> SubmitFn:
+    raise RuntimeError("EpisodeSource plays episodes once connected to the rollout engine (connect)")
+
+
+def _in_thread(play: Callable[[], Any]) -> Future:
+    """`play()` in a driver thread; its result (or exception) in the returned future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(play())
+        except BaseException as exc:  # noqa: BLE001 - re-raised by finish_ahead
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="roll-gspo-episodes-ahead").start()
+    return future
 
 
 def wave_generator(actor_infer, gen):

@@ -119,6 +119,53 @@ def test_fp32_gap_and_exact_resume(tmp_path, session_cache, ray_session):
         assert again[2][key] == steps[2][key], key
 
 
+# async_generation_ratio: 2 (issue 37 item 4): episodes in flight across steps. Two tags whose episodes
+# last at most 2 and 5 turns (the random model's moves are mostly invalid, so most run to the cap): of
+# the pool's 4 groups a step takes the first 2 to complete, the others stop between two turns and are
+# held with their envs, continued under the next weights; at step 3 the groups started under version 0
+# are at their last chance and finish under version 1 (staleness 2). An invalid
+# move costs 0.1, so the advantages are not 0 and every step changes the weights.
+LAKE = {**SMALL["custom_envs"]["Lake"], "max_steps": 2,
+        "env_config": {**SMALL["custom_envs"]["Lake"]["env_config"], "format_penalty": -0.1}}
+ASYNC_EPISODES = dict(async_generation_ratio=2, max_steps=4, save_steps=2, save_total_limit=2, eval_steps=0,
+                      custom_envs={"Short": LAKE, "Long": {**LAKE, "max_steps": 5}},
+                      train_env_manager={"tags": ["Short", "Long"], "num_env_groups": 2, "group_size": 4})
+
+
+@pytest.mark.e2e
+def test_async_agentic_staleness_two_and_exact_resume(tmp_path, session_cache, ray_session):
+    """The RLVR k = 2 checks (tests/test_async_rollout.py) on the agentic pipeline: staleness up to 2 and
+    never beyond, per trajectory from its oldest turn; the trainer's fp32 log-probs equal the rollout's
+    on the turns its own version sampled (each turn is sampled by one version: the per-version check
+    with a weight update mid-episode is tests/test_request_pool.py's); resumed from step 2's checkpoint
+    (held episodes' envs replayed), steps 3 and 4 replay every metric."""
+    from tests.test_resume_chaos import comparable
+
+    cfg = small_config(tmp_path / "whole", **ASYNC_EPISODES)
+    records = [r for r in run(cfg) if "actor/pg_loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for record in records:
+        assert record["rollout/staleness_max"] <= 2 and record["sync/seconds"] > 0
+        hist = [record[f"rollout/staleness_hist/{j}"] for j in range(3)]
+        assert sum(hist) == 8 and "rollout/staleness_hist/3" not in record  # 2 groups x 4 episodes
+    # Step 1 is synchronous (version 0, trainer 0); step 2 was played by version 0 while step 1 trained;
+    # from step 3 on, episodes continued across a sync carry turns two versions old.
+    assert records[0]["rollout/staleness_max"] == 0 and records[1]["rollout/staleness_max"] == 1
+    assert max(r["rollout/staleness_max"] for r in records[2:]) == 2
+    assert sum(r["rollout/continuations"] for r in records) > 0 and records[-1]["rollout/dropped_past_bound_total"] == 0
+    assert records[0]["rollout/logprob_gap/lag0"] <= 1e-4  # the trainer's own version: fp32 noise
+    assert max(r["rollout/logprob_gap/lag2"] for r in records[2:]) > 1e-4  # two versions back: the policy moved
+    checkpoints = os.path.join(cfg.output_dir, "checkpoints")
+    assert os.path.exists(os.path.join(checkpoints, "step_2", "rollout_pool.pt"))
+
+    resumed = small_config(tmp_path / "resumed", **ASYNC_EPISODES,
+                           resume_from_checkpoint=os.path.join(checkpoints, "step_2"))
+    again = [r for r in run(resumed) if "actor/pg_loss" in r]
+    assert [r["step"] for r in again] == [3, 4]
+    for got, want in zip(again, records[2:]):
+        assert comparable(got) == comparable(want), got["step"]
+
+
 @pytest.mark.parametrize("change,message", [
     ({"custom_envs": {"Lake": {"env_type": "no_such_env"}}}, "env_type 'no_such_env' is unknown; valid: frozen_lake"),
     ({"custom_envs": {"Lake": {"env_config": {"sizee": 3}}}}, "sizee"),
@@ -129,7 +176,7 @@ def test_fp32_gap_and_exact_resume(tmp_path, session_cache, ray_session):
     ({"train_env_manager": {"group_size": 1}, "rollout_batch_size": 8,
       "reward_normalization": {"grouping": "traj_group_id", "method": "mean_std"}}, "turns every reward into 0"),
     ({"adv_estimator": "rloo"}, "adv_estimator 'rloo' is not built for the agentic pipeline"),
-    ({"async_generation_ratio": 1}, "async_generation_ratio"),
+    ({"async_generation_ratio": 2, "model_update_frequency": 2}, "model_update_frequency = 2 is refused"),
     ({"sequence_length": 4096}, "sequence_length = 4096, but the model"),
     ({"custom_envs": {"Lake": {"tool_wrapper": {"tool_configs": [{"tool_id": "nope"}]}}}}, "nope"),
     ({"custom_envs": {"Lake": {"env_manager_cls": "roll.pipeline.agentic.env_manager.vl_traj_env_manager.X"}}},

@@ -40,8 +40,15 @@ def test_k2_refusals_name_the_key(overrides, expected):
     assert expected in message, message
 
 
-def test_k2_with_the_agentic_pipeline_is_refused():
-    assert "with the agentic pipeline is not built yet" in refusal("example_agentic.yaml", K2)
+def test_agentic_runs_take_both_modes_but_an_agents_episodes_are_refused():
+    assert staleness_bound(load_config("example_agentic.yaml", K2)) == 2
+    assert choose_old_logprob_source(load_config("example_agentic.yaml", ["async_generation_ratio=1"])).source == \
+        "rollout"
+    for overrides in (K2, ["async_generation_ratio=1"]):
+        message = refusal("example_agent.yaml", overrides)
+        assert "with an agent's episodes (agent.agent_func) is not built" in message, message
+    message = refusal("example_agentic.yaml", K2 + ["rollout_endpoint.enabled=true"])
+    assert "rollout_endpoint is not built for agentic runs" in message, message
 
 
 def test_pool_key_without_k2_warns(config_log):  # noqa: F811

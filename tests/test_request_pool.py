@@ -3,7 +3,9 @@ roll_gspo.strategies.request_pool) on real engines in-process, without Ray: the 
 groups comes back, partials are held and continued by re-prefill with new seeds, held groups past
 the staleness bound are dropped, runs are deterministic and a saved pool continues as the live
 one; and a forced mid-generation weight update in vLLM (fp32): each token's rollout log-prob is
-its own version's, as the trainer-side model (HF forward) scores it under that version's weights."""
+its own version's, as the trainer-side model (HF forward) scores it under that version's weights,
+for partial responses and for agentic episodes held between turns across the update
+(roll_gspo.agentic.episode_pool, on the same engine)."""
 import io
 import os
 
@@ -167,6 +169,82 @@ def test_weight_update_mid_generation_keeps_each_version_exact(vllm_engine, tiny
         gap = (trainer - rollout).abs()[own].max().item()
         assert gap <= 1e-4, (version, gap)
         other = (versions == (base + 1 if version == base else base)) & mask.bool()
+        assert (trainer - rollout).abs()[other].max().item() > 1e-3  # the versions really differ
+
+
+def test_episodes_held_across_a_weight_update_keep_each_turns_version_exact(vllm_engine, tiny_model):
+    """Agentic k >= 2: FrozenLake episodes of at most 2 and 5 turns; the pool's first advance (version
+    v) cuts between turns when the short groups end, new weights are loaded (v + 1), the second
+    advance continues the held episodes. Their trajectories carry turns of both versions, and every
+    generated token's rollout log-prob is within 1e-4 of the HF forward under its turn's version."""
+    from concurrent.futures import Future
+
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from roll_gspo.agentic.episode_pool import EpisodePool
+    from roll_gspo.agentic.episodes import episode_specs, turn_seed_bases
+    from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, TurnOutput
+    from roll_gspo.agentic.tokens import ChatStitcher
+    from roll_gspo.config.schema import CustomEnvConfig, EnvManagerConfig
+    from roll_gspo.envs.registry import make_env
+    from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, response_token_log_probs
+    from roll_gspo.strategies.engine import generate_groups
+
+    env_config = {"size": 3, "p": 0.8, "is_slippery": False, "action_pattern": "^(.*)$", "env_instruction": ""}
+    setups = {tag: EnvSetup(tag, CustomEnvConfig(env_type="frozen_lake", max_steps=turns, max_tokens_per_step=3,
+                                                 agent_system_template="", agent_template="{observation}\n",
+                                                 env_config=env_config),
+                            lambda seed: make_env("frozen_lake", dict(env_config)))
+              for tag, turns in (("Short", 2), ("Long", 5))}
+    runner = EpisodeRunner(ChatStitcher(AutoTokenizer.from_pretrained(tiny_model)), setups, sequence_length=90,
+                           max_new_tokens=3)
+
+    def submit(request):  # one turn on the engine, at once (the rank's engine loop does this in a thread)
+        ((out,),) = generate_groups(vllm_engine, [request.prompt_ids], Sampling(max_new_tokens=request.max_new_tokens,
+                                                                                temperature=1.0), 1, [request.seed])
+        turn = Future()
+        turn.set_result(TurnOutput(list(out.token_ids), list(out.log_probs), out.weight_version))
+        return turn
+
+    original = load_file(os.path.join(tiny_model, "model.safetensors"))
+    generator = torch.Generator().manual_seed(1)
+    updated = {name: t + 0.05 * t.std() * torch.randn(t.shape, generator=generator) if t.dim() > 1 else t
+               for name, t in original.items()}
+    vllm_engine.llm.reset_prefix_cache()
+    base = vllm_engine.weight_version
+    manager = EnvManagerConfig(tags=["Short", "Long"], num_env_groups=4, group_size=2)
+    specs = episode_specs(manager, 8, 5, 1, "train")
+    pool = EpisodePool(runner)
+    first, _ = pool.advance(specs, turn_seed_bases(5, 1, 8, "train"), 2, 2, step=base + 1, bound=2, submit=submit)
+    try:
+        vllm_engine.begin_weight_update()
+        vllm_engine.load_weights(list(updated.items()))
+        vllm_engine.finish_weight_update(base + 1)
+        second, _ = pool.advance([], [], 2, 2, step=base + 2, bound=2, submit=submit)
+    finally:
+        vllm_engine.begin_weight_update()
+        vllm_engine.load_weights(list(original.items()))
+        vllm_engine.finish_weight_update(base + 2)
+    episodes = [t for g in first + second for t in g.episodes]
+    assert any(len(set(t.turn_versions)) == 2 for t in episodes), "no episode spans the update"
+    model = load_causal_lm(tiny_model, "fp32").eval()
+    input_ids, attention, prompt_lengths, mask = build_sequences([t.prompt_ids for t in episodes],
+                                                                 [t.response_ids for t in episodes], 0)
+    rollout = torch.zeros(mask.shape)
+    versions = torch.full(mask.shape, -1)
+    for i, t in enumerate(episodes):
+        rollout[i, :len(t.log_probs)] = torch.tensor(t.log_probs)
+        versions[i, :len(t.response_ids)] = torch.tensor(
+            [v if generated else -1 for v, generated in zip(t.token_versions(), t.agent_mask)])
+    for version, weights in ((base, original), (base + 1, updated)):
+        model.load_state_dict(weights, strict=False)
+        with torch.no_grad():
+            trainer, _ = response_token_log_probs(model, input_ids, attention, prompt_lengths, mask.shape[1], 1.0)
+        own = versions == version
+        assert own.sum() > 0
+        assert (trainer - rollout).abs()[own].max().item() <= 1e-4, version
+        other = versions == (base + 1 if version == base else base)
         assert (trainer - rollout).abs()[other].max().item() > 1e-3  # the versions really differ
 
 

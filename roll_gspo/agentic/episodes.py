@@ -41,12 +41,22 @@ def episode_specs(manager: EnvManagerConfig, trajectories: int, seed: int, step:
 
 def turn_seed_fn(seed: int, step: int, count: int, stream: str):
     """(index, turn) -> sampling seed of that turn, a function of the step (exact resume)."""
-    base = rollout_seeds(seed, step, count, f"{stream}-turns")
+    bases = turn_seed_bases(seed, step, count, stream)
 
-    def turn_seed(index: int, turn: int) -> int:
-        return int((base[index] + 7919 * turn) % (2 ** 31 - 1))
+    def seed_of(index: int, turn: int) -> int:
+        return turn_seed(bases[index], turn)
 
-    return turn_seed
+    return seed_of
+
+
+def turn_seed_bases(seed: int, step: int, count: int, stream: str) -> List[int]:
+    """(count,) each episode's seed base: its turn `k` samples with `turn_seed(base, k)`."""
+    return [int(base) for base in rollout_seeds(seed, step, count, f"{stream}-turns")]
+
+
+def turn_seed(base: int, turn: int) -> int:
+    """The sampling seed of an episode's `turn` (0-based) from its base."""
+    return int((base + 7919 * turn) % (2 ** 31 - 1))
 
 
 def set_ids(trajectories: List[Trajectory], grouping: str) -> np.ndarray:

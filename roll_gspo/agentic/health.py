@@ -54,6 +54,14 @@ class HealthMonitor:
             logger.warning(message)
         return warnings
 
+    def state_dict(self) -> Dict[str, int]:
+        """The counters (a checkpoint keeps them: a resumed run warns and logs as an uninterrupted one)."""
+        return {"steps_without_tool_call": self.steps_without_tool_call, "uniform_steps": self.uniform_steps}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.steps_without_tool_call = int(state["steps_without_tool_call"])
+        self.uniform_steps = int(state["uniform_steps"])
+
     def metrics(self) -> Dict[str, float]:
         return {"health/steps_without_tool_call": float(self.steps_without_tool_call),
                 "health/uniform_reward_steps": float(self.uniform_steps)}

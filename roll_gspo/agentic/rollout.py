@@ -7,7 +7,10 @@ episode in flight, its turns sent to the rollout engine one of two ways:
 - continuous (`run(..., submit=...)`, what the agentic pipeline uses): each episode's turn is one
   request, submitted the moment its env step returns and awaited on its own; the rank's engine loop
   (roll_gspo.strategies.engine_loop) adds it to the running batch at the next engine step, so a slow
-  env step or a long turn holds back no other episode.
+  env step or a long turn holds back no other episode. `play` is its loop over given trajectories
+  and envs, so that episodes can stop between turns and go on in a later call; its `gate` decides
+  which turns a call plays (the episode pool of `async_generation_ratio` k >= 2,
+  roll_gspo.agentic.episode_pool, cuts there).
 - waves (`run(specs, generate, ...)`): the turns of all episodes that are ready go to the engine in
   one call, and while that call runs the environments of the episodes from the previous call step
   in threads. A call is sent as soon as the engine is free and no env step is outstanding, or when
@@ -59,6 +62,19 @@ class TurnOutput:
 
 GenerateFn = Callable[[List[TurnRequest]], List[TurnOutput]]
 SubmitFn = Callable[[TurnRequest], "Future[TurnOutput]"]  # one turn, awaited on its own
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeProgress:
+    """An episode within one `EpisodeRunner.play` call: the turns it has submitted in the call, and
+    whether it has ended, is ready for its next turn (waiting for the gate) or has a reset, turn or
+    env step in flight (busy)."""
+    turns: int
+    state: str  # "ended" | "ready" | "busy"
+
+
+# play's gate: the progress of every episode -> ((episode index, round) -> True / False / None); see `play`.
+TurnGate = Callable[[Dict[int, EpisodeProgress]], Callable[[int, int], Optional[bool]]]
 
 
 @dataclasses.dataclass
@@ -198,13 +214,42 @@ class EpisodeRunner:
                         turn_seed: Callable[[int, int], int]) -> List[Trajectory]:
         """`run` with one request per turn, submitted as soon as the episode is ready."""
         trajectories = [Trajectory(spec) for spec in specs]
+        self.play(trajectories, {}, submit, turn_seed)
+        return trajectories
+
+    def play(self, trajectories: Sequence[Trajectory], envs: Dict[int, Any], submit: SubmitFn,
+             turn_seed: Callable[[int, int], int], gate: Optional[TurnGate] = None) -> Dict[int, int]:
+        """Continue `trajectories` with one request per turn (continuous): an episode without an
+        env in `envs` (keyed by spec.index) starts with a reset, one with an env (held from an
+        earlier call, its env stepped after its last turn) with its next turn; ended ones are
+        skipped. `envs` is updated in place (an ended episode's env is dropped). `gate(progress)`
+        (None: every turn starts at once) decides whether an episode's next turn is played in this
+        call: it returns, for an episode's index and the turn's round (its ordinal among the
+        episode's turns of this call), True (play it), False (not in this call) or None (not known
+        yet: the episode waits). The
+        call returns when nothing is in flight and no turn may start; the episodes not ended are
+        then ready for their next turn. Returns the turns each episode played (by index)."""
         by_index = {t.spec.index: t for t in trajectories}
-        envs: Dict[int, Any] = {}
+        played = {index: 0 for index in by_index}
         env_calls: Dict[int, _EnvCall] = {}  # episode index -> its outstanding reset / step
         turns: Dict[int, Future] = {}  # episode index -> its turn in flight
+        ready: Dict[int, TurnRequest] = {}  # episode index -> its next turn, waiting for the gate
         for t in trajectories:
-            env_calls[t.spec.index] = self._call(t, lambda t=t: self._reset(t, envs))
-        while env_calls or turns:
+            if t.done:
+                continue
+            if t.spec.index in envs:
+                self._ready(t, ready, envs, turn_seed)
+            else:
+                env_calls[t.spec.index] = self._call(t, lambda t=t: self._reset(t, envs))
+        while True:
+            if ready:
+                decide = gate(self._progress(by_index, played, ready)) if gate is not None else None
+                for index in sorted(ready):
+                    if decide is None or decide(index, played[index] + 1):
+                        turns[index] = submit(ready.pop(index))
+                        played[index] += 1
+            if not env_calls and not turns:
+                break
             waiting = [c.future for c in env_calls.values()] + list(turns.values())
             wait(waiting, timeout=self._wait_timeout(env_calls, None), return_when=FIRST_COMPLETED)
             for call in env_calls.values():
@@ -213,14 +258,33 @@ class EpisodeRunner:
             for index in sorted(i for i, c in env_calls.items() if c.future.done()):
                 t = by_index[index]
                 self._after_env_call(t, env_calls.pop(index).future, envs)
-                request = None if t.done else self._request(t, turn_seed)
-                if request is not None:
-                    turns[index] = submit(request)
+                if not t.done:
+                    self._ready(t, ready, envs, turn_seed)
             for index in sorted(i for i, f in turns.items() if f.done()):
                 t, out = by_index[index], turns.pop(index).result()  # an engine failure ends the run, as in waves
                 self._after_turn(t, out)
                 env_calls[index] = self._call(t, lambda t=t, out=out: self._step(t, envs, out))
-        return trajectories
+        if ready and gate is not None:  # with nothing in flight every round is decided
+            decide = gate(self._progress(by_index, played, ready))
+            undecided = [i for i in ready if decide(i, played[i] + 1) is None]
+            if undecided:
+                raise RuntimeError(f"the turn gate left episodes {undecided} undecided with nothing in flight")
+        return played
+
+    def _ready(self, t: Trajectory, ready: Dict[int, TurnRequest], envs: Dict[int, Any],
+               turn_seed: Callable[[int, int], int]) -> None:
+        """The episode's next turn, waiting to be submitted (none: it ends, max_length, its env dropped)."""
+        request = self._request(t, turn_seed)
+        if request is not None:
+            ready[t.spec.index] = request
+        else:
+            envs.pop(t.spec.index, None)
+
+    @staticmethod
+    def _progress(by_index: Dict[int, Trajectory], played: Dict[int, int],
+                  ready: Dict[int, TurnRequest]) -> Dict[int, EpisodeProgress]:
+        return {index: EpisodeProgress(played[index], "ended" if t.done else "ready" if index in ready else "busy")
+                for index, t in by_index.items()}
 
     def _wait_timeout(self, env_calls: Dict[int, _EnvCall], ready_since: Optional[float]) -> float:
         now = time.monotonic()
@@ -249,6 +313,35 @@ class EpisodeRunner:
             t.stop_reason = "max_length"
             return None
         return TurnRequest(t.spec.index, t.context_ids(), cap, turn_seed(t.spec.index, t.turns))
+
+    def replay(self, t: Trajectory) -> Any:
+        """A fresh env of the episode's seed, reset and stepped with its actions so far (the text of
+        its assistant turns): the env of a held episode again, where envs are deterministic given
+        their seed and the actions (the built-in and GEM-style ones are). The rewards must come
+        back as recorded and the episode must not end; else a ValueError naming the env."""
+        setup = self.setups[t.spec.tag]
+        rewards: List[float] = []
+        ended = False
+        try:
+            env = setup.make(t.spec.env_seed)
+            _check_reset(env.reset(seed=t.spec.env_seed))
+            for action in [m["content"] for m in t.messages if m["role"] == "assistant"]:
+                _, reward, terminated, truncated, _ = _check_step(env.step(action))
+                rewards.append(reward)
+                ended = terminated or truncated
+                if ended:
+                    break
+        except Exception as exc:  # noqa: BLE001 - named below, with the episode
+            raise ValueError(f"env {t.spec.tag!r} ({setup.config.env_type}) failed while replaying a held episode "
+                             f"from seed {t.spec.env_seed}: {type(exc).__name__}: {exc}") from exc
+        if ended or rewards != t.step_rewards:
+            raise ValueError(f"env {t.spec.tag!r} ({setup.config.env_type}) replayed from seed {t.spec.env_seed} and "
+                             f"the episode's {len(rewards)} actions gave rewards {rewards}"
+                             f"{' and ended' if ended else ''}, recorded {t.step_rewards} (not ended): it is not "
+                             f"deterministic given its seed and actions, so an episode held in flight by a "
+                             f"checkpoint cannot be continued (async_generation_ratio >= 2 resumes them by replay): "
+                             f"train this env with async_generation_ratio 0 or 1, which hold no episode in flight")
+        return env
 
     # -- one episode's transitions ------------------------------------------------------------------
     def _reset(self, t: Trajectory, envs: Dict[int, Any]) -> Tuple[str, dict]:
@@ -324,8 +417,7 @@ class EpisodeRunner:
         return setup.config.agent_system_template or None
 
     def _after_turn(self, t: Trajectory, out: TurnOutput) -> None:
-        t.append_generated(list(out.ids), list(out.log_probs))
-        t.weight_version = out.weight_version
+        t.add_turn(list(out.ids), list(out.log_probs), out.weight_version)
 
     def _fail(self, t: Trajectory, exc: BaseException, setup: EnvSetup) -> None:
         timed_out = isinstance(exc, EnvCallError) and exc.timed_out

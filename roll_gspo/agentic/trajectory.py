@@ -38,7 +38,8 @@ class Trajectory:
     tool_errors: int = 0
     invalid_actions: int = 0
     env_metrics: Dict[str, float] = dataclasses.field(default_factory=dict)
-    weight_version: int = 0
+    weight_version: int = 0  # the oldest generated turn's version (`turn_versions`)
+    turn_versions: List[int] = dataclasses.field(default_factory=list)  # per generated turn: the weights' version
     error: Optional[str] = None  # the env's exception or timeout, when it ended the episode
     opened: bool = False  # the env's reset gave an opening (False: it raised or timed out)
 
@@ -64,6 +65,20 @@ class Trajectory:
         self.agent_mask += [1] * len(ids)
         self.log_probs += list(log_probs)
         self.turn_of_token += [turn] * len(ids)
+
+    def add_turn(self, ids: List[int], log_probs: List[float], version: int) -> None:
+        """A generated turn, every token of it sampled by the weights of `version`."""
+        self.append_generated(ids, log_probs)
+        self.turn_versions.append(int(version))
+        self.weight_version = min(self.turn_versions)
+
+    def token_versions(self) -> List[int]:
+        """(T,) per response id: the version of the turn it belongs to (observations after a turn
+        carry that turn's; they are in no loss)."""
+        if not self.turn_versions:
+            return [self.weight_version] * len(self.response_ids)
+        last = len(self.turn_versions) - 1
+        return [self.turn_versions[min(turn, last)] for turn in self.turn_of_token]
 
     def append_context(self, ids: List[int]) -> None:
         """Observation / tool ids (and a closing of a cut turn): in the context, not in the loss.

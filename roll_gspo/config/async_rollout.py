@@ -11,6 +11,11 @@ rank keeps a pool of prompt groups in flight (roll_gspo.strategies.request_pool)
 to k weight versions (partial rollouts by re-prefill), a step takes the first complete groups, and
 no sample is trained more than k versions after its oldest token was sampled. Its rules are
 `_bounded_problems`'s; `async_pool_batches` sizes the pools (docs/async.md).
+
+Agentic runs (custom_envs' episodes) take both: with 1 the next step's episodes play while the
+trainer trains; with k >= 2 episodes stay in flight across steps in an episode pool, cut between
+turns (roll_gspo.agentic.episode_pool). An agent's episodes (`agent.agent_func`,
+`agent.verifiers_env`) are the user's code behind the rollout endpoint and are refused with either.
 """
 from __future__ import annotations
 
@@ -44,10 +49,10 @@ def staleness_bound(cfg: PipelineConfig) -> Optional[int]:
 @check("check", keys=(KEY, POOL_KEY),
        doc="`async_generation_ratio` below 0 or not an integer; with 1: `old_logprob_source: trainer`, Routing "
            "Replay, rollout log-probs that would bias the ratio, the rollout engine asleep between phases, dynamic "
-           "sampling, the rollout correction, the agentic pipeline; with k >= 2: `old_logprob_source: trainer` "
-           "without a rollout correction, Routing Replay, biased rollout log-probs, the engine asleep between "
-           "phases, model_update_frequency > 1, the agentic pipeline, the rollout endpoint; `async_pool_batches` "
-           "below 1", name="async.problems", rollout_only=True)
+           "sampling, the rollout correction, an agent's episodes (agent.agent_func, agent.verifiers_env); with "
+           "k >= 2: `old_logprob_source: trainer` without a rollout correction, Routing Replay, biased rollout "
+           "log-probs, the engine asleep between phases, model_update_frequency > 1, an agent's episodes, the "
+           "rollout endpoint; `async_pool_batches` below 1", name="async.problems", rollout_only=True)
 def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     ratio = cfg.async_generation_ratio
     pool = cfg.async_pool_batches
@@ -90,20 +95,32 @@ def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
         problems.append(error(KEY, f"train_infer_correction (or rollout_correction) with {KEY}: 1 is refused: the "
                                    f"asynchronous pipeline takes its old log-probs from the rollout engine (the only "
                                    f"holder of the stale weights), so the weights would all be 1"))
-    if cfg.pipeline == "agentic":
-        problems.append(error(KEY, f"{KEY}: the agentic pipeline plays its episodes synchronously (environments "
-                                   f"already step while the engine generates); generating a step ahead is not "
-                                   f"built, use 0"))
+    problems += _agent_problems(cfg, f"{KEY}: 1")
     return problems
+
+
+def _agent_problems(cfg: PipelineConfig, setting: str) -> List[Finding]:
+    """An agent's episodes (the user's code through the rollout endpoint) with either async mode."""
+    from roll_gspo.config.endpoint import uses_agent
+
+    if not uses_agent(cfg):
+        return []
+    agent = "agent.agent_func" if cfg.agent.agent_func else "agent.verifiers_env"
+    return [error(KEY, f"{setting} with an agent's episodes ({agent}) is not built: they are the user's own code "
+                       f"calling the rollout endpoint, which the pipeline cannot pause between turns at a weight "
+                       f"sync, nor replay from a checkpoint (custom_envs' episodes it can); use {KEY}: 0")]
 
 
 def _bounded_problems(cfg: PipelineConfig, k: int) -> List[Finding]:
     """`async_generation_ratio: k`, k >= 2: what the request pools cannot honour."""
-    problems = []
-    if cfg.pipeline == "agentic":
-        problems.append(error(KEY, f"{KEY} = {k} with the agentic pipeline is not built yet: episodes in flight "
-                                   f"across steps (a per-turn bound) are issue 37's agentic part; use 0"))
-    if cfg.rollout_endpoint.enabled:
+    problems = _agent_problems(cfg, f"{KEY} = {k}")  # an agent turns the endpoint on: its refusal says it all
+    if problems:
+        return problems
+    if cfg.rollout_endpoint.enabled and cfg.pipeline == "agentic":
+        problems.append(error(KEY, f"{KEY} = {k} with rollout_endpoint is not built for agentic runs: the episode "
+                                   f"pool leaves the engine empty at each weight sync, and outside clients' requests "
+                                   f"would run across it, their tokens of two versions unbounded (use {KEY}: 0 or 1)"))
+    elif cfg.rollout_endpoint.enabled:
         problems.append(error(KEY, f"{KEY} = {k} with rollout_endpoint is not built: the request pools step the "
                                    f"rollout engine themselves, between steps it holds nothing, and the endpoint needs "
                                    f"it driven by its engine loop the whole run (use {KEY}: 0 or 1)"))

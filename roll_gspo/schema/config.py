@@ -1164,13 +1164,17 @@ class PipelineConfig(SchemaBlock):
              "policy that sampled the token), or old_logprob_source: trainer with train_infer_correction "
              "(decoupled PPO: the trainer's recompute is the proximal policy, the per-token weight exp(old - "
              "rollout) carries the staleness); trainer without a correction is refused, as are Routing Replay, "
-             "dynamic sampling, model_update_frequency > 1 and the agentic pipeline with k >= 2. Checkpoints save "
-             "the partial responses in flight (resume is exact). Pays off when rollout and training have their "
+             "dynamic sampling, model_update_frequency > 1 and an agent's episodes (agent.agent_func). Agentic "
+             "runs (custom_envs): with 1 the next step's episodes play while the trainer trains; with k >= 2 "
+             "episode groups stay in flight across steps, cut between turns (never inside one: each turn is "
+             "sampled by one version), the bound holding per trajectory from its oldest turn. Checkpoints save "
+             "the partial responses and episodes in flight (resume is exact; episodes' envs are replayed from "
+             "their seed and actions). Pays off when rollout and training have their "
              "own devices (GPU clusters); on a small CPU machine they compete for the same cores "
              "(docs/async.md, docs/training_speed.md).")
     async_pool_batches: float = _f(
         2.0, "`async_generation_ratio` k >= 2: how many rollout batches of prompt groups the rollout ranks keep "
-             "in flight at each advance (over-sampling, as slime's APRIL): a step takes the first "
+             "(agentic runs: of episode groups the driver keeps) in flight at each advance (over-sampling, as slime's APRIL): a step takes the first "
              "rollout_batch_size complete groups and the rest continue into later steps; 1 = no over-sampling, "
              "then only the responses cut at the step's end carry over. At least 1; no effect (a warning) below "
              "k = 2.")
