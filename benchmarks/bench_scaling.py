@@ -17,8 +17,9 @@ counts that vocabulary.
 Per setting: the median wall time of ``pipeline.step()`` over ``--reps`` steps after ``--warmup``,
 its generate and train phases, the response tokens generated, each process's peak RSS (the largest
 and the sum over the training rank, vLLM, reward worker and driver), and the FLOP floor: FLOPs of
-the step (2N per prompt and generated token, 6N per trained token, 2N per token of an old-log-prob
-pass, bench_peers.cycle_flops) over the machine's matmul peak in the run's precision, measured here
+generate + train (2N per prompt and generated token, 6N per trained token, bench_peers.cycle_flops'
+floor, as bench_peers.py's; an old-log-prob pass, 2N per token, which bf16 runs add, counts in the
+TFLOP column but not in the floor) over the machine's matmul peak in the run's precision, measured here
 before and after (torch.matmul, 2048^2, in bf16 also 1024^2, all cores). A second table splits each
 step into its phases: generate, the old-log-prob pass, train, the weight sync, the driver's own
 work between phases, and the rest (scoring, advantages).
@@ -157,6 +158,7 @@ def run_setting(model: str, response_length: int, args, workdir: str) -> Dict[st
            "generate_s": median([s["phases"]["generate"] for s in measured]),
            "train_s": median([s["phases"]["train"] for s in measured]),
            "response_tokens": response_tokens, "prompt_tokens": prompt_tokens, "flops": flops["total"],
+           "floor_flops": flops["floor"],
            "peak_rss_max_mb": max(rss.values()), "peak_rss_sum_mb": sum(rss.values()), "peak_rss_mb": rss,
            "per_step_s": [s["cycle"] for s in measured], "load": os.getloadavg()[0], "phases_s": phases}
     if all("breakdown" in s for s in measured):
@@ -186,13 +188,14 @@ def format_report(report: Dict[str, Any]) -> str:
                       f"(RSS in MB: the largest process, and all of the run's processes)", header]
         first = rows[0]
         for row in rows:
-            floor = row["flops"] / (peak * 1e9)
+            floor = row.get("floor_flops", row["flops"]) / (peak * 1e9)
             lines.append(f"{row['model']:>6}{row['parameters'] / 1e6:>8.1f}M{row['response_length']:>6}"
                          f"{row['response_tokens']:>8.0f}{row['step_s']:>9.2f}{row['generate_s']:>8.2f}"
                          f"{row['train_s']:>9.2f}{row['flops'] / 1e12:>8.2f}{floor:>9.2f}{row['step_s'] / floor:>8.2f}"
                          f"{row['flops'] / first['flops']:>9.2f}{row['step_s'] / first['step_s']:>8.2f}"
                          f"{row['peak_rss_max_mb']:>9.0f}{row['peak_rss_sum_mb']:>9.0f}")
-    lines.append("floor: the step's FLOPs / the matmul peak. x FLOPs, x time: against the series' first row.")
+    lines.append("floor: FLOPs of generate + train / the matmul peak (an old-log-prob pass, which bf16 runs add, "
+                 "is not in it: it counts against the step). x FLOPs, x time: against the series' first row.")
     rows = [row for series in report["series"].values() for row in series if "phases_s" in row]
     if rows:
         lines += ["", "where a step goes (seconds, medians): generate, old-log-prob pass, train (without the sync), "
@@ -210,7 +213,7 @@ def format_report(report: Dict[str, Any]) -> str:
             train_floor = 6 * row["parameters"] * (row["prompt_tokens"] + row["response_tokens"]) / (peak * 1e9)
             lines.append(f"{row['model']:>6}{row['response_length']:>6}{row['step_s']:>9.2f}{p['generate']:>8.2f}"
                          f"{p['old_log_probs']:>8.2f}{p['train']:>8.2f}{p['sync']:>8.2f}{p['driver']:>8.2f}"
-                         f"{rest:>8.2f}{row['flops'] / (peak * 1e9):>9.2f}{train_floor:>12.2f}")
+                         f"{rest:>8.2f}{row.get('floor_flops', row['flops']) / (peak * 1e9):>9.2f}{train_floor:>12.2f}")
     if any("breakdown_s" in row for row in rows):
         lines += format_breakdown({"rows": {f"{r['model']}/{r['response_length']}": r for r in rows}})
     return "\n".join(lines)
