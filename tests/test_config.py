@@ -145,6 +145,26 @@ def test_seed_config_passes_preflight(tmp_path):
     preflight(cfg)  # built-in data set and model names are known
 
 
+def test_half_precision_on_a_cpu_without_its_matrix_instructions(tmp_path, monkeypatch):
+    """fp16 on a CPU without fp16 instructions is refused before workers start, naming the key;
+    bf16 without bf16 instructions is a warning (runs, no faster than fp32)."""
+    from roll_gspo.config import cpu_precision
+
+    cfg = load(tmp_path, BASE + "actor_infer:\n  strategy_args:\n    strategy_name: hf_infer\n",
+               overrides=FITS_BUILTIN_MODEL + ["actor_train.model_args.dtype=fp16", "actor_infer.model_args.dtype=bf16"])
+    epyc = ("avx2", "avx512f", "avx512_bf16")  # this project's machine: bf16 yes, fp16 no
+    found = {f.key: f for f in cpu_precision.cpu_precision_findings(cfg, epyc)}
+    assert list(found) == ["actor_train.model_args.dtype"] and found["actor_train.model_args.dtype"].level == "error"
+    assert "use bf16" in found["actor_train.model_args.dtype"].text
+    old = {f.key: f for f in cpu_precision.cpu_precision_findings(cfg, ("avx2", "avx512f"))}
+    assert old["actor_train.model_args.dtype"].level == "error" and "use fp32" in old["actor_train.model_args.dtype"].text
+    assert old["actor_infer.model_args.dtype"].level == "warning"
+    assert cpu_precision.cpu_precision_findings(cfg, ("avx512_fp16", "amx_bf16")) == []
+    monkeypatch.setattr(cpu_precision, "cpu_flags", lambda: epyc)
+    with pytest.raises(ConfigError, match="actor_train.model_args.dtype = fp16 on a CPU without fp16"):
+        preflight(cfg)
+
+
 def test_scalar_file_name_means_a_list_of_one(tmp_path):
     cfg = load(tmp_path, overrides=["actor_train.data_args.file_name=builtin:arith/train"])
     assert cfg.actor_train.data_args.file_name == ["builtin:arith/train"]

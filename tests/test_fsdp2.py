@@ -1,11 +1,12 @@
 """`fsdp2_train` / `fsdp2_infer` (torch FSDP2 over gloo, issue 24 item 4): the same loss,
 gradients and updates as DeepSpeed ZeRO-2 on the same batch, through the trainer's own
-`train_step` (2 ranks, 2 micro-batches each, padding passes, uneven scoring shards); an exact
-resume from a checkpoint; HSDP; ROLL's FSDP2 keys checked like the rest of the config; and a
+`train_step` (2 ranks, 2 micro-batches each, padding passes, uneven scoring shards); bf16 on fp32
+master weights in both engines; an exact resume from a checkpoint; HSDP; ROLL's FSDP2 keys checked like the rest of the config; and a
 2-step pipeline run with vLLM whose weight sync leaves trainer and rollout log-probs together.
 
 Ranks are plain processes (torch.multiprocessing, gloo), no Ray, except in the e2e run."""
 import json
+import math
 import os
 
 import pytest
@@ -187,6 +188,53 @@ def test_fsdp2_matches_zero2_loss_gradients_and_updates(tmp_path, tiny_model, ti
     assert padding["fsdp2_no_sync"] < padding["fsdp2"]  # the token budget really split otherwise
     assert_same_training(ranks, "moe_fsdp2", "moe_zero2")
     assert "moe/aux_loss" in ranks[0]["moe_fsdp2"]["metrics"]
+
+
+# --------------------------------------------------------------------------------------------
+# 1b. bf16 trains on fp32 master weights, in DeepSpeed at ZeRO-0 and ZeRO-2 and in FSDP2
+# --------------------------------------------------------------------------------------------
+BF16_ENGINES = {"zero0": ("deepspeed_train", {"zero_optimization": {"stage": 0}}),
+                "zero2": ("deepspeed_train", {"zero_optimization": {"stage": 2}}),
+                "fsdp2": ("fsdp2_train", {})}
+
+
+def _master_weights(strategy):
+    """The optimizer's copy of the weights: DeepSpeed's fp32 groups (ZeRO-0: its bf16 optimizer's,
+    ZeRO-1/2: the partitions'), FSDP2's sharded parameters."""
+    optimizer = getattr(strategy.engine, "optimizer", None)
+    for name in ("fp32_groups", "single_partition_of_fp32_groups"):
+        groups = getattr(optimizer, name, None)
+        if groups:
+            return [t for group in groups for t in (group if isinstance(group, list) else [group])]
+    return [p.detach().to_local() for p in strategy.module.parameters()]
+
+
+def _bf16_rank(rank, world, out_dir, model):
+    from roll_gspo.workers.actor_train import train_strategy_class
+
+    found = {}
+    for name, (strategy_name, strategy_config) in BF16_ENGINES.items():
+        cfg = pipeline_config(model, strategy_name, strategy_config, dtype="bf16")
+        strategy = train_strategy_class(strategy_name)(cfg.actor_train, train=True, total_optimizer_steps=4, seed=0)
+        compute = {p.dtype for p in strategy.module.parameters()} if strategy_name == "deepspeed_train" else \
+            {strategy.compute_dtype}
+        metrics = bare_worker(cfg, strategy, rank).train_step(training_batch(8, seed=4))
+        masters = _master_weights(strategy)
+        found[name] = {"compute": compute, "master": {t.dtype for t in masters},
+                       "grad_norm": metrics.get("actor/grad_norm"),
+                       # values bf16 cannot hold: DeepSpeed's copy starts from the bf16 weights, so only
+                       # the updates, kept in fp32, make it finer
+                       "finer_than_bf16": any(bool((t != t.bfloat16().float()).any()) for t in masters)}
+    return found
+
+
+def test_bf16_computes_in_bf16_and_updates_fp32_master_weights(tmp_path, tiny_model):
+    found = run_ranks(1, _bf16_rank, tmp_path, tiny_model)[0]
+    for name, engine in found.items():
+        assert engine["compute"] == {torch.bfloat16}, name
+        assert engine["master"] == {torch.float32}, name
+        assert engine["finer_than_bf16"], name  # a bf16-only optimizer would hold bf16 values
+        assert engine["grad_norm"] is not None and math.isfinite(engine["grad_norm"]) and engine["grad_norm"] > 0, name
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Preflight: what a config names outside itself (data files, model folders, reward classes and
-functions, vLLM engine keywords), checked before any worker starts and by `--dry-run`."""
+functions, vLLM engine keywords) and what this machine's CPU computes fast (half-precision
+dtypes: `cpu_precision`), checked before any worker starts and by `--dry-run`."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 from typing import List, Optional, Set
@@ -241,6 +243,13 @@ def preflight(cfg: PipelineConfig) -> None:
                                                                                    f"rewards.{domain}.reward_fn")))
         problems += _check_vllm_engine_keys(cfg)
     problems += _check_lengths(cfg, roles)
+    from roll_gspo.config.cpu_precision import cpu_precision_findings
+
+    for finding in cpu_precision_findings(cfg):  # this machine's CPU against each CPU role's dtype
+        if finding.level == "error":
+            problems.append(finding)
+        else:
+            logging.getLogger("roll_gspo.config").warning(finding.text)
     if not any(problems):  # the model folders exist: LoRA's targets and adapter against them
         from roll_gspo.config.lora import lora_preflight_problems
 

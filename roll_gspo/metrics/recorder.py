@@ -15,12 +15,14 @@ logger = logging.getLogger("roll_gspo")
 # Shown on the console line, in this order, when present.
 CONSOLE_KEYS = ("reward/mean", "val/accuracy", "traj/reward_mean", "traj/success_rate", "traj/num_turns_mean",
                 "val/success_rate", "actor/clipfrac", "actor/ratio_mean", "actor/entropy", "actor/grad_norm",
-                "response/length_mean", "time/step_s")
+                "rollout/logprob_gap", "response/length_mean", "time/step_s")
 
 
 # How the console line names them (the last path part otherwise).
 CONSOLE_NAMES = {"reward/mean": "reward", "val/accuracy": "val_acc", "traj/reward_mean": "reward",
-                 "traj/success_rate": "success", "traj/num_turns_mean": "turns", "val/success_rate": "val_success"}
+                 "traj/success_rate": "success", "traj/num_turns_mean": "turns", "val/success_rate": "val_success",
+                 # mean |trainer - rollout engine| per-token log-prob on the synced weights (bf16: ~1e-2)
+                 "rollout/logprob_gap": "lp_gap"}
 
 
 class MetricsTracker:

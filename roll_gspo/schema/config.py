@@ -115,8 +115,13 @@ class ModelArgs(SchemaBlock):
         "Null means the top-level `pretrain`.")
     dtype: str = _f(
         "fp32",
-        "Parameter/compute dtype. fp32 is exact and what CPUs run fastest here; bf16 halves memory "
-        "on GPUs but makes trainer and vLLM log-probs drift apart (up to 0.5 nats measured).",
+        "Parameter/compute dtype. fp32: trainer and vLLM log-probs agree (~1e-5). bf16: half the "
+        "weight memory and faster matmuls where the CPU has bf16 instructions (AVX512-BF16/AMX: "
+        "measured 1.5-4x the fp32 GFLOP/s) or on GPUs, but trainer and vLLM log-probs drift apart "
+        "(`rollout/logprob_gap`, logged each step; up to 0.5 nats measured), which old_logprob_source: "
+        "auto and train_infer_correction handle. Training keeps fp32 master weights and optimizer "
+        "states in bf16 (DeepSpeed, every ZeRO stage; fsdp2_train). fp16 on a CPU without fp16 "
+        "instructions is refused (converted matmuls, 5-20x slower than bf16).",
         DTYPES)
     gradient_checkpointing: bool = _f(
         False,
