@@ -115,10 +115,14 @@ def training_batch(rows, seed):
 
 
 # --------------------------------------------------------------------------------------------
-# 1. FSDP2 = ZeRO-2: old log-probs, losses, gradients, updates
+# 1. FSDP2 = ZeRO-1 = ZeRO-2: old log-probs, losses, gradients, updates
 # --------------------------------------------------------------------------------------------
 VARIANTS = {
     "zero2": ("deepspeed_train", {"zero_optimization": {"stage": 2}}, {}),
+    # ZeRO-1 reduces once per optimizer step (ZeRO-2 after every pass): the same training, token-budget
+    # micro-batches and their padding passes included.
+    "zero1": ("deepspeed_train", {"zero_optimization": {"stage": 1, "contiguous_gradients": False}},
+              {"use_dynamic_batching_in_train": True, "max_tokens_per_microbatch_in_train": 40}),
     "fsdp2": ("fsdp2_train", {"fsdp_size": 16, "param_dtype": "fp32", "reduce_dtype": "float32",
                               "reshard_after_forward": True, "offload_policy": False,
                               "use_batched_model_update": False}, {}),
@@ -182,7 +186,7 @@ def assert_same_training(ranks, name, want_name):
 
 def test_fsdp2_matches_zero2_loss_gradients_and_updates(tmp_path, tiny_model, tiny_moe_model):
     ranks = run_ranks(2, _compare_rank, tmp_path, tiny_model, tiny_moe_model)
-    for name in ("fsdp2", "fsdp2_no_sync"):
+    for name in ("zero1", "fsdp2", "fsdp2_no_sync"):
         assert_same_training(ranks, name, "zero2")
     padding = {name: ranks[0][name]["metrics"]["actor/padding_frac"] for name in ("fsdp2", "fsdp2_no_sync")}
     assert padding["fsdp2_no_sync"] < padding["fsdp2"]  # the token budget really split otherwise
@@ -191,9 +195,10 @@ def test_fsdp2_matches_zero2_loss_gradients_and_updates(tmp_path, tiny_model, ti
 
 
 # --------------------------------------------------------------------------------------------
-# 1b. bf16 trains on fp32 master weights, in DeepSpeed at ZeRO-0 and ZeRO-2 and in FSDP2
+# 1b. bf16 trains on fp32 master weights, in DeepSpeed at ZeRO-0, ZeRO-1 and ZeRO-2 and in FSDP2
 # --------------------------------------------------------------------------------------------
 BF16_ENGINES = {"zero0": ("deepspeed_train", {"zero_optimization": {"stage": 0}}),
+                "zero1": ("deepspeed_train", {"zero_optimization": {"stage": 1}}),
                 "zero2": ("deepspeed_train", {"zero_optimization": {"stage": 2}}),
                 "fsdp2": ("fsdp2_train", {})}
 

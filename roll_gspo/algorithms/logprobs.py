@@ -5,11 +5,12 @@ Shapes: ``logits`` is ``(B, S, V)``, the model's output over ``S`` kept position
 ``N`` sampled tokens; ``targets`` ``(N,)`` are the token ids. Results are ``(N,)`` fp32.
 
 ``log p(token) = z[token] - logsumexp(z)`` with ``z = logits / temperature`` in fp32, computed a
-chunk of rows at a time, so the only ``V``-wide temporaries are one chunk's (``CHUNK_ELEMENTS``
-values). The naive route (upcast the whole ``(B, S, V)`` to fp32, divide by the temperature,
-gather, ``log_softmax``, ``exp`` for the entropy) holds several full copies at once: ~10 GB per
-sequence for a 152k vocabulary at 4k tokens. The backward pass writes the logits' gradient chunk
-by chunk into one buffer instead of keeping the log-softmax for autograd.
+chunk of rows at a time, in place on the chunk's one fp32 copy, so the only ``V``-wide temporaries
+are one chunk's (``CHUNK_ELEMENTS`` values). The naive route (upcast the whole ``(B, S, V)`` to
+fp32, divide by the temperature, gather, ``log_softmax``, ``exp`` for the entropy) holds several
+full copies at once: ~10 GB per sequence for a 152k vocabulary at 4k tokens. The backward pass
+writes the logits' gradient chunk by chunk into one buffer instead of keeping the log-softmax for
+autograd.
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import torch
 
 __all__ = ["CHUNK_ELEMENTS", "sampled_token_log_probs"]
 
-# fp32 values per chunk of V-wide temporaries (16M values = 64 MB; about 110 tokens at 152k): a
-# few of these at once stay small next to the logits, and a chunk is still big enough for the
-# kernels to run at full speed.
-CHUNK_ELEMENTS = 1 << 24
+# fp32 values per chunk of V-wide temporaries (2M values = 8 MB; 42 tokens at a 49k vocabulary, 13
+# at 152k). Under glibc's 32 MB mmap threshold, so a chunk's buffers are reused from the heap: at
+# 16M values (64 MB) every temporary was a fresh mmap and page-faulted in, and the log-prob pass of
+# a SmolLM2 micro-batch took 2-3x the CPU time (docs/training_speed.md).
+CHUNK_ELEMENTS = 1 << 21
 
 
 def _chunks(count: int, vocab: int):
@@ -34,8 +36,8 @@ def _chunks(count: int, vocab: int):
 def _scaled(logits: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
             temperature: float) -> torch.Tensor:
     """``(n, V)`` fp32 ``logits[rows, positions] / temperature`` (a chunk-sized copy)."""
-    z = logits[rows, positions].float()
-    return z / temperature if temperature != 1.0 else z
+    z = logits[rows, positions].float()  # advanced indexing copies: z is the caller's to change
+    return z.div_(temperature) if temperature != 1.0 else z
 
 
 class _SampledTokenLogProbs(torch.autograd.Function):
@@ -46,12 +48,23 @@ class _SampledTokenLogProbs(torch.autograd.Function):
         lse = torch.empty_like(log_probs)
         entropy = torch.empty(count if with_entropy else 0, dtype=torch.float32, device=logits.device)
         for chunk in _chunks(count, vocab):
+            # In place on the chunk's one fp32 copy: z - max, then its exp (no second V-wide copy
+            # unless the entropy needs z and exp(z) together).
             z = _scaled(logits, rows[chunk], positions[chunk], temperature)
-            lse[chunk] = torch.logsumexp(z, dim=-1)
-            log_probs[chunk] = z.gather(-1, targets[chunk, None]).squeeze(-1) - lse[chunk]
-            if with_entropy:  # H = lse - sum p z, with p = exp(z - lse)
-                probs = torch.exp(z - lse[chunk, None])
-                entropy[chunk] = lse[chunk] - (probs * z).sum(-1)
+            peak = z.amax(dim=-1, keepdim=True)
+            z.sub_(peak)
+            shifted_target = z.gather(-1, targets[chunk, None]).squeeze(-1)
+            if with_entropy:  # H = log S - sum(e * z') / S, with z' = z - max, e = exp(z'), S = sum e
+                exp = torch.exp(z)
+                total = exp.sum(-1)
+                weighted = exp.mul_(z).sum(-1)
+            else:
+                total = z.exp_().sum(-1)
+            log_total = total.log()
+            lse[chunk] = log_total + peak.squeeze(-1)
+            log_probs[chunk] = shifted_target - log_total
+            if with_entropy:
+                entropy[chunk] = log_total - weighted / total
         ctx.save_for_backward(logits, rows, positions, targets, lse)
         ctx.temperature = temperature
         ctx.mark_non_differentiable(entropy)
@@ -66,7 +79,7 @@ class _SampledTokenLogProbs(torch.autograd.Function):
             z = _scaled(logits, rows[chunk], positions[chunk], temperature)
             grad = grad_log_probs[chunk].float()
             # d(z_t - lse)/dz = onehot(t) - softmax(z); then through the division by temperature.
-            grad_z = torch.exp(z - lse[chunk, None]).mul_(-grad[:, None])
+            grad_z = z.sub_(lse[chunk, None]).exp_().mul_(-grad[:, None])
             grad_z.scatter_add_(-1, targets[chunk, None], grad[:, None])
             if temperature != 1.0:
                 grad_z.div_(temperature)
