@@ -22,7 +22,7 @@ typecheck:
 	$(PY) -m mypy
 
 test: install lint typecheck
-	$(PY) -m pytest tests -q --durations=25
+	PY=$(PY) bash scripts/run_tests.sh
 
 test-fast: install lint typecheck
 	$(PY) -m pytest tests -q -m "not e2e"
