@@ -25,7 +25,7 @@ class RewardScorer:
 
     A worker whose process dies is restarted by Ray (`fault_tolerance.max_restarts` times per
     worker) and its unfinished call retried; a worker whose call runs past
-    `fault_tolerance.reward_timeout_s` is hung: killed (Ray restarts it) and its shard sent again.
+    `fault_tolerance.reward_timeout_s` is hung: killed, and so restarted and its call retried too.
     Either way the restarted worker says so in its first answer: counted in `reward/worker_restarts`
     and `fault/restarts/reward_<block>`, one console line each."""
 
@@ -58,7 +58,7 @@ class RewardScorer:
             if rows:
                 shards = responses.select(rows).chunk(cluster.world_size)
                 refs = [w.compute_scores.remote(s) for w, s in zip(cluster.workers, shards)]
-                pending.append((name, rows, shards, refs, time.monotonic()))
+                pending.append((name, rows, refs, time.monotonic()))
         return pending
 
     def collect(self, batch: Batch, pending: list) -> None:
@@ -66,8 +66,8 @@ class RewardScorer:
         `reward_metrics` to the batch."""
         scores = torch.zeros(len(batch))
         statuses, correct, row_metrics = [""] * len(batch), [None] * len(batch), [None] * len(batch)
-        for name, rows, shards, refs, started in pending:
-            result = Batch.concat(self._await(name, shards, refs, started))
+        for name, rows, refs, started in pending:
+            result = Batch.concat(self._await(name, refs, started))
             scores[rows] = result["scores"]
             for i, status, right in zip(rows, result["reward_status"], result["reward_correct"]):
                 statuses[i], correct[i] = status, right
@@ -76,9 +76,9 @@ class RewardScorer:
         batch["scores"], batch["reward_status"], batch["reward_correct"] = scores, statuses, correct
         batch["reward_metrics"] = row_metrics
 
-    def _await(self, name: str, shards: List[Batch], refs: List, started: float) -> List[Batch]:
+    def _await(self, name: str, refs: List, started: float) -> List[Batch]:
         """Each worker's scored shard; a call past the deadline is a hung worker: killed (Ray restarts
-        it) and its shard sent again with a deadline of its own."""
+        it and retries the call there, with a deadline of its own)."""
         cluster, refs = self.clusters[name], list(refs)
         deadlines = [started + self.timeout_s] * len(refs)
         out: List[Optional[Batch]] = [None] * len(refs)
@@ -93,8 +93,8 @@ class RewardScorer:
             now = time.monotonic()
             for i in [i for i in pending if deadlines[i] <= now]:
                 self.killed[(name, i)] = f"its call ran past fault_tolerance.reward_timeout_s = {self.timeout_s:g} s"
-                ray.kill(cluster.workers[i], no_restart=False)  # Ray restarts it (within max_restarts)
-                refs[i] = cluster.workers[i].compute_scores.remote(shards[i])
+                # Ray restarts it (within max_restarts) and runs the call again there (max_task_retries).
+                ray.kill(cluster.workers[i], no_restart=False)
                 deadlines[i] = now + self.timeout_s
         return [batch for batch in out if batch is not None]
 

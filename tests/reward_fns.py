@@ -48,3 +48,16 @@ def dies_once(prompt: str, response: str, ground_truth: str, marker: str) -> flo
             handle.write(str(worker))
         os.kill(worker, signal.SIGKILL)
     return digit_fraction(prompt, response, ground_truth)
+
+
+def hangs_once(prompt: str, response: str, ground_truth: str, marker: str) -> float:
+    """Hangs the reward worker (run in its process: `timeout_s: 0`) the first time it is called in a
+    run, recording that it did in the file `marker`; scores digit_fraction afterwards."""
+    import os
+    import time
+
+    if not os.path.exists(marker):
+        with open(marker, "w") as handle:
+            handle.write(str(os.getpid()))
+        time.sleep(3600)
+    return digit_fraction(prompt, response, ground_truth)
