@@ -91,6 +91,7 @@ class TrainerLoop:
         # `weights_synced` whether the trainer's are still those (then the new rank samples exactly
         # what the lost one would have).
         self.rollout_version, self.weights_synced = 0, True
+        self.resyncing: Optional[int] = None  # during a sync that lost a rank: that sync's version
         self.replaceable = self.actor_infer if isinstance(self.actor_infer, ReplaceableCluster) else None
         if self.replaceable is not None:
             self.replaceable.on_replaced.append(self._give_weights)
@@ -276,7 +277,11 @@ class TrainerLoop:
             raise WorkerDiedError(f"a rollout rank was lost during the weight sync ({lost}). The run stops; its "
                                   f"last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
         logger.warning("weight sync: a rollout rank was lost (%s); replacing it", lost)
-        self.replaceable.recover()
+        self.resyncing = version  # what the new rank is given: the weights every rank takes next
+        try:
+            self.replaceable.recover()
+        finally:
+            self.resyncing = None
         metrics = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)[0]
         again = metrics.pop(RECEIVER_LOST, None)
         if again is not None:
@@ -286,13 +291,16 @@ class TrainerLoop:
 
     def _give_weights(self, rank: int, worker) -> str:
         """A replaced rollout rank's hook: the trainer's current weights, with its peers' stamp while
-        they are the same weights (exact), else the trainer's step."""
-        version = self.rollout_version if self.weights_synced else self.trained_step
+        they are the same weights (exact), else the trainer's step (during a sync that lost the
+        rank: the sync's, which every rank then takes)."""
+        resyncing = self.resyncing is not None
+        exact = self.weights_synced or resyncing
+        version = self.resyncing if resyncing else self.rollout_version if self.weights_synced else self.trained_step
         metrics = self.actor_train.execute_all("sync_weights_to", [worker], version)[0]
         if RECEIVER_LOST in metrics:
             raise WorkerDiedError(f"role actor_infer rank {rank} was lost again while it took the weights "
                                   f"({metrics[RECEIVER_LOST]})")
-        return regeneration_note(version, self.rollout_version, self.weights_synced)
+        return regeneration_note(version, self.rollout_version, exact)
 
     # -- checkpoints, the loop ----------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> str:
