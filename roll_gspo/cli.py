@@ -116,6 +116,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             if checkpoint is None:
                 return 1
             resumes += 1
+            from roll_gspo.distributed.cluster import wait_until_stopped
+
+            wait_until_stopped()  # the stopped run's processes gone (their memory back) before new ones start
             print(f"auto resume {resumes} of {cfg.fault_tolerance.auto_resume_on_failure} "
                   f"(fault_tolerance.auto_resume_on_failure): resuming from {checkpoint}", file=sys.stderr)
             cfg = replaced(cfg, {"resume_from_checkpoint": "auto"})

@@ -410,12 +410,34 @@ class Cluster:
         return Batch.concat(results) if all(isinstance(r, Batch) for r in results) else results
 
     def shutdown(self) -> None:
-        for worker in self.workers:
+        for rank, worker in enumerate(self.workers):
             ray.kill(worker)
+            _STOPPED.append(self.actor_name(rank))
         self.workers = []
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)
             self.placement_group = None
+
+
+_STOPPED: List[str] = []  # names of the ranks this driver stopped, until `wait_until_stopped` saw them gone
+
+
+def wait_until_stopped(timeout_s: float = 60.0) -> List[str]:
+    """Wait until every rank this driver stopped is gone (its name free, so its process ended and its
+    memory is back): a run started again in the same driver (an automatic resume) then does not
+    hold two runs' processes at once. Returns the names still there at the deadline."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while _STOPPED and time.monotonic() < deadline:
+        for name in list(_STOPPED):
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                _STOPPED.remove(name)
+        if _STOPPED:
+            time.sleep(0.1)
+    return list(_STOPPED)
 
 
 RENDEZVOUS_KEY = "_RENDEZVOUS"  # in a rank's dist_env: the future of rank 0's (address, port)
