@@ -243,8 +243,9 @@ def test_rollout_rank_and_reward_worker_are_replaced_and_the_run_matches_an_unin
     """A driver as a user runs it (run_pipeline.py, private Ray) loses two processes and still ends
     at max_steps with exactly the uninterrupted run's numbers: the reward worker kills itself in
     step 1 (Ray restarts it; its responses are scored again), and kill -9 of the vLLM rank while it
-    generates step 2's responses (replaced in its bundle, given the current weights, its prompts
-    generated again with the same seeds: the same responses). Counted, one console line each."""
+    generates a later step's responses (replaced in its bundle, given the current weights, its
+    prompts generated again with the same seeds: the same responses). Counted, one console line each;
+    the numbers (restarts aside) are the uninterrupted run's."""
     marker = str(tmp_path / "reward_worker_died")
     cfg, path = config(tmp_path, tiny_model, "run", save_steps=1,
                        rewards={"math_rule": {"reward_fn": "tests.reward_fns:dies_once",
@@ -256,16 +257,17 @@ def test_rollout_rank_and_reward_worker_are_replaced_and_the_run_matches_an_unin
     rollout = next(p for p in processes if p.name().startswith("ray::ActorInferWorker"))
     kill_while_generating(rollout)
     assert driver.wait(timeout=WAIT_S) == 0, open(log).read()[-3000:]
-    output = open(log).read()
-    assert re.search(rf"WARNING role actor_infer rank 0 \(node [\d.]+, pid {rollout.pid}\) died: .*; replaced in its "
-                     rf"placement bundle \(restart 1 of 3 for this rank, [\d.]+ s\); weights of step 1\. Its output: "
-                     rf"\S+actor_infer-0-{rollout.pid}\.log", output), output[-3000:]
-    assert re.search(r"WARNING reward worker reward_math_rule rank 0 restarted \(its process died; restart 1 of 3",
-                     output), output[-3000:]
-    # No step twice, none missing; each restart counted once; the numbers of the uninterrupted run.
+    # No step twice, none missing; each restart counted once, in the step that lost the rank.
     records = read_metrics(cfg)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
-    assert [r["fault/restarts/actor_infer"] for r in records] == [0, 1, 0, 0]
+    (lost_in,) = [r["step"] for r in records if r["fault/restarts/actor_infer"]]
+    assert lost_in >= 2 and sum(r["fault/restarts/actor_infer"] for r in records) == 1
+    output = open(log).read()
+    assert re.search(rf"WARNING role actor_infer rank 0 \(node [\d.]+, pid {rollout.pid}\) died: .*; replaced in its "
+                     rf"placement bundle \(restart 1 of 3 for this rank, [\d.]+ s\); weights of step {lost_in - 1}\. "
+                     rf"Its output: \S+actor_infer-0-{rollout.pid}\.log", output), output[-3000:]
+    assert re.search(r"WARNING reward worker reward_math_rule rank 0 restarted \(its process died; restart 1 of 3",
+                     output), output[-3000:]
     assert [r["reward/worker_restarts"] for r in records] == [r["fault/restarts/reward_math_rule"] for r in records]
     assert os.path.exists(marker) and sum(r["reward/worker_restarts"] for r in records) == 1
     assert all(r["reward/errors"] == 0 for r in records)
