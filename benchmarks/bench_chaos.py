@@ -13,8 +13,8 @@ the end, `fault_tolerance.auto_resume_on_failure: 1`, `max_restarts` room for ev
   when it can catch it doing so within 30 s (Ray names the process after the call it runs);
 * freezes a reward worker once with SIGSTOP at the start of a step (a hang: its call never
   returns; the driver kills it at `reward_timeout_s`, Ray restarts it and runs the call again);
-* kills a training rank once with kill -9 (the run stops; the driver resumes from the last
-  checkpoint in the same process).
+* kills a training rank once with kill -9 while it trains, at a step after the first checkpoint
+  (the run stops; the driver resumes from the last checkpoint in the same process).
 
 Then the same run without chaos (`--no-baseline` skips it). The report: whether the run ended at
 max_steps with exit 0, its steps (each once, none missing: `metrics.jsonl`), the restarts counted
@@ -56,15 +56,25 @@ IGNORED = ("time/", "throughput/", "fault/")  # what differs between any two run
 IGNORED_KEYS = ("sync/seconds", "reward/worker_restarts")
 
 
-def draw_events(steps: int, kills: int, reward_hang: bool, trainer_kill: bool, seed: int) -> List[Dict[str, Any]]:
-    """The chaos, one event per step (steps 2..max_steps-1: each lands mid-run), sorted by step."""
-    kinds = ["rollout"] * kills + (["reward_hang"] if reward_hang else []) + (["trainer"] if trainer_kill else [])
-    candidates = list(range(2, steps))
-    if len(kinds) > len(candidates):
-        raise SystemExit(f"--steps {steps} leaves {len(candidates)} steps for {len(kinds)} events: raise --steps")
+def draw_events(steps: int, kills: int, reward_hang: bool, trainer_kill: bool, seed: int,
+                save_steps: int) -> List[Dict[str, Any]]:
+    """The chaos, one event per step (steps 2..max_steps-1: each lands mid-run; the training rank's
+    after the first checkpoint, which the resume needs), sorted by step."""
     rng = random.Random(seed)
-    return sorted(({"kind": kind, "step": step} for kind, step in zip(kinds, rng.sample(candidates, len(kinds)))),
-                  key=lambda event: event["step"])
+    candidates = list(range(2, steps))
+    events = []
+    if trainer_kill:
+        later = [step for step in candidates if step > save_steps]
+        if not later:
+            raise SystemExit(f"--steps {steps} leaves no step after the first checkpoint (--save-steps {save_steps})")
+        events.append({"kind": "trainer", "step": rng.choice(later)})
+        candidates.remove(events[0]["step"])
+    kinds = ["rollout"] * kills + (["reward_hang"] if reward_hang else [])
+    if len(kinds) > len(candidates):
+        raise SystemExit(f"--steps {steps} leaves {len(candidates)} steps for {len(kinds) + len(events)} events: "
+                         f"raise --steps")
+    events += [{"kind": kind, "step": step} for kind, step in zip(kinds, rng.sample(candidates, len(kinds)))]
+    return sorted(events, key=lambda event: event["step"])
 
 
 def overrides(args, output_dir: str, chaos: bool) -> List[str]:
@@ -132,8 +142,10 @@ def act(event: Dict[str, Any], driver: subprocess.Popen) -> None:
                            "a reward worker")
         event["pid"], event["at"] = rank.pid, time.time()
         os.kill(rank.pid, signal.SIGSTOP)
-    else:
-        (rank,) = wait_for(lambda: ranks(driver, "ray::ActorTrainWorker")[:1], driver, "a training rank")
+    else:  # while it trains (the previous step's checkpoint, if one was due, is complete by then)
+        rank = wait_for(lambda: next((p for p in ranks(driver, "ray::ActorTrainWorker")
+                                      if p.name().endswith(".train_step")), None), driver, "a training rank training",
+                        poll_s=0.005)
         event["pid"], event["at"] = rank.pid, time.time()
         rank.kill()
 
@@ -196,7 +208,8 @@ def recovery(event: Dict[str, Any], watch: LogWatch) -> Optional[Dict[str, Any]]
 
 
 def chaos_run(args, folder: str) -> Dict[str, Any]:
-    events = draw_events(args.steps, args.kills, not args.no_reward_hang, not args.no_trainer_kill, args.seed)
+    events = draw_events(args.steps, args.kills, not args.no_reward_hang, not args.no_trainer_kill, args.seed,
+                         args.save_steps)
     output_dir, log_path = os.path.join(folder, "chaos"), os.path.join(folder, "chaos.log")
     print(f"[bench] chaos run: {len(events)} events at steps {[(e['step'], e['kind']) for e in events]}; "
           f"log {log_path}", flush=True)
@@ -326,6 +339,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     folder = args.folder or tempfile.mkdtemp(prefix="bench_chaos_")
+    os.makedirs(folder, exist_ok=True)
     chaos = chaos_run(args, folder)
     baseline = None if args.no_baseline else baseline_run(args, folder)
     result = report(args, chaos, baseline)

@@ -89,6 +89,29 @@ def test_auto_resume_without_checkpoints_warns(tmp_path):
     assert any("save_steps = 0 writes one only at the end" in w for w in validate_config(cfg))
 
 
+def test_a_replaced_ranks_pool_continues_exactly_from_the_copy_of_its_last_advance():
+    """k >= 2: the rank's pool as its last advance left it (what `advance(with_state=True)` hands the
+    driver) given to a fresh engine, and the same advance sent again, returns what the lost rank's
+    advance would have: the same groups, tokens, log-probs and counts."""
+    from roll_gspo.strategies.engine import Sampling
+    from roll_gspo.strategies.request_pool import RequestPool
+    from tests.test_async_dynamic_sampling import StepEngine
+
+    rows = [{"prompt_ids": [5, 6, i], "sample_seed": 11 * i, "ground_truth": str(i)} for i in range(6)]
+    sampling = Sampling(max_new_tokens=4)
+    lost = RequestPool(StepEngine())
+    lost.advance(rows[:4], 2, step=1, bound=2, sampling=sampling, n=2)
+    copy = lost.state()  # what the driver keeps
+    assert copy["held"], "the first advance holds groups for the second"
+    want = lost.advance(rows[4:], 2, step=2, bound=2, sampling=sampling, n=2)
+    replacement = RequestPool(StepEngine())
+    replacement.load_state(copy)
+    got = replacement.advance(rows[4:], 2, step=2, bound=2, sampling=sampling, n=2)
+    assert [(g.key, [r.token_ids for r in g.requests], [r.log_probs for r in g.requests]) for g in got[0]] == \
+        [(g.key, [r.token_ids for r in g.requests], [r.log_probs for r in g.requests]) for g in want[0]]
+    assert got[1] == want[1] and replacement.state() == lost.state()
+
+
 # -- Ray: small actors --------------------------------------------------------------------------------------
 class Rank(RankWorker):
     """A rank with an 'engine' that steps while it works (or freezes on `hang`), and the health
