@@ -97,8 +97,8 @@ def start(args, output_dir: str, chaos: bool, log_path: str) -> subprocess.Popen
                                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def rows(output_dir: str) -> List[Dict[str, Any]]:
-    path = os.path.join(output_dir, "metrics.jsonl")
+def rows(output_dir: str, name: str = "metrics.jsonl") -> List[Dict[str, Any]]:
+    path = os.path.join(output_dir, name)
     if not os.path.exists(path):
         return []
     with open(path) as handle:
@@ -228,20 +228,31 @@ def chaos_run(args, folder: str) -> Dict[str, Any]:
     watch.stop()
     for event in events:
         event["recovery"] = recovery(event, watch)
+    return summarise(output_dir, events, code, time.time() - started)
+
+
+def summarise(output_dir: str, events: List[Dict[str, Any]], code: int, wall_s: float) -> Dict[str, Any]:
+    """The chaos run's figures from its output folder and its events."""
     records = rows(output_dir)
-    steps = [r["step"] for r in records]
-    step_s = {r["step"]: r.get("time/step_s") for r in records}
+    # The stopped run's rows after the resumed checkpoint, moved aside by the resume: they hold what
+    # that run did (restarts included) before the training rank died.
+    aside = sorted(n for n in os.listdir(output_dir) if ".after_step_" in n)
+    earlier = [row for name in aside for row in rows(output_dir, name)]
+    every = earlier + records
+    step_s: Dict[int, Any] = {}
+    for row in every:  # a step's first row: the one the event landed in
+        step_s.setdefault(row["step"], row.get("time/step_s"))
     typical = statistics.median([s for step, s in step_s.items() if s and step not in {e["step"] for e in events}]
                                 or [0.0])
     for event in events:
         if event["kind"] == "rollout" and event["step"] in step_s:
             event["step_s_above_median"] = (step_s[event["step"]] or 0.0) - typical
-    return {"exit_code": code, "wall_s": time.time() - started, "events": events, "steps": steps,
-            "restarts": {key: sum(r.get(key, 0) for r in records) for key in sorted({k for r in records for k in r
-                                                                                      if k.startswith("fault/")})},
-            "reward_worker_restarts": sum(r.get("reward/worker_restarts", 0) for r in records),
-            "median_step_s": typical, "records": records, "output_dir": output_dir,
-            "aside": sorted(n for n in os.listdir(output_dir) if ".after_step_" in n)}
+    counted = sorted({k for r in every for k in r if k.startswith("fault/")})
+    return {"exit_code": code, "wall_s": wall_s, "events": events, "steps": [r["step"] for r in records],
+            "restarts": {key: sum(r.get(key, 0) for r in every) for key in counted},
+            "restarts_in_metrics_jsonl": {key: sum(r.get(key, 0) for r in records) for key in counted},
+            "reward_worker_restarts": sum(r.get("reward/worker_restarts", 0) for r in every),
+            "median_step_s": typical, "records": records, "output_dir": output_dir, "aside": aside}
 
 
 def baseline_run(args, folder: str) -> Dict[str, Any]:
@@ -273,12 +284,13 @@ def validation(records: List[Dict[str, Any]]) -> Dict[str, float]:
 
 
 def report(args, chaos: Dict[str, Any], baseline: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    expected = list(range(1, args.steps + 1))
+    expected = [0] + list(range(1, args.steps + 1))  # step 0: the validation before training
     out: Dict[str, Any] = {
         "steps": args.steps, "exit_code": chaos["exit_code"], "wall_s": chaos["wall_s"],
         "steps_once_each": chaos["steps"] == expected, "missing": sorted(set(expected) - set(chaos["steps"])),
         "twice": sorted({s for s in chaos["steps"] if chaos["steps"].count(s) > 1}),
-        "restarts": chaos["restarts"], "reward_worker_restarts": chaos["reward_worker_restarts"],
+        "restarts": chaos["restarts"], "restarts_in_metrics_jsonl": chaos["restarts_in_metrics_jsonl"],
+        "reward_worker_restarts": chaos["reward_worker_restarts"],
         "median_step_s": chaos["median_step_s"], "events": chaos["events"], "rows_moved_aside": chaos["aside"],
         "validation": validation(chaos["records"])}
     if baseline is not None:
@@ -294,7 +306,8 @@ def report(args, chaos: Dict[str, Any], baseline: Optional[Dict[str, Any]]) -> D
 def table(result: Dict[str, Any]) -> str:
     lines = [f"chaos run: exit {result['exit_code']}, {result['steps']} steps in {result['wall_s']:.0f} s; each step "
              f"once: {result['steps_once_each']} (missing {result['missing']}, twice {result['twice']}); restarts "
-             f"counted {result['restarts']}, reward/worker_restarts {result['reward_worker_restarts']}; median step "
+             f"counted {result['restarts']} ({result['restarts_in_metrics_jsonl']} in metrics.jsonl, the rest in the "
+             f"rows a resume moved aside), reward/worker_restarts {result['reward_worker_restarts']}; median step "
              f"{fmt(result['median_step_s'], '.2f')} s",
              "", "| step | event | recovery |", "| --- | --- | --- |"]
     for event in result["events"]:

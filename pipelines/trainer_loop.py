@@ -91,7 +91,8 @@ class TrainerLoop:
         # `weights_synced` whether the trainer's are still those (then the new rank samples exactly
         # what the lost one would have).
         self.rollout_version, self.weights_synced = 0, True
-        self.resyncing: Optional[int] = None  # during a sync that lost a rank: that sync's version
+        # During a sync that lost a rank: the version that sync stamps (None: the ranks' own).
+        self.resyncing, self.resync_version = False, None
         self.replaceable = self.actor_infer if isinstance(self.actor_infer, ReplaceableCluster) else None
         if self.replaceable is not None:
             self.replaceable.on_replaced.append(self._give_weights)
@@ -277,11 +278,14 @@ class TrainerLoop:
             raise WorkerDiedError(f"a rollout rank was lost during the weight sync ({lost}). The run stops; its "
                                   f"last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
         logger.warning("weight sync: a rollout rank was lost (%s); replacing it", lost)
-        self.resyncing = version  # what the new rank is given: the weights every rank takes next
+        self.resyncing, self.resync_version = True, version  # a new rank takes what every rank takes next
         try:
-            self.replaceable.recover()
+            replaced = self.replaceable.recover()
         finally:
-            self.resyncing = None
+            self.resyncing = False
+        if not replaced:  # every rank alive and answering: nothing a replacement would mend
+            raise WorkerDiedError(f"a weight sync failed ({lost}) though every rollout rank answers. The run stops; "
+                                  f"its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
         metrics = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)[0]
         again = metrics.pop(RECEIVER_LOST, None)
         if again is not None:
@@ -293,9 +297,12 @@ class TrainerLoop:
         """A replaced rollout rank's hook: the trainer's current weights, with its peers' stamp while
         they are the same weights (exact), else the trainer's step (during a sync that lost the
         rank: the sync's, which every rank then takes)."""
-        resyncing = self.resyncing is not None
-        exact = self.weights_synced or resyncing
-        version = self.resyncing if resyncing else self.rollout_version if self.weights_synced else self.trained_step
+        if self.resyncing:  # every rank takes these weights next
+            version, exact = self.rollout_version if self.resync_version is None else self.resync_version, True
+        elif self.weights_synced:  # the peers hold the trainer's weights
+            version, exact = self.rollout_version, True
+        else:  # the trainer trained since the last sync: its weights are the only copy there is
+            version, exact = self.trained_step, False
         metrics = self.actor_train.execute_all("sync_weights_to", [worker], version)[0]
         if RECEIVER_LOST in metrics:
             raise WorkerDiedError(f"role actor_infer rank {rank} was lost again while it took the weights "
