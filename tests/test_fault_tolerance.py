@@ -1,8 +1,8 @@
 """Replacing ranks that die or hang (`fault_tolerance`): the rules without Ray (restart budget, hang
 verdicts, auto resume, which runs replace their rollout ranks, the config checks), then the Ray
 mechanics on small actors (no model, a few seconds): a rank killed with kill -9 or frozen with
-SIGSTOP mid-call is replaced and its call answered by the new process; one death past the budget
-stops the cluster; a reward worker hung past its deadline is killed, restarted and its shard
+SIGSTOP mid-call is replaced and its call answered by the new process, one death past the budget
+stops the cluster with the reason; a reward worker hung past its deadline is killed, restarted and its shard
 scored again. The whole pipeline's case (kill -9 of the vLLM rank mid-run) is
 tests/test_resume_chaos.py's."""
 import os
@@ -191,33 +191,16 @@ def test_a_killed_or_frozen_rank_is_replaced_and_its_calls_answered(ray_session,
         assert value == "again" and pid != old[0] and given == [1, 0]
         assert any("did not answer a health probe" in r.message for r in caplog.records)
         # A rank that answers but whose engine takes no step while it holds a request: hung too.
+        # Its replacement hangs again on the same call: rank 1's budget runs out, the run stops.
         replaced_pid = pid_of(ray_session, cluster, 1)
         frozen = cluster.call_async(1, "hang", "x")
-        with pytest.raises(RestartsExhaustedError, match="held 1 requests while its engine took no step"):
-            cluster.gather([frozen])  # its replacement hangs again on the same call: rank 1's budget runs out
-        assert replaced_pid not in old
-    finally:
-        cluster.shutdown()
-
-
-@pytest.mark.e2e
-def test_one_death_past_the_budget_stops_with_the_reason_and_log_file(ray_session):
-    from roll_gspo.distributed.cluster import RestartsExhaustedError
-
-    cluster, _ = replaceable(ray_session, world_size=1, max_restarts=1)
-    try:
-        for attempt in range(2):
-            pid = pid_of(ray_session, cluster, 0)  # asked before the call: it would wait behind it
-            call = cluster.call_async(0, "work", "p", 2.0)
-            time.sleep(0.5)
-            os.kill(pid, signal.SIGKILL)
-            if attempt == 0:
-                assert cluster.gather([call])[0][0] == "p"
         with pytest.raises(RestartsExhaustedError) as error:
-            cluster.gather([call])
+            cluster.gather([frozen])
         message = str(error.value)
-        assert message.startswith("role test_rollout rank 0 (node ") and " died: " in message
-        assert "It was replaced 1 time already in this run (fault_tolerance.max_restarts = 1)" in message
+        assert replaced_pid not in old
+        assert message.startswith("role test_rollout rank 1 (node ") and " died: stopped answering: it held 1 " \
+            "requests while its engine took no step" in message
+        assert "It was replaced 2 times already in this run (fault_tolerance.max_restarts = 2)" in message
         assert "The run stops; its last complete checkpoint is intact" in message
         assert cluster.workers == []  # every rank stopped
     finally:

@@ -103,7 +103,7 @@ class ReplaceableCluster(Cluster):
             except ray.exceptions.GetTimeoutError:
                 reason: BaseException = TimeoutError(
                     f"did not answer a health probe within fault_tolerance.hang_timeout_s = {self.hang_timeout_s:g} s")
-                ray.kill(self.workers[rank], no_restart=True)
+                self._kill_hung(rank)
             except ray.exceptions.RayActorError as exc:
                 reason = exc
             self.replace(rank, reason)
@@ -179,11 +179,30 @@ class ReplaceableCluster(Cluster):
             why = watch.verdict(now)
             if why is None:
                 continue
-            ray.kill(self.workers[rank], no_restart=True)
+            self._kill_hung(rank)
             self.replace(rank, TimeoutError(f"stopped answering: it {why}"))
             watches.pop(rank, None)
             probes.pop(rank, None)
             self._send_again(rank, refs, pending)
+
+    def _kill_hung(self, rank: int) -> None:
+        """Kill a rank found hung. Ray's kill asks the process to exit first, which a frozen process
+        (SIGSTOP, a native hang) does not: on this node it gets SIGKILL at once (its pid is known
+        alive, and checked to be a Ray worker)."""
+        import psutil
+
+        from roll_gspo.distributed.cluster import node_address
+
+        node, pid = self.where(rank)
+        ray.kill(self.workers[rank], no_restart=True)
+        if node != node_address() or pid == "unknown":
+            return
+        try:
+            process = psutil.Process(int(pid))
+            if process.name().startswith("ray::"):
+                process.kill()
+        except psutil.Error:  # gone already
+            pass
 
     def _wait_gone(self, rank: int) -> None:
         """Until the killed actor's name is free (its process ended, its bundle's resources back)."""
