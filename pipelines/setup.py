@@ -8,8 +8,6 @@ import logging
 import time
 from typing import Dict, List, Optional
 
-import ray
-
 from roll_gspo.config import PipelineConfig, RunPlan
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
 from roll_gspo.distributed.fault_tolerance import RestartBudget, replaceable_rollout
@@ -140,6 +138,8 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
 
     first = [actor_infer] if start_rollout_first(cfg) else []  # shared GPUs: vLLM sizes its cache first
     for group in (first, [c for c in clusters if c not in first]):
-        ray.get([ref for c in group for ref in c.setup_async()])  # the roles of a group load in parallel
+        calls = [(c, c.setup_async()) for c in group]  # the roles of a group load in parallel
+        for c, refs in calls:
+            c.gather(refs)  # a rank that dies meanwhile: one line naming it (a rollout rank: replaced)
     logger.info("workers ready in %.1f s", time.perf_counter() - start)
     return RunClusters(placement, actor_train, actor_infer, reference, rewards, critic)

@@ -37,6 +37,8 @@ class ActorInferWorker(RankWorker):
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
+        if getattr(self, "strategy", None) is not None:  # set up already (a replaced rank's call sent again)
+            return
         cfg = self.cfg
         role = cfg.actor_infer
         seed = cfg.seed + 1000 * self.rank
