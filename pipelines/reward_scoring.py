@@ -14,6 +14,7 @@ from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, RestartsExhaustedError
 from roll_gspo.distributed.fault_tolerance import METRIC_PREFIX
 from roll_gspo.schema.config import FaultToleranceConfig
+from roll_gspo.utils.logging import log_path
 
 from pipelines.sources import RewardFuture
 
@@ -103,10 +104,13 @@ class RewardScorer:
             return ray.get(ref)
         except ray.exceptions.RayActorError as exc:  # restarts exhausted
             why = self.killed.get((name, rank), "its process died")
+            output = log_path(f"reward_{name}-{rank}", "*")  # each of its processes wrote its own file
             raise RestartsExhaustedError(
                 f"reward worker reward_{name} rank {rank} was lost once more than fault_tolerance.max_restarts = "
-                f"{self.max_restarts} allows (the last time: {why}; {str(exc).strip().splitlines()[0]}). The run "
-                f"stops; its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)") from exc
+                f"{self.max_restarts} allows (the last time: {why}; {str(exc).strip().splitlines()[0]}). "
+                + (f"Its output: {output}. " if output else "")
+                + "The run stops; its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)"
+            ) from exc
 
     def _count_restart(self, name: str, rank: int, shard: Batch) -> None:
         """A restarted worker's first answer (one row flagged): counted, one console line."""
