@@ -3,24 +3,42 @@ data domain, the scores back into the batch, and the reward metrics (overall, pe
 adds accuracy, pass@k and maj@k)."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import logging
+import time
+from typing import Dict, List, Optional, Tuple
 
 import ray
 import torch
 
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.cluster import Cluster, WorkerDiedError
+from roll_gspo.distributed.cluster import Cluster, RestartsExhaustedError
+from roll_gspo.distributed.fault_tolerance import METRIC_PREFIX
+from roll_gspo.schema.config import FaultToleranceConfig
+from roll_gspo.utils.logging import log_path
 
-from pipelines.setup import REWARD_WORKER_RESTARTS
 from pipelines.sources import RewardFuture
+
+logger = logging.getLogger("roll_gspo")
 
 
 class RewardScorer:
-    """The reward clusters (block name -> cluster) and which block scores each data domain."""
+    """The reward clusters (block name -> cluster) and which block scores each data domain.
 
-    def __init__(self, clusters: Dict[str, Cluster], domain_of_worker: Dict[str, str]):
+    A worker whose process dies is restarted by Ray (`fault_tolerance.max_restarts` times per
+    worker) and its unfinished call retried; a worker whose call runs past
+    `fault_tolerance.reward_timeout_s` is hung: killed, and so restarted and its call retried too.
+    Either way the restarted worker says so in its first answer: counted in `reward/worker_restarts`
+    and `fault/restarts/reward_<block>`, one console line each."""
+
+    def __init__(self, clusters: Dict[str, Cluster], domain_of_worker: Dict[str, str],
+                 fault: Optional[FaultToleranceConfig] = None):
         self.clusters, self.domain_of_worker = clusters, domain_of_worker
+        fault = fault or FaultToleranceConfig()
+        self.timeout_s, self.max_restarts = fault.reward_timeout_s, fault.max_restarts
         self.worker_restarts = 0  # since the last training step's metrics
+        self.restarts: Dict[str, int] = {}  # per block, since the last training step's metrics
+        self.restarted: Dict[Tuple[str, int], int] = {}  # per worker, over the run
+        self.killed: Dict[Tuple[str, int], str] = {}  # workers killed as hung, not yet seen restarted: why
 
     def future(self, batch: Batch) -> RewardFuture:
         """The batch's rewards, to start while the log-prob passes run; awaiting them returns the
@@ -41,7 +59,7 @@ class RewardScorer:
             if rows:
                 shards = responses.select(rows).chunk(cluster.world_size)
                 refs = [w.compute_scores.remote(s) for w, s in zip(cluster.workers, shards)]
-                pending.append((rows, refs))
+                pending.append((name, rows, refs, time.monotonic()))
         return pending
 
     def collect(self, batch: Batch, pending: list) -> None:
@@ -49,14 +67,8 @@ class RewardScorer:
         `reward_metrics` to the batch."""
         scores = torch.zeros(len(batch))
         statuses, correct, row_metrics = [""] * len(batch), [None] * len(batch), [None] * len(batch)
-        restarts = 0
-        for rows, refs in pending:
-            try:
-                result = Batch.concat(ray.get(refs))
-            except ray.exceptions.RayActorError as exc:  # restarts exhausted
-                raise WorkerDiedError(f"a reward worker died {REWARD_WORKER_RESTARTS} times; the last time: "
-                                      f"{str(exc).splitlines()[0]}") from exc
-            restarts += sum(result.meta.get("worker_restarted", []))
+        for name, rows, refs, started in pending:
+            result = Batch.concat(self._await(name, refs, started))
             scores[rows] = result["scores"]
             for i, status, right in zip(rows, result["reward_status"], result["reward_correct"]):
                 statuses[i], correct[i] = status, right
@@ -64,7 +76,52 @@ class RewardScorer:
                 row_metrics[i] = named
         batch["scores"], batch["reward_status"], batch["reward_correct"] = scores, statuses, correct
         batch["reward_metrics"] = row_metrics
-        self.worker_restarts += restarts
+
+    def _await(self, name: str, refs: List, started: float) -> List[Batch]:
+        """Each worker's scored shard; a call past the deadline is a hung worker: killed (Ray restarts
+        it and retries the call there, with a deadline of its own)."""
+        cluster, refs = self.clusters[name], list(refs)
+        deadlines = [started + self.timeout_s] * len(refs)
+        out: List[Optional[Batch]] = [None] * len(refs)
+        pending = set(range(len(refs)))
+        while pending:
+            wait = max(0.0, min(deadlines[i] for i in pending) - time.monotonic())
+            ready, _ = ray.wait([refs[i] for i in pending], num_returns=len(pending), timeout=wait)
+            for i in [i for i in pending if refs[i] in ready]:
+                out[i] = self._get(name, i, refs[i])
+                self._count_restart(name, i, out[i])
+                pending.discard(i)
+            now = time.monotonic()
+            for i in [i for i in pending if deadlines[i] <= now]:
+                self.killed[(name, i)] = f"its call ran past fault_tolerance.reward_timeout_s = {self.timeout_s:g} s"
+                # Ray restarts it (within max_restarts) and runs the call again there (max_task_retries).
+                ray.kill(cluster.workers[i], no_restart=False)
+                deadlines[i] = now + self.timeout_s
+        return [batch for batch in out if batch is not None]
+
+    def _get(self, name: str, rank: int, ref) -> Batch:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:  # restarts exhausted
+            why = self.killed.get((name, rank), "its process died")
+            output = log_path(f"reward_{name}-{rank}", "*")  # each of its processes wrote its own file
+            raise RestartsExhaustedError(
+                f"reward worker reward_{name} rank {rank} was lost once more than fault_tolerance.max_restarts = "
+                f"{self.max_restarts} allows (the last time: {why}; {str(exc).strip().splitlines()[0]}). "
+                + (f"Its output: {output}. " if output else "")
+                + "The run stops; its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)"
+            ) from exc
+
+    def _count_restart(self, name: str, rank: int, shard: Batch) -> None:
+        """A restarted worker's first answer (one row flagged): counted, one console line."""
+        if not sum(shard.meta.get("worker_restarted", [])):
+            return
+        count = self.restarted[(name, rank)] = self.restarted.get((name, rank), 0) + 1
+        why = self.killed.pop((name, rank), "its process died")
+        logger.warning("reward worker reward_%s rank %d restarted (%s; restart %d of %d for this worker); its "
+                       "responses were scored again", name, rank, why, count, self.max_restarts)
+        self.worker_restarts += 1
+        self.restarts[name] = self.restarts.get(name, 0) + 1
 
     def score(self, batch: Batch) -> None:
         """Score the batch and wait for it."""
@@ -76,6 +133,8 @@ class RewardScorer:
         metrics = reward_metrics(batch, prefix)
         if prefix == "reward":
             metrics["reward/worker_restarts"], self.worker_restarts = float(self.worker_restarts), 0
+            metrics.update({f"{METRIC_PREFIX}reward_{name}": float(self.restarts.pop(name, 0))
+                            for name in self.clusters})
         return metrics
 
 

@@ -22,12 +22,14 @@ import math
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+import ray
 import torch
 
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
 from roll_gspo.config import PipelineConfig
 from roll_gspo.config.async_rollout import staleness_bound
 from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.seeding import rollout_seeds
 
 from pipelines.common import timed
@@ -72,11 +74,23 @@ class PromptGroupSource(RolloutSource):
         self.ahead_metrics: Dict[str, float] = {}
         self.ahead_step = 0  # the step of the last pool advance, and the ranks it advanced
         self.pool_ranks: List[int] = []
+        # Replaceable rollout ranks: each rank's pool as its last advance left it, for a new process
+        # that replaces it (the call it then gets again continues the same groups).
+        self.pool_copies: Optional[Dict[int, Any]] = None
 
     def connect(self, clusters: RunClusters) -> None:
         """Generation on the rollout engine, scores from the reward clusters."""
         self.actor_infer = clusters.actor_infer
-        self.scorer = RewardScorer(clusters.rewards, self.domain_of_worker)
+        self.scorer = RewardScorer(clusters.rewards, self.domain_of_worker, self.cfg.fault_tolerance)
+        if self.bound is not None and isinstance(self.actor_infer, ReplaceableCluster):
+            self.pool_copies = {}
+            self.actor_infer.on_replaced.append(self._give_pool)
+
+    def _give_pool(self, rank: int, worker) -> str:
+        """A replaced rollout rank's hook (k >= 2): the groups its pool held after its last advance."""
+        state = self.pool_copies.get(rank) if self.pool_copies is not None else None
+        ray.get(worker.load_pool_state.remote(state))
+        return f"its request pool's {len(state['held'])} held groups given back" if state else ""
 
     def _mix(self) -> Dict[str, float]:
         """The training mix (domain -> share): each task's weight with `tasks`, else ROLL's
@@ -163,21 +177,24 @@ class PromptGroupSource(RolloutSource):
         starts = [sum(new[:rank]) for rank in range(len(new))]
         self.ahead_step = step
         self.pool_ranks = [rank for rank in range(len(new)) if refill is None or quotas[rank]]
-        return [self.actor_infer.workers[rank].advance.remote(
-            prompts.select(range(starts[rank], starts[rank] + new[rank])), quotas[rank], step, self.bound,
-            gen=cfg.actor_infer.generating_args) for rank in self.pool_ranks]
+        copy = {"with_state": True} if self.pool_copies is not None else {}
+        return [self.actor_infer.call_async(
+            rank, "advance", prompts.select(range(starts[rank], starts[rank] + new[rank])), quotas[rank], step,
+            self.bound, gen=cfg.actor_infer.generating_args, **copy) for rank in self.pool_ranks]
 
     def _collect_pools(self, calls: list, counts: Dict[str, int]) -> Batch:
         """The advanced ranks' complete groups as one batch; their counts added to `counts`, the
         groups each holds now to `pool_held`."""
         results = self.actor_infer.gather(calls)
         held = self.pool_held or [0] * self.actor_infer.world_size
-        for rank, (_, rank_counts) in zip(self.pool_ranks, results):
+        for rank, (_, rank_counts, *state) in zip(self.pool_ranks, results):
             held[rank] = rank_counts["partial_groups"]
             for key, value in rank_counts.items():
                 counts[key] = counts.get(key, 0) + value
+            if self.pool_copies is not None and state:
+                self.pool_copies[rank] = state[0]
         self.pool_held = held
-        return Batch.concat([rows for rows, _ in results])
+        return Batch.concat([rows for rows, *_ in results])
 
     def pool_states(self) -> Optional[List[Any]]:
         """k >= 2: every rollout rank's held groups (what a checkpoint saves); None otherwise."""
@@ -191,8 +208,10 @@ class PromptGroupSource(RolloutSource):
         if len(states) != len(workers):
             raise ValueError(f"the checkpoint holds the request pools of {len(states)} rollout ranks, this run has "
                              f"{len(workers)}: resume with the same actor_infer world_size")
-        self.actor_infer.gather([w.load_pool_state.remote(s) for w, s in zip(workers, states)])
+        self.actor_infer.gather([self.actor_infer.call_async(rank, "load_pool_state", s) for rank, s in enumerate(states)])
         self.pool_held = [len(s["held"]) if s else 0 for s in states]
+        if self.pool_copies is not None:
+            self.pool_copies = dict(enumerate(states))
 
     def _rollout(self, batch: Batch, rewards: RewardFuture, metrics: Dict[str, float]) -> Rollout:
         """The rollout of a generated batch, with the trainer's tensors added."""

@@ -8,15 +8,14 @@ import logging
 import time
 from typing import Dict, List, Optional
 
-import ray
-
 from roll_gspo.config import PipelineConfig, RunPlan
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
+from roll_gspo.distributed.fault_tolerance import RestartBudget, replaceable_rollout
+from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.placement.device_mapping import GpuPlacement, plan_for_roles, resource_totals, reward_roles
 from roll_gspo.utils.imports import import_object
 
 logger = logging.getLogger("roll_gspo")
-REWARD_WORKER_RESTARTS = 3  # per reward worker and run
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -101,15 +100,21 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
     batch = cfg.rollout_batch_size * cfg.num_return_sequences_in_group
     total_optimizer_steps = cfg.max_steps * cfg.ppo_epochs * (batch // cfg.mini_batch_size())
 
-    def cluster(name, worker_cls, role, **kwargs):
+    def cluster(name, worker_cls, role, replaceable=None, **kwargs):
         options = placement.rank_options(name) if role.device_mapping is not None else None
-        return Cluster(name, worker_cls, role.world_size, role.num_cpus_per_worker, role.num_gpus_per_worker,
-                       init_args=(cfg,), init_kwargs=kwargs, env=worker_env(cfg, role),
-                       rank_options=options)
+        kind, extra = (ReplaceableCluster, replaceable) if replaceable else (Cluster, {})
+        return kind(name, worker_cls, role.world_size, role.num_cpus_per_worker, role.num_gpus_per_worker,
+                    init_args=(cfg,), init_kwargs=kwargs, env=worker_env(cfg, role), rank_options=options, **extra)
 
     actor_train = cluster("actor_train", ActorTrainWorker, cfg.actor_train,
                           total_optimizer_steps=total_optimizer_steps, plan=run_plan)
-    actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer, plan=run_plan)
+    if replaceable_rollout(cfg):  # a rank that dies or hangs is replaced (roll_gspo.distributed.replaceable)
+        fault = cfg.fault_tolerance
+        actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer, plan=run_plan,
+                              replaceable=dict(budget=RestartBudget(fault.max_restarts),
+                                               hang_timeout_s=fault.hang_timeout_s))
+    else:
+        actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer, plan=run_plan)
     reference = cluster("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference() else None
     critic = None
     if cfg.uses_critic():
@@ -117,12 +122,12 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
 
         critic_steps = cfg.max_steps * cfg.ppo_epochs * (batch // cfg.critic_mini_batch_size())
         critic = cluster("critic", CriticWorker, cfg.critic, total_optimizer_steps=critic_steps)
-    # A reward worker that dies is restarted and its unfinished calls scored again.
+    # A reward worker that dies is restarted and its unfinished calls scored again (fault_tolerance).
     rewards = {
         name: Cluster(f"reward_{name}", import_object(reward.worker_cls), reward.world_size,
                       reward.num_cpus_per_worker, reward.num_gpus_per_worker, init_args=(reward,),
                       init_kwargs={"domain": name, "response_length": cfg.response_length},
-                      env=worker_env(cfg), max_restarts=REWARD_WORKER_RESTARTS,
+                      env=worker_env(cfg), max_restarts=cfg.fault_tolerance.max_restarts,
                       rank_options=placement.rank_options(f"rewards.{name}") if reward.device_mapping is not None
                       else None)
         for name, reward in cfg.rewards.items()}
@@ -133,6 +138,8 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
 
     first = [actor_infer] if start_rollout_first(cfg) else []  # shared GPUs: vLLM sizes its cache first
     for group in (first, [c for c in clusters if c not in first]):
-        ray.get([ref for c in group for ref in c.setup_async()])  # the roles of a group load in parallel
+        calls = [(c, c.setup_async()) for c in group]  # the roles of a group load in parallel
+        for c, refs in calls:
+            c.gather(refs)  # a rank that dies meanwhile: one line naming it (a rollout rank: replaced)
     logger.info("workers ready in %.1f s", time.perf_counter() - start)
     return RunClusters(placement, actor_train, actor_infer, reference, rewards, critic)

@@ -28,11 +28,15 @@ from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.config.plan import build_run_plan
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.batch_fields import TRAINER_TENSORS, view
+from roll_gspo.distributed.cluster import WorkerDiedError
+from roll_gspo.distributed.fault_tolerance import regeneration_note
+from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.checkpoint import resolve_resume
 from roll_gspo.lifecycle.reshape import prepare_resume, resume_actions
 from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 from roll_gspo.models.moe_routing import folder_is_moe
+from roll_gspo.sync.broadcast import RECEIVER_LOST
 
 from pipelines.checkpoint import (announce_stop, checkpoint_due, load_buffered, load_pool_states, restore_trainer,
     resumed_old_logprobs, save_final_model, write_checkpoint)
@@ -71,7 +75,7 @@ class TrainerLoop:
         self.source = make_source(cfg, self.tokenizer)  # its data (or environments), before any worker starts
         self.buffer = RolloutBuffer(self.source, depth=1 if generates_ahead(cfg) else 0, last_step=cfg.max_steps)
         self.bound = staleness_bound(cfg)  # k >= 2: the most versions a trained sample may lag; None otherwise
-        self.start_step = 0
+        self.start_step = self.trained_step = 0  # trained_step: the step of the trainer's weights
         self.stopped_by = None  # the signal that stopped run() early, if one did
         self.offload = log_colocation(cfg, self.plan)
         # Workers: Ray, the GPU reservation, one cluster per role (then the checkpoint, if resuming).
@@ -82,6 +86,16 @@ class TrainerLoop:
         self.critic = clusters.critic  # PPO (adv_estimator: gae): the value model's ranks; None otherwise
         clusters.endpoint = self.endpoint = start_endpoint(cfg, clusters, self.tokenizer)  # rollout_endpoint
         self.source.connect(clusters)
+        # Rollout ranks that die or hang are replaced (roll_gspo.distributed.replaceable): a new one gets
+        # the trainer's weights; `rollout_version` is the step of the weights the rollout ranks hold,
+        # `weights_synced` whether the trainer's are still those (then the new rank samples exactly
+        # what the lost one would have).
+        self.rollout_version, self.weights_synced = 0, True
+        # During a sync that lost a rank: the version that sync stamps (None: the ranks' own).
+        self.resyncing, self.resync_version = False, None
+        self.replaceable = self.actor_infer if isinstance(self.actor_infer, ReplaceableCluster) else None
+        if self.replaceable is not None:
+            self.replaceable.on_replaced.append(self._give_weights)
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)
         elif cfg.actor_train.model_args.adapter_name_or_path:  # the rollout engine starts from the base model
@@ -166,7 +180,17 @@ class TrainerLoop:
                                                  sync_to=self.actor_infer.workers if sync_in_train else None
                                                  ) if train_actor else None
             critic_metrics = _mean_over_ranks(self.critic.collect(critic_calls)) if critic_calls else {}
+        if train_actor:
+            self.weights_synced, self.trained_step = False, step
+        lost = per_rank[0].pop(RECEIVER_LOST, None) if per_rank else None
         train_metrics, sync_metrics = _split_sync_metrics(per_rank) if per_rank else ({}, {})
+        if sync_in_train:
+            if lost is None:
+                self._synced(step)
+            else:  # a rollout rank died or hung during the sync: replaced, then every rank synced again
+                timings["train"] -= sync_metrics["sync/seconds"]
+                sync_metrics = self._recover_and_sync(step, lost)
+                timings["train"] += sync_metrics["sync/seconds"]
         train_metrics.update(critic_metrics)
         self._follow_logprob_gap(step, train_metrics.get("rollout/logprob_gap"))
         self.buffer.fill(timings)  # async: the rollout being generated completes before the engine takes new weights
@@ -180,7 +204,9 @@ class TrainerLoop:
     def _step_metrics(self, step: int, rollout: Rollout, timings: Dict[str, float]) -> Dict[str, float]:
         """Phase times, rollout staleness, where old log-probs came from, and the source's own."""
         step_seconds = sum(timings.values())
+        restarts = self.replaceable.budget.metrics([self.replaceable.name]) if self.replaceable is not None else {}
         return {
+            **restarts,
             **{f"time/{k}_s": v for k, v in timings.items()}, "time/step_s": step_seconds,
             # Steps between the weights that sampled this rollout and those it trains (step - 1).
             "rollout/staleness": float(step - 1 - min(rollout.weight_versions)),
@@ -232,9 +258,56 @@ class TrainerLoop:
 
     def sync_weights(self, version: Optional[int] = None) -> Dict[str, float]:
         """The trainer's weights (those of pipeline step `version`; None keeps the rollout ranks'
-        stamp) into every rollout rank."""
-        results = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)
-        return results[0]
+        stamp) into every rollout rank (a rank lost during it: replaced, and the sync made again)."""
+        metrics = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)[0]
+        lost = metrics.pop(RECEIVER_LOST, None)
+        if lost is not None:
+            return self._recover_and_sync(version, lost)
+        self._synced(version)
+        return metrics
+
+    def _synced(self, version: Optional[int]) -> None:
+        """Every rollout rank holds the trainer's current weights, stamped `version` (None: unchanged)."""
+        self.weights_synced = True
+        self.rollout_version = self.rollout_version if version is None else version
+
+    def _recover_and_sync(self, version: Optional[int], lost: str) -> Dict[str, float]:
+        """A weight sync lost a rollout rank (`lost`: why): the ranks that died or hang are replaced,
+        then every rank takes the weights again (a survivor may hold half a sync). The sync's metrics."""
+        if self.replaceable is None:
+            raise WorkerDiedError(f"a rollout rank was lost during the weight sync ({lost}). The run stops; its "
+                                  f"last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
+        logger.warning("weight sync: a rollout rank was lost (%s); replacing it", lost)
+        self.resyncing, self.resync_version = True, version  # a new rank takes what every rank takes next
+        try:
+            replaced = self.replaceable.recover()
+        finally:
+            self.resyncing = False
+        if not replaced:  # every rank alive and answering: nothing a replacement would mend
+            raise WorkerDiedError(f"a weight sync failed ({lost}) though every rollout rank answers. The run stops; "
+                                  f"its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
+        metrics = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)[0]
+        again = metrics.pop(RECEIVER_LOST, None)
+        if again is not None:
+            return self._recover_and_sync(version, again)
+        self._synced(version)
+        return metrics
+
+    def _give_weights(self, rank: int, worker) -> str:
+        """A replaced rollout rank's hook: the trainer's current weights, with its peers' stamp while
+        they are the same weights (exact), else the trainer's step (during a sync that lost the
+        rank: the sync's, which every rank then takes)."""
+        if self.resyncing:  # every rank takes these weights next
+            version, exact = self.rollout_version if self.resync_version is None else self.resync_version, True
+        elif self.weights_synced:  # the peers hold the trainer's weights
+            version, exact = self.rollout_version, True
+        else:  # the trainer trained since the last sync: its weights are the only copy there is
+            version, exact = self.trained_step, False
+        metrics = self.actor_train.execute_all("sync_weights_to", [worker], version)[0]
+        if RECEIVER_LOST in metrics:
+            raise WorkerDiedError(f"role actor_infer rank {rank} was lost again while it took the weights "
+                                  f"({metrics[RECEIVER_LOST]})")
+        return regeneration_note(version, self.rollout_version, exact)
 
     # -- checkpoints, the loop ----------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> str:
@@ -249,7 +322,7 @@ class TrainerLoop:
         rollout engine then holds the trainer's weights."""
         state = restore_trainer(folder, self.actor_train, critic=self.critic, actions=self.resume_actions)
         self.source.load_state_dict(state)
-        self.start_step = int(state["step"])
+        self.start_step = self.trained_step = int(state["step"])
         self.old_logprobs = resumed_old_logprobs(self.old_logprobs, state, self.start_step)  # where the gap had led
         self.sync_weights(version=self.start_step)  # the rollout engine starts from `pretrain`
         self.buffer.restore(load_buffered(folder))

@@ -102,42 +102,75 @@ def main(argv: Optional[List[str]] = None) -> int:
     from pipelines import run_pipeline_from_config
     from roll_gspo.config.plan import freeze_config
     from roll_gspo.distributed.cluster import WorkerDiedError
+    from roll_gspo.schema import replaced
+
+    freeze_config(cfg)  # read-only from here on: what the run decides goes into its plan
+    resumes = 0
+    while True:
+        try:
+            run_pipeline_from_config(cfg)
+            return 0
+        except WorkerDiedError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            checkpoint = _auto_resume_from(cfg, exc, resumes)
+            if checkpoint is None:
+                return 1
+            resumes += 1
+            from roll_gspo.distributed.cluster import wait_until_stopped
+
+            wait_until_stopped()  # the stopped run's processes gone (their memory back) before new ones start
+            print(f"auto resume {resumes} of {cfg.fault_tolerance.auto_resume_on_failure} "
+                  f"(fault_tolerance.auto_resume_on_failure): resuming from {checkpoint}", file=sys.stderr)
+            cfg = replaced(cfg, {"resume_from_checkpoint": "auto"})
+        except KeyboardInterrupt as exc:  # a second SIGINT/SIGTERM, or Ctrl-C before the step loop
+            print(f"stopped at once ({exc or 'interrupted'}); resume from the last complete checkpoint with "
+                  f"resume_from_checkpoint=auto", file=sys.stderr)
+            return 130
+        except Exception as exc:  # noqa: BLE001 - one line for what the run's own errors say
+            return _report_failure(exc)
+
+
+def _auto_resume_from(cfg, exc: BaseException, used: int) -> Optional[str]:
+    """The checkpoint `fault_tolerance.auto_resume_on_failure` resumes from after `exc`, or None."""
+    from roll_gspo.config.roll_compat import checkpoint_base
+    from roll_gspo.distributed.cluster import RestartsExhaustedError, is_memory_kill
+    from roll_gspo.distributed.fault_tolerance import auto_resume_checkpoint
+    from roll_gspo.lifecycle.checkpoint import complete_checkpoints
+
+    # A rank that cannot be replaced died; not: replacements ran out, Ray's memory monitor (it would again).
+    resumable = not isinstance(exc, RestartsExhaustedError) and not is_memory_kill(exc.__cause__ or exc)
+    limit = cfg.fault_tolerance.auto_resume_on_failure
+    found = auto_resume_checkpoint(resumable, used, limit, complete_checkpoints(checkpoint_base(cfg)) if limit else [])
+    if found is None and resumable and limit and used < limit:
+        print("auto resume: no complete checkpoint to resume from (save_steps)", file=sys.stderr)
+    return found
+
+
+def _report_failure(exc: Exception) -> int:
+    """Exit code 1 with one line for a failed run (nothing started, a checkpoint that could not be
+    written, a worker killed for memory or raising); `exc` is raised again when it is none of those."""
+    from roll_gspo.distributed.cluster import describe_memory_kill, describe_worker_error, is_memory_kill, known_rank_pids
     from roll_gspo.lifecycle.checkpoint import CheckpointError
     from roll_gspo.placement.device_mapping import PlacementError
 
-    freeze_config(cfg)  # read-only from here on: what the run decides goes into its plan
-    try:
-        run_pipeline_from_config(cfg)
-    except PlacementError as exc:  # the cluster cannot hold the device_mapping: nothing started
+    if isinstance(exc, (PlacementError, CheckpointError)):  # PlacementError: the cluster cannot hold the device_mapping
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except (WorkerDiedError, CheckpointError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if is_memory_kill(exc):  # Ray's memory monitor, where no cluster's gather saw it: one line too
+        print(f"error: {describe_memory_kill(str(exc), known_rank_pids())}", file=sys.stderr)
         return 1
-    except Exception as exc:
-        from roll_gspo.distributed.cluster import (describe_memory_kill, describe_worker_error, is_memory_kill,
-                                                   known_rank_pids)
+    # An exception raised in a rank's method: one line naming the rank and the log file that holds
+    # its trace (Ray's 100-line remote traceback goes to the driver's log file, not the console).
+    message = describe_worker_error(exc)
+    if message is None:
+        raise exc
+    import traceback
 
-        if is_memory_kill(exc):  # Ray's memory monitor, where no cluster's gather saw it: one line too
-            print(f"error: {describe_memory_kill(str(exc), known_rank_pids())}", file=sys.stderr)
-            return 1
-        # An exception raised in a rank's method: one line naming the rank and the log file that holds
-        # its trace (Ray's 100-line remote traceback goes to the driver's log file, not the console).
-        message = describe_worker_error(exc)
-        if message is None:
-            raise
-        import traceback
+    from roll_gspo.utils.logging import trace_to_log_file
 
-        from roll_gspo.utils.logging import trace_to_log_file
-
-        trace_to_log_file("".join(traceback.format_exception(exc)).rstrip())
-        print(f"error: {message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as exc:  # a second SIGINT/SIGTERM, or Ctrl-C before the step loop
-        print(f"stopped at once ({exc or 'interrupted'}); resume from the last complete checkpoint with "
-              f"resume_from_checkpoint=auto", file=sys.stderr)
-        return 130
-    return 0
+    trace_to_log_file("".join(traceback.format_exception(exc)).rstrip())
+    print(f"error: {message}", file=sys.stderr)
+    return 1
 
 
 def _resume_fits(cfg) -> bool:

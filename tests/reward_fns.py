@@ -32,12 +32,14 @@ def half_solved(prompt: str, response: str, ground_truth: str) -> float:
     return zlib.crc32(response.encode()) % 997 / 997
 
 
-def dies_once(prompt: str, response: str, ground_truth: str, marker: str) -> float:
+def dies_once(prompt: str, response: str, ground_truth: str, marker: str, seconds: float = 0.0) -> float:
     """Kills the reward worker (the Ray actor) the first time it is called in a run: `marker` is
     a file that records that it did. Rule rewards run in a child process of the worker
-    (roll_gspo.rewards.scoring), so the worker is this process's parent when it is a Ray actor."""
+    (roll_gspo.rewards.scoring), so the worker is this process's parent when it is a Ray actor.
+    `seconds`: a pause per response afterwards, as slow_digit_fraction's."""
     import os
     import signal
+    import time
 
     import psutil
 
@@ -47,4 +49,18 @@ def dies_once(prompt: str, response: str, ground_truth: str, marker: str) -> flo
         with open(marker, "w") as handle:
             handle.write(str(worker))
         os.kill(worker, signal.SIGKILL)
+    time.sleep(seconds)
+    return digit_fraction(prompt, response, ground_truth)
+
+
+def hangs_once(prompt: str, response: str, ground_truth: str, marker: str) -> float:
+    """Hangs the reward worker (run in its process: `timeout_s: 0`) the first time it is called in a
+    run, recording that it did in the file `marker`; scores digit_fraction afterwards."""
+    import os
+    import time
+
+    if not os.path.exists(marker):
+        with open(marker, "w") as handle:
+            handle.write(str(os.getpid()))
+        time.sleep(3600)
     return digit_fraction(prompt, response, ground_truth)

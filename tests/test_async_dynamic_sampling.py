@@ -61,6 +61,9 @@ class FakeCluster:
     def __init__(self, ranks):
         self.workers, self.world_size = ranks, len(ranks)
 
+    def call_async(self, rank, method, *args, **kwargs):
+        return getattr(self.workers[rank], method).remote(*args, **kwargs)
+
     def gather(self, refs):
         return list(refs)
 

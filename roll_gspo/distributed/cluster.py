@@ -135,6 +135,10 @@ class WorkerDiedError(RuntimeError):
     """A rank's process died (killed, out of memory, a crash in native code)."""
 
 
+class RestartsExhaustedError(WorkerDiedError):
+    """A replaceable rank died once more than `fault_tolerance.max_restarts` allows."""
+
+
 def describe_dead_actor(text: str) -> str:
     """`role <name> rank <r> (node <ip>, pid <pid>)` from Ray's ActorDiedError text, whose actor
     names are `<role>-<rank>-<driver pid>` (see `Cluster`)."""
@@ -271,6 +275,11 @@ class Cluster:
         # env_vars with a job's own runtime_env).
         env = {k: str(v) for k, v in (env or {}).items()}
         self.workers: List[Any] = []
+        # What starts each rank's actor, kept: a replaced rank starts again from it (ReplaceableCluster).
+        self._remote_cls, self._init_args, self._init_kwargs = remote_cls, init_args, init_kwargs
+        self._ray_restarts = max_restarts
+        self._rank_options: List[Dict[str, Any]] = []
+        self._dist_envs: List[Dict[str, Any]] = []
         rendezvous = None  # rank 0's (address, port), as a future: the driver does not wait for it
         for rank in range(world_size):
             dist_env = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": 0,
@@ -281,9 +290,9 @@ class Cluster:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank))
             env_vars = {**env, **options.get("runtime_env", {}).get("env_vars", {})}  # a multi-GPU slot's devices win
             options = {**options, **({"runtime_env": {"env_vars": env_vars}} if env_vars else {})}
-            worker = remote_cls.options(name=f"{name}-{rank}-{os.getpid()}", **options,
-                                        max_restarts=max_restarts, max_task_retries=max_restarts).remote(
-                *init_args, dist_env=dist_env, **init_kwargs)
+            self._rank_options.append(options)
+            self._dist_envs.append(dist_env)
+            worker = self._start_rank(rank)
             if rank == 0:
                 # The rendezvous lives where rank 0 landed (another node on a real cluster). The other
                 # ranks wait for it in their own __init__, so every role's processes start at once.
@@ -293,6 +302,16 @@ class Cluster:
         # Where each rank lives, asked now so that a rank's death can be reported with it.
         self._whereabouts = [w.whereabouts.remote() for w in self.workers]
         _CLUSTERS.add(self)
+
+    def actor_name(self, rank: int) -> str:
+        """Ray's name of `rank`'s actor: `<role>-<rank>-<driver pid>` (what `describe_dead_actor` reads)."""
+        return f"{self.name}-{rank}-{os.getpid()}"
+
+    def _start_rank(self, rank: int):
+        """Start `rank`'s actor with the role's options (its placement bundle, environment)."""
+        return self._remote_cls.options(name=self.actor_name(rank), **self._rank_options[rank],
+                                        max_restarts=self._ray_restarts, max_task_retries=self._ray_restarts).remote(
+            *self._init_args, dist_env=self._dist_envs[rank], **self._init_kwargs)
 
     def setup_async(self) -> List[ray.ObjectRef]:
         return self.execute_all_async("setup")
@@ -310,22 +329,26 @@ class Cluster:
             try:
                 ray.get(ready[0])
             except Exception as exc:
-                if not (isinstance(exc, ray.exceptions.RayActorError) or is_memory_kill(exc)):
-                    self.shutdown()
-                    raise
-                rank = list(refs).index(ready[0])
-                if is_memory_kill(exc):  # Ray's memory monitor: one line with the rank and its memory
-                    nested = isinstance(exc, ray.exceptions.RayTaskError)  # a worker this rank called
-                    message = describe_memory_kill(str(exc), known_rank_pids(), (
-                        f"a worker called by role {self.name} rank {rank}" if nested else f"role {self.name} rank {rank}"))
-                elif isinstance(exc, ray.exceptions.RayTaskError):  # alive, but a worker it called died
-                    message = (f"role {self.name} rank {rank} failed because a worker it called died: "
-                               f"{describe_dead_actor(str(exc))}")
-                else:
-                    message = self.death_message(rank, exc)
-                self.shutdown()
-                raise WorkerDiedError(message) from exc
+                self.fail(list(refs).index(ready[0]), exc)
         return ray.get(list(refs))
+
+    def fail(self, rank: int, exc: BaseException):
+        """Stop every rank and raise what `rank`'s failed call says: a WorkerDiedError in one line
+        when a process died (this rank, or a worker it called), else the call's own exception."""
+        if not (isinstance(exc, ray.exceptions.RayActorError) or is_memory_kill(exc)):
+            self.shutdown()
+            raise exc
+        if is_memory_kill(exc):  # Ray's memory monitor: one line with the rank and its memory
+            nested = isinstance(exc, ray.exceptions.RayTaskError)  # a worker this rank called
+            message = describe_memory_kill(str(exc), known_rank_pids(), (
+                f"a worker called by role {self.name} rank {rank}" if nested else f"role {self.name} rank {rank}"))
+        elif isinstance(exc, ray.exceptions.RayTaskError):  # alive, but a worker it called died
+            message = (f"role {self.name} rank {rank} failed because a worker it called died: "
+                       f"{describe_dead_actor(str(exc))}")
+        else:
+            message = self.death_message(rank, exc)
+        self.shutdown()
+        raise WorkerDiedError(message) from exc
 
     def rank_pids(self) -> Dict[int, str]:
         """{process id: "role <name> rank <r>"} of the ranks that answered where they live."""
@@ -337,20 +360,37 @@ class Cluster:
                 continue
         return pids
 
-    def death_message(self, rank: int, exc: BaseException) -> str:
-        try:
-            node, pid = ray.get(self._whereabouts[rank], timeout=5)
-        except Exception:  # died before it could answer
-            node, pid = "unknown", "unknown"
-        reason = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
-        output = log_path(f"{self.name}-{rank}", pid if pid != "unknown" else "*")  # its output went there
-        where = f" (on node {node})" if node != "unknown" else ""
-        return (f"role {self.name} rank {rank} (node {node}, pid {pid}) died: {reason}. "
-                + (f"Its output: {output}{where}. " if output else "")
+    def death_message(self, rank: int, exc: BaseException, note: str = "") -> str:
+        """`role <name> rank <r> (node, pid) died: <reason>. [note. ]Its output: <log file>. The run stops; ...`"""
+        return (f"{self.death_line(rank, exc)}. " + (f"{note}. " if note else "")
+                + (f"Its output: {self.output_of(rank)}. " if self.output_of(rank) else "")
                 + "The run stops; its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
+
+    def where(self, rank: int):
+        """(node, pid) of `rank`, ("unknown", "unknown") when it died before it could answer."""
+        try:
+            return tuple(ray.get(self._whereabouts[rank], timeout=5))
+        except Exception:  # died before it could answer
+            return "unknown", "unknown"
+
+    def death_line(self, rank: int, exc: BaseException) -> str:
+        """`role <name> rank <r> (node <ip>, pid <pid>) died: <reason>`"""
+        node, pid = self.where(rank)
+        reason = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
+        return f"role {self.name} rank {rank} (node {node}, pid {pid}) died: {reason}"
+
+    def output_of(self, rank: int) -> Optional[str]:
+        """The log file `rank`'s output went to (with its node when known)."""
+        node, pid = self.where(rank)
+        output = log_path(f"{self.name}-{rank}", pid if pid != "unknown" else "*")
+        return f"{output} (on node {node})" if output and node != "unknown" else output
 
     def execute_all_async(self, method: str, *args, **kwargs) -> List[ray.ObjectRef]:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+
+    def call_async(self, rank: int, method: str, *args, **kwargs) -> ray.ObjectRef:
+        """`method(*args, **kwargs)` on one rank; its ref, for `gather`."""
+        return getattr(self.workers[rank], method).remote(*args, **kwargs)
 
     def dispatch(self, method: str, batch: Batch, skip_empty: bool = False, **kwargs) -> Any:
         """Split `batch` evenly over ranks, call `method(shard, **kwargs)` on each, concatenate
@@ -370,12 +410,34 @@ class Cluster:
         return Batch.concat(results) if all(isinstance(r, Batch) for r in results) else results
 
     def shutdown(self) -> None:
-        for worker in self.workers:
+        for rank, worker in enumerate(self.workers):
             ray.kill(worker)
+            _STOPPED.append(self.actor_name(rank))
         self.workers = []
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)
             self.placement_group = None
+
+
+_STOPPED: List[str] = []  # names of the ranks this driver stopped, until `wait_until_stopped` saw them gone
+
+
+def wait_until_stopped(timeout_s: float = 60.0) -> List[str]:
+    """Wait until every rank this driver stopped is gone (its name free, so its process ended and its
+    memory is back): a run started again in the same driver (an automatic resume) then does not
+    hold two runs' processes at once. Returns the names still there at the deadline."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while _STOPPED and time.monotonic() < deadline:
+        for name in list(_STOPPED):
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                _STOPPED.remove(name)
+        if _STOPPED:
+            time.sleep(0.1)
+    return list(_STOPPED)
 
 
 RENDEZVOUS_KEY = "_RENDEZVOUS"  # in a rank's dist_env: the future of rank 0's (address, port)

@@ -632,6 +632,32 @@ class CheckpointConfig(SchemaBlock):
               "resume never finds the previous run's checkpoints).")
 
 
+@dataclass
+class FaultToleranceConfig(SchemaBlock):
+    max_restarts: int = _f(
+        3, "How many times each rollout rank (`actor_infer`, RLVR pipeline) and each reward worker may be "
+           "replaced over a run. A rank that dies (kill -9, a crash) or is found hung is started again in its "
+           "own placement bundle, given the trainer's current weights, and the calls it held are sent again "
+           "(the same prompts, the same per-request seeds); counted in `fault/restarts/<role>`, one console "
+           "line each. One death more stops the run with the reason and the rank's log file. 0: no "
+           "replacement, any death stops the run (docs/crash_safety.md).")
+    hang_timeout_s: float = _f(
+        300.0, "A rollout rank is hung, not slow, when it does not answer a health probe within this many "
+               "seconds, or holds requests while its engine takes no step for this long: it is then killed and "
+               "replaced (within `max_restarts`). Must exceed one engine step (hf_infer: one `generate` over "
+               "`infer_batch_size` groups). Probed only while the driver waits for the rank.")
+    reward_timeout_s: float = _f(
+        1800.0, "A reward worker's call (one shard of a step's responses) running longer than this is a hung "
+                "worker: it is killed, restarted, and its shard scored again (within `max_restarts`). Set it "
+                "above the slowest honest shard (a per-response `timeout_s` bounds rule rewards already).")
+    auto_resume_on_failure: int = _f(
+        0, "When a rank that cannot be replaced mid-step dies (a training, reference or critic rank), the run "
+           "stops with its last complete checkpoint intact; with N > 0, `run_pipeline.py` then resumes from "
+           "that checkpoint (`resume_from_checkpoint=auto`, exact) in the same process, up to N times per "
+           "invocation. Needs a complete checkpoint (`save_steps`); not used after the restarts of "
+           "`max_restarts` ran out or a worker raised.")
+
+
 # --------------------------------------------------------------------------------------------
 # The agentic pipeline (`pipeline: agentic`): environments, env managers, trajectory rewards
 # --------------------------------------------------------------------------------------------
@@ -891,6 +917,9 @@ class PipelineConfig(SchemaBlock):
         "save_total_limit", "0 keeps every checkpoint.")
     checkpoint_config: CheckpointConfig = _sub(
         CheckpointConfig, "ROLL's checkpoint destination (`type: file_system`, `output_dir`).")
+    fault_tolerance: FaultToleranceConfig = _sub(
+        FaultToleranceConfig, "Replacing rollout ranks and reward workers that die or hang, and resuming "
+                              "automatically after a training rank died (docs/crash_safety.md).")
     system_envs: Dict[str, str] = _f(
         {}, "Environment variables set in every worker (all roles, rewards included) before it "
             "builds anything; a role's own `system_envs` wins. The driver keeps its environment. "

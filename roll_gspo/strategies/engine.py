@@ -218,9 +218,15 @@ _calls = itertools.count()
 
 class TabledEngine:
     """What both engines do the same way with their `RequestTable` (`self.requests`): list the
-    unfinished requests, and wait for some by stepping the engine (`self.step`)."""
+    unfinished requests, and wait for some by stepping the engine (`self.step`); count the steps
+    taken (`progress`, what a health probe reads from another thread)."""
 
     requests: RequestTable
+    steps_taken = 0  # engine steps so far (each implementation's `step` counts itself)
+
+    def progress(self) -> Tuple[int, int]:
+        """(engine steps so far, requests in flight): a hung engine holds requests and takes no step."""
+        return self.steps_taken, len(self.requests.live)
 
     def step(self) -> List[str]:
         raise NotImplementedError

@@ -148,6 +148,7 @@ class HfInferStrategy(TabledEngine):
                 self.requests.extend(request_id, ids, log_probs, self.weight_version)
                 self.requests.finish(request_id, "stop" if finished else "length")
                 done.append(request_id)
+        self.steps_taken += 1
         return done
 
     def abort(self, request_ids: Sequence[str]) -> List[RequestOutput]:

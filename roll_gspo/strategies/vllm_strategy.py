@@ -145,6 +145,7 @@ class VllmStrategy(TabledEngine):
         if self.requests.live and not self.llm.llm_engine.has_unfinished_requests():
             raise RuntimeError(f"vLLM holds none of the requests still waited for: {self.requests.unfinished()[:5]}")
         finished = []
+        self.steps_taken += 1
         for out in self.llm.llm_engine.step():
             if out.request_id not in self.requests.outputs:
                 continue

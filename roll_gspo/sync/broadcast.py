@@ -51,18 +51,49 @@ def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSende
     start = time.perf_counter()
     sent_bytes, buckets = 0, 0
     pending = None  # each bucket is sent once the next one is known, so the last can say so
+    lost = None  # why a receiver was lost: the buckets after it are still gathered (ZeRO-3's
+    # collective), not sent, and the caller is told (`RECEIVER_LOST`)
     for bucket in strategy.iter_weight_buckets(bucket_bytes):
         if sender is None:
             continue
-        if pending is not None:
-            sender.send(pending, first=buckets == 1, last=False)
+        if pending is not None and lost is None:
+            lost = _send_or_lost(sender, pending, first=buckets == 1, last=False)
         pending = bucket
         sent_bytes += sum(tensor.numel() * tensor.element_size() for _, tensor in bucket)
         buckets += 1
-    if sender is not None and pending is not None:
-        sender.send(pending, first=buckets == 1, last=True, version=version)
-    return {"sync/seconds": time.perf_counter() - start, "sync/megabytes": sent_bytes / (1 << 20),
-            "sync/buckets": float(buckets)}
+    if sender is not None and pending is not None and lost is None:
+        lost = _send_or_lost(sender, pending, first=buckets == 1, last=True, version=version)
+    metrics: Dict[str, Any] = {"sync/seconds": time.perf_counter() - start, "sync/megabytes": sent_bytes / (1 << 20),
+                               "sync/buckets": float(buckets)}
+    if lost is not None:
+        metrics[RECEIVER_LOST] = lost
+    return metrics
+
+
+# The key of a sync's result that says a rollout rank died or hung during it (its text): the
+# driver replaces the rank and syncs again (roll_gspo.distributed.replaceable).
+RECEIVER_LOST = "receiver_lost"
+
+
+def receiver_lost(exc: BaseException) -> bool:
+    """Whether a failed send means a receiving rank died or stopped answering (not a bug it raised)."""
+    from roll_gspo.sync.collective import WeightSyncError
+
+    if isinstance(exc, ray.exceptions.RayTaskError) and not isinstance(exc, ray.exceptions.RayActorError):
+        return False
+    return isinstance(exc, (ray.exceptions.RayActorError, WeightSyncError, ray.exceptions.GetTimeoutError))
+
+
+def _send_or_lost(sender: "WeightSender", bucket, **kwargs) -> Optional[str]:
+    """Send one bucket; the reason when a receiver was lost during it (other failures raise)."""
+    try:
+        sender.send(bucket, **kwargs)
+        return None
+    except Exception as exc:  # noqa: BLE001 - sorted by receiver_lost
+        if not receiver_lost(exc):
+            raise
+        sender.close()
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
 def broadcast_adapter(strategy, receivers: Optional[Sequence[Any]], config: Dict[str, Any],
@@ -92,6 +123,8 @@ class WeightSender:
 
     def __init__(self, receivers: Sequence[Any], transport: str, bucket_bytes: int, timeout_s: float = 600.0):
         receivers = list(receivers)
+        self.timeout_s = timeout_s
+        self.receivers = receivers
         sender = _place(ray.get_runtime_context().get_node_id(), gpu_identity())
         nodes = ray.get([r.node_id.remote() for r in receivers])
         gpus = [g if isinstance(g, list) else [None] * g for g in ray.get(
@@ -132,11 +165,27 @@ class WeightSender:
                       for r in self.by_object_store]
         if self.collective is not None:  # while the host routes' loads run
             self.collective.send(bucket, first, last, version)
-        ray.get(calls)
+        try:
+            ray.get(calls, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise _timeout_error(self.timeout_s) from None
         if self.segment is not None:
             self.segment.delivered()
             if last:  # the receivers unmap it too: between syncs no segment holds a bucket of the node's memory
                 self.segment.close()
+
+
+    def close(self) -> None:
+        """Let go of the shared segment (a sync cut short by a lost receiver leaves it linked)."""
+        if self.segment is not None:
+            self.segment.close()
+
+
+def _timeout_error(timeout_s: float):
+    from roll_gspo.sync.collective import WeightSyncError
+
+    return WeightSyncError(f"weight sync: rollout ranks did not load a weight bucket within weight_sync_timeout_s = "
+                           f"{timeout_s:g} s")
 
 
 def _place(node: str, gpu: Optional[str]) -> DevicePlace:

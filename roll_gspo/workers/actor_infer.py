@@ -22,8 +22,9 @@ class ActorInferWorker(RankWorker):
     """One rollout rank: its engine (`self.strategy`, a `RolloutEngine`) and the weight sync's end."""
 
     strategy: RolloutEngine
-    # The rollout endpoint's calls (serve_*) run beside the default group's one-at-a-time calls.
-    ray_concurrency_groups = {"serve": 256}
+    # The rollout endpoint's calls (serve_*) run beside the default group's one-at-a-time calls; so
+    # does the driver's health probe (a busy rank answers it).
+    ray_concurrency_groups = {"serve": 256, "health": 1}
     engine_loop = None
 
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any], plan: Optional[RunPlan] = None):
@@ -36,6 +37,8 @@ class ActorInferWorker(RankWorker):
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
+        if getattr(self, "strategy", None) is not None:  # set up already (a replaced rank's call sent again)
+            return
         cfg = self.cfg
         role = cfg.actor_infer
         seed = cfg.seed + 1000 * self.rank
@@ -52,6 +55,14 @@ class ActorInferWorker(RankWorker):
 
             self.strategy = HfInferStrategy(role, seed=seed)
         self.tokenizer = AutoTokenizer.from_pretrained(role.model_args.model_name_or_path)
+
+    @ray.method(concurrency_group="health")
+    def health(self) -> Tuple[int, int]:
+        """(engine steps so far, requests in flight), answered beside a running call: the driver's
+        hang check (roll_gspo.distributed.fault_tolerance.HangWatch). (0, 0) before `setup`."""
+        engine = getattr(self, "strategy", None)
+        progress = getattr(engine, "progress", None)
+        return progress() if progress is not None else (0, 0)
 
     def generate(self, prompts: Batch, gen: GeneratingArgs) -> Batch:
         """prompts: one row per prompt (meta prompt_ids, ground_truth, ...). Returns one row per
@@ -92,11 +103,13 @@ class ActorInferWorker(RankWorker):
         return Batch({"rollout_log_probs": tensor}, rows)
 
     # -- partial rollouts (async_generation_ratio k >= 2; roll_gspo.strategies.request_pool) ----------
-    def advance(self, prompts: Batch, quota: int, step: int, bound: int,
-                gen: GeneratingArgs) -> Tuple[Batch, Dict[str, int]]:
+    def advance(self, prompts: Batch, quota: int, step: int, bound: int, gen: GeneratingArgs,
+                with_state: bool = False) -> tuple:
         """The rank's request pool: continue its held groups, add `prompts` (one row per prompt, as
         `generate` takes them) as new groups, return the first `quota` complete groups as
-        `generate`'s rows (for the step `step`, within `bound` versions) and the call's counts."""
+        `generate`'s rows (for the step `step`, within `bound` versions) and the call's counts;
+        `with_state`: and the pool's state after the call (`pool_state`: the driver keeps it for a
+        process that replaces this one)."""
         from roll_gspo.strategies.request_pool import RequestPool
 
         if self.pool is None:
@@ -104,7 +117,8 @@ class ActorInferWorker(RankWorker):
         rows = [{key: prompts.meta[key][i] for key in prompts.meta} for i in range(len(prompts))]
         groups, counts = self.pool.advance(rows, quota, step, bound, Sampling.of(gen), gen.num_return_sequences)
         keys = list(groups[0].meta) if groups else list(prompts.meta)
-        return self._rows([g.meta for g in groups], [g.requests for g in groups], keys), counts.as_dict()
+        rows = self._rows([g.meta for g in groups], [g.requests for g in groups], keys)
+        return (rows, counts.as_dict(), self.pool.state()) if with_state else (rows, counts.as_dict())
 
     def pool_state(self) -> Optional[Dict[str, Any]]:
         """The request pool's held groups (None before the first `advance`): what a checkpoint saves."""

@@ -22,7 +22,7 @@ from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, r
 from roll_gspo.models.causal_lm import (num_micro_batches, padding_pass, padding_passes,
     response_token_log_probs, score_micro_batches)
 from roll_gspo.lifecycle.seeding import trainer_seed
-from roll_gspo.sync.broadcast import WeightSender, broadcast_weights
+from roll_gspo.sync.broadcast import RECEIVER_LOST, WeightSender, broadcast_weights, receiver_lost
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
 
 
@@ -161,7 +161,7 @@ class ActorTrainWorker(RankWorker):
         if self.moe is not None and "routed_experts" in batch:
             result.update(self._moe_step_metrics(batch))
         memory = self._offload_optimizer_side() if self.offload else {}
-        if sync_to is not None:
+        if sync_to is not None:  # a lost receiver: RECEIVER_LOST in the result, the driver syncs again
             result.update(self.sync_weights_to(sync_to, weight_version))
         if self.offload:
             self.strategy.offloader.offload(params=cfg.offload_train_params)  # weights last: the sync read them
@@ -333,24 +333,58 @@ class ActorTrainWorker(RankWorker):
         return metrics.reduce(self.strategy.all_reduce_sum)
 
     # -- weights and checkpoints ---------------------------------------------------------------
-    def sync_weights_to(self, receivers: List[Any], version: Optional[int] = None) -> Dict[str, float]:
+    def sync_weights_to(self, receivers: List[Any], version: Optional[int] = None) -> Dict[str, Any]:
+        """The weights (or LoRA adapter) to every rollout rank of `receivers`, stamped `version`;
+        the `sync/*` metrics. A receiver that died or stopped answering does not raise: the result
+        then holds `RECEIVER_LOST` (why), every rank having gathered every bucket all the same, and
+        the driver replaces the rank and syncs again (roll_gspo.distributed.replaceable)."""
         if self.cfg.lora_sync == "adapter" and self.role.model_args.uses_lora():
             from roll_gspo.strategies.lora import adapter_config
             from roll_gspo.sync.broadcast import broadcast_adapter
 
             weights_away = "lp_params" in self.strategy.offloader.offloaded  # e.g. the sync after a resume
             with self.strategy.offloader.on_device() if weights_away else nullcontext():
-                return broadcast_adapter(self.strategy, receivers if self.rank == 0 else None,
-                                         adapter_config(self.strategy.module, self.role.model_args.model_name_or_path),
-                                         version, self.cfg.weight_sync_timeout_s)
+                try:
+                    return broadcast_adapter(self.strategy, receivers if self.rank == 0 else None,
+                                             adapter_config(self.strategy.module,
+                                                            self.role.model_args.model_name_or_path),
+                                             version, self.cfg.weight_sync_timeout_s)
+                except Exception as exc:  # noqa: BLE001 - sorted by receiver_lost
+                    if not receiver_lost(exc):
+                        raise
+                    return {"sync/seconds": 0.0, RECEIVER_LOST: f"{type(exc).__name__}: {exc}"}
         bucket_bytes = int(self.cfg.weight_sync_bucket_mb * (1 << 20))
-        if self.rank == 0 and self.weight_sender is None:  # the rollout ranks are fixed for the run
-            self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes,
-                                              self.cfg.weight_sync_timeout_s)
+        lost = None
+        if self.rank == 0:
+            try:
+                self._sender_for(receivers, bucket_bytes)
+            except Exception as exc:  # noqa: BLE001 - sorted by receiver_lost
+                if not receiver_lost(exc):
+                    raise
+                lost = f"{type(exc).__name__}: {exc}"
+        sender = self.weight_sender if lost is None else None  # without one, rank 0 still gathers every bucket
         if "lp_params" not in self.strategy.offloader.offloaded:
-            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender, version)
-        with self.strategy.offloader.on_device():  # e.g. the sync after a resume
-            return broadcast_weights(self.strategy, bucket_bytes, self.weight_sender, version)
+            metrics = broadcast_weights(self.strategy, bucket_bytes, sender, version)
+        else:
+            with self.strategy.offloader.on_device():  # e.g. the sync after a resume
+                metrics = broadcast_weights(self.strategy, bucket_bytes, sender, version)
+        if lost is not None:
+            metrics[RECEIVER_LOST] = lost
+        if RECEIVER_LOST in metrics:
+            self.weight_sender = None  # made again for the ranks the driver then gives
+        return metrics
+
+    def _sender_for(self, receivers: List[Any], bucket_bytes: int) -> None:
+        """Rank 0's `WeightSender` for these receivers: made once, and again when the rollout ranks
+        changed (a rank replaced, or the driver syncing one new rank alone)."""
+        sender = self.weight_sender
+        if sender is not None and [r._actor_id for r in sender.receivers] == [r._actor_id for r in receivers]:
+            return
+        if sender is not None:
+            sender.close()
+        self.weight_sender = None
+        self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes,
+                                          self.cfg.weight_sync_timeout_s)
 
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(folder)

@@ -1,0 +1,115 @@
+"""Replacing ranks that die or hang (`fault_tolerance`): the feature's rules, pure Python (no Ray).
+
+* Which roles are replaceable: rollout ranks of the RLVR pipeline (`replaceable_rollout`) and reward
+  workers. Their ranks are independent of each other and hold nothing the run cannot give a new
+  process again: the trainer's weights, the prompts of the calls they held (with the same
+  per-request seeds), the request pool's held groups (the driver's copy after the rank's last
+  advance). Training, reference and critic ranks hold optimizer state and take part in collectives:
+  they are not replaced mid-step; the run stops with its last complete checkpoint, and
+  `auto_resume_on_failure` resumes from it (`auto_resume_checkpoint`).
+* How often: `RestartBudget`, `max_restarts` per rank and run; one death more stops the run.
+* What counts as hung (`HangWatch`): a rank that does not answer a health probe within
+  `hang_timeout_s`, or holds requests while its engine takes no step for that long. A slow engine
+  takes steps; a hung one does not, or does not answer at all.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from roll_gspo.schema.config import PipelineConfig
+
+METRIC_PREFIX = "fault/restarts/"
+
+
+def replaceable_rollout(cfg: PipelineConfig) -> bool:
+    """Rollout ranks are replaced when they die or hang: the RLVR pipeline (the agentic one keeps
+    episodes' turns in flight on the ranks; the rollout endpoint hands the ranks to outside clients)
+    with `max_restarts` > 0."""
+    return (cfg.pipeline == "rlvr" and not cfg.rollout_endpoint.enabled
+            and cfg.fault_tolerance.max_restarts > 0)
+
+
+def probe_interval_s(hang_timeout_s: float) -> float:
+    """How often a waiting driver probes a rank: a quarter of the deadline, at most every 10 s."""
+    return max(0.05, min(10.0, hang_timeout_s / 4))
+
+
+class RestartBudget:
+    """Replacements per (role, rank) over a run, at most `max_restarts` each, and those made since
+    the metrics last read them (`fault/restarts/<role>`)."""
+
+    def __init__(self, max_restarts: int):
+        self.max_restarts = max_restarts
+        self.used: Dict[Tuple[str, int], int] = {}
+        self.unreported: Dict[str, int] = {}
+
+    def allows(self, role: str, rank: int) -> bool:
+        """Whether `rank` of `role` may be replaced once more."""
+        return self.used.get((role, rank), 0) < self.max_restarts
+
+    def record(self, role: str, rank: int) -> int:
+        """A replacement made; returns how many `rank` of `role` has had, this one included."""
+        count = self.used[(role, rank)] = self.used.get((role, rank), 0) + 1
+        self.unreported[role] = self.unreported.get(role, 0) + 1
+        return count
+
+    def metrics(self, roles: Sequence[str]) -> Dict[str, float]:
+        """`fault/restarts/<role>`: the replacements since the last call, for each of `roles` (0 too)."""
+        out = {f"{METRIC_PREFIX}{role}": float(self.unreported.pop(role, 0)) for role in roles}
+        return out
+
+    def exhausted_sentence(self, role: str, rank: int) -> str:
+        used = self.used.get((role, rank), 0)
+        if self.max_restarts == 0:
+            return "Replacing rollout ranks is off (fault_tolerance.max_restarts = 0)"
+        return (f"It was replaced {used} time{'s' if used != 1 else ''} already in this run "
+                f"(fault_tolerance.max_restarts = {self.max_restarts})")
+
+
+@dataclasses.dataclass
+class HangWatch:
+    """One rank's health while the driver waits for it. `probe_sent(t)` when a probe goes out,
+    `answered(t, steps, in_flight)` when it comes back (the engine's step counter, the requests it
+    holds), `verdict(t)`: why the rank is hung, or None."""
+
+    timeout_s: float
+    started: float  # when the driver began to wait for the rank
+    probe_at: Optional[float] = None  # an unanswered probe's send time
+    steps: Optional[int] = None
+    in_flight: int = 0
+    progress_at: Optional[float] = None  # the last time the engine was seen stepping (or idle)
+
+    def probe_sent(self, now: float) -> None:
+        if self.probe_at is None:
+            self.probe_at = now
+
+    def answered(self, now: float, steps: int, in_flight: int) -> None:
+        if self.steps is None or steps != self.steps or not in_flight:
+            self.progress_at = now
+        self.steps, self.in_flight, self.probe_at = steps, in_flight, None
+
+    def verdict(self, now: float) -> Optional[str]:
+        if self.probe_at is not None and now - self.probe_at > self.timeout_s:
+            return f"did not answer a health probe within fault_tolerance.hang_timeout_s = {self.timeout_s:g} s"
+        if self.in_flight and self.progress_at is not None and now - self.progress_at > self.timeout_s:
+            return (f"held {self.in_flight} requests while its engine took no step for "
+                    f"fault_tolerance.hang_timeout_s = {self.timeout_s:g} s")
+        return None
+
+
+def regeneration_note(version: int, peers_version: int, exact: bool) -> str:
+    """What a replaced rollout rank was given, for its console line."""
+    if exact:
+        return f"weights of step {version}"
+    return (f"the trainer's weights of step {version} (its peers sample with step {peers_version}'s: the "
+            f"prompts it held are sampled again with newer weights, not bit-identical to an uninterrupted run)")
+
+
+def auto_resume_checkpoint(resumable: bool, used: int, limit: int, checkpoints: List[str]) -> Optional[str]:
+    """The checkpoint `auto_resume_on_failure` resumes from after a failure, or None (the run stops):
+    only after a rank death that replacement does not cover (`resumable`), at most `limit` times,
+    and only from a complete checkpoint."""
+    if not resumable or used >= limit or not checkpoints:
+        return None
+    return checkpoints[-1]

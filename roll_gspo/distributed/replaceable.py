@@ -1,0 +1,218 @@
+"""A role whose ranks are replaced when they die or hang (rollout ranks; the rules are
+`roll_gspo.distributed.fault_tolerance`'s).
+
+`ReplaceableCluster` is a `Cluster` that remembers every call it sends (rank, method, arguments)
+until the call's result is gathered. While `gather` waits, it probes the ranks it waits for
+(`health`, in a concurrency group of its own, so a busy rank answers) and judges them with a
+`HangWatch`. A rank whose call fails because its process died, or that is found hung (then killed),
+is replaced: its actor is started again with the same options (its own placement bundle, its
+environment), set up, handed to the `on_replaced` hooks (the trainer's current weights, the request
+pool's held groups), and every call of it still being waited for is sent again to the new actor,
+the same arguments (prompts with their per-request seeds): its results are what the dead rank's
+would have been. Calls sent before a replacement and gathered later are sent again too. Beyond
+`max_restarts` replacements of a rank the run stops as a plain `Cluster` stops it, the reason and
+the rank's log file named (`RestartsExhaustedError`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+import ray
+
+from roll_gspo.distributed.cluster import Cluster, RestartsExhaustedError
+from roll_gspo.distributed.fault_tolerance import HangWatch, RestartBudget, probe_interval_s
+
+logger = logging.getLogger("roll_gspo.cluster")
+GONE_TIMEOUT_S = 60.0  # how long a killed rank's actor may take to be gone before it is started again
+
+# A hook run after a rank was replaced, before its calls are sent again: (rank, new actor) -> what it
+# did, for the console line ("" for nothing to say).
+ReplacedHook = Callable[[int, Any], str]
+
+
+class ReplaceableCluster(Cluster):
+    """A `Cluster` of independent ranks that are replaced, not mourned (see the module)."""
+
+    def __init__(self, *args, budget: RestartBudget, hang_timeout_s: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.budget = budget
+        self.hang_timeout_s = hang_timeout_s
+        self.on_replaced: List[ReplacedHook] = []
+        self.incarnation = [0] * self.world_size  # replacements of each rank so far
+        # Every call not yet gathered: ref -> (rank, incarnation it was sent to, method, args, kwargs).
+        self._calls: Dict[Any, Tuple[int, int, str, tuple, dict]] = {}
+
+    # -- sending calls (remembered, to be sent again) -------------------------------------------------
+    def call_async(self, rank: int, method: str, *args, **kwargs):
+        """`method(*args, **kwargs)` on `rank`; its ref, to `gather`."""
+        ref = getattr(self.workers[rank], method).remote(*args, **kwargs)
+        self._calls[ref] = (rank, self.incarnation[rank], method, args, kwargs)
+        return ref
+
+    def execute_all_async(self, method: str, *args, **kwargs) -> List[Any]:
+        return [self.call_async(rank, method, *args, **kwargs) for rank in range(self.world_size)]
+
+    def dispatch_async(self, method: str, batch, skip_empty: bool = False, **kwargs) -> List[Any]:
+        shards = batch.chunk(self.world_size)
+        return [self.call_async(rank, method, shard, **kwargs) for rank, shard in enumerate(shards)
+                if len(shard) or not skip_empty]
+
+    # -- waiting, probing, replacing ------------------------------------------------------------------
+    def gather(self, refs: List[Any]) -> List[Any]:
+        """Results of calls sent by this cluster, in order; a rank that died or hangs meanwhile is
+        replaced and its calls sent again (any other failure stops every rank, as `Cluster.gather`)."""
+        refs = list(refs)
+        if any(ref not in self._calls for ref in refs):  # sent around call_async: nothing to send again
+            return super().gather(refs)
+        results: List[Any] = [None] * len(refs)
+        pending = set(range(len(refs)))
+        watches: Dict[int, HangWatch] = {}
+        probes: Dict[int, Any] = {}
+        interval = probe_interval_s(self.hang_timeout_s)
+        while pending:
+            index_of = {refs[i]: i for i in pending}
+            ready, _ = ray.wait(list(index_of), num_returns=1, timeout=interval)
+            if not ready:
+                self._probe({self._calls[refs[i]][0] for i in pending}, watches, probes, refs, pending)
+                continue
+            index = index_of[ready[0]]
+            try:
+                results[index] = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                if isinstance(exc, ray.exceptions.RayTaskError):  # alive; a worker it called died
+                    self.fail(self._calls[refs[index]][0], exc)
+                self._replace_for(refs, index, pending, exc, watches, probes)
+                continue
+            except Exception as exc:
+                self.fail(self._calls[refs[index]][0], exc)
+            pending.discard(index)
+            self._calls.pop(refs[index], None)
+        return results
+
+    def recover(self) -> List[int]:
+        """Probe every rank (one answer within the hang deadline); replace those that died or do not
+        answer. Returns the ranks replaced (after a failed weight sync: which rank broke it)."""
+        probes = {rank: worker.health.remote() for rank, worker in enumerate(self.workers)}
+        replaced = []
+        for rank, probe in probes.items():
+            try:
+                ray.get(probe, timeout=self.hang_timeout_s)
+                continue
+            except ray.exceptions.GetTimeoutError:
+                reason: BaseException = TimeoutError(
+                    f"did not answer a health probe within fault_tolerance.hang_timeout_s = {self.hang_timeout_s:g} s")
+                self._kill_hung(rank)
+            except ray.exceptions.RayActorError as exc:
+                reason = exc
+            self.replace(rank, reason)
+            replaced.append(rank)
+        return replaced
+
+    def replace(self, rank: int, cause: BaseException) -> None:
+        """Start `rank` again in its placement bundle, set it up and run the `on_replaced` hooks; one
+        console line. Beyond the budget: every rank stopped, `RestartsExhaustedError` raised."""
+        if not self.budget.allows(self.name, rank):
+            message = self.death_message(rank, cause, self.budget.exhausted_sentence(self.name, rank))
+            self.shutdown()
+            raise RestartsExhaustedError(message) from cause
+        line, output = self.death_line(rank, cause), self.output_of(rank)
+        start = time.monotonic()
+        ray.kill(self.workers[rank], no_restart=True)
+        self._wait_gone(rank)
+        worker = self._start_rank(rank)
+        self.workers[rank] = worker
+        self._whereabouts[rank] = worker.whereabouts.remote()
+        self.incarnation[rank] += 1
+        count = self.budget.record(self.name, rank)
+        try:
+            ray.get(worker.setup.remote())
+            notes = [note for note in (hook(rank, worker) for hook in self.on_replaced) if note]
+        except ray.exceptions.RayActorError as exc:  # the new process died too: its own failure counts
+            self.replace(rank, exc)
+            return
+        except Exception as exc:
+            self.fail(rank, exc)
+        logger.warning("%s; replaced in its placement bundle (restart %d of %d for this rank, %.1f s)%s%s",
+                       line, count, self.budget.max_restarts, time.monotonic() - start,
+                       "".join(f"; {note}" for note in notes), f". Its output: {output}" if output else "")
+
+    def _replace_for(self, refs: List[Any], index: int, pending: set, cause: BaseException,
+                     watches: Dict[int, HangWatch], probes: Dict[int, Any]) -> None:
+        """refs[index] failed because its rank's actor is gone: replace the rank unless that was done
+        already (the call was sent to an earlier actor), then send its pending calls again."""
+        rank, incarnation, *_ = self._calls[refs[index]]
+        if incarnation == self.incarnation[rank]:
+            self.replace(rank, cause)
+        watches.pop(rank, None)
+        probes.pop(rank, None)
+        self._send_again(rank, refs, pending)
+
+    def _send_again(self, rank: int, refs: List[Any], pending: set) -> None:
+        """Every pending call of `rank` sent to an earlier actor goes to its current one."""
+        for i in sorted(pending):
+            call_rank, incarnation, method, args, kwargs = self._calls[refs[i]]
+            if call_rank == rank and incarnation != self.incarnation[rank]:
+                self._calls.pop(refs[i])
+                refs[i] = self.call_async(rank, method, *args, **kwargs)
+
+    def _probe(self, ranks, watches: Dict[int, HangWatch], probes: Dict[int, Any], refs: List[Any],
+               pending: set) -> None:
+        """Probe the ranks waited for; a hung one is killed, replaced, and its calls sent again."""
+        now = time.monotonic()
+        for rank in sorted(ranks):
+            watch = watches.setdefault(rank, HangWatch(self.hang_timeout_s, started=now, progress_at=now))
+            probe = probes.get(rank)
+            if probe is not None:
+                done, _ = ray.wait([probe], timeout=0)
+                if done:
+                    probes.pop(rank)
+                    try:
+                        steps, in_flight = ray.get(probe)
+                    except ray.exceptions.RayActorError:
+                        continue  # died: its call fails too, and is handled there
+                    watch.answered(now, steps, in_flight)
+            if rank not in probes:
+                probes[rank] = self.workers[rank].health.remote()
+                watch.probe_sent(now)
+            why = watch.verdict(now)
+            if why is None:
+                continue
+            self._kill_hung(rank)
+            self.replace(rank, TimeoutError(f"stopped answering: it {why}"))
+            watches.pop(rank, None)
+            probes.pop(rank, None)
+            self._send_again(rank, refs, pending)
+
+    def _kill_hung(self, rank: int) -> None:
+        """Kill a rank found hung. Ray's kill asks the process to exit first, which a frozen process
+        (SIGSTOP, a native hang) does not: on this node it gets SIGKILL at once (its pid is known
+        alive, and checked to be a Ray worker)."""
+        import psutil
+
+        from roll_gspo.distributed.cluster import node_address
+
+        node, pid = self.where(rank)
+        ray.kill(self.workers[rank], no_restart=True)
+        if node != node_address() or pid == "unknown":
+            return
+        try:
+            process = psutil.Process(int(pid))
+            if process.name().startswith("ray::"):
+                process.kill()
+        except psutil.Error:  # gone already
+            pass
+
+    def _wait_gone(self, rank: int) -> None:
+        """Until the killed actor's name is free (its process ended, its bundle's resources back)."""
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(self.actor_name(rank))
+            except ValueError:
+                return
+            time.sleep(0.1)
+        raise RestartsExhaustedError(f"role {self.name} rank {rank}: its killed actor was still alive after "
+                                     f"{GONE_TIMEOUT_S:.0f} s; it cannot be replaced")
+
