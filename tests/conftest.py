@@ -63,7 +63,8 @@ def tiny_moe_model(session_cache):
 # of the CPU).
 SERIAL_FILES = {"test_code_sandbox.py", "test_reward_workers.py", "test_cluster.py", "test_scale_out.py",
                 "test_console.py", "test_engine_loop.py", "test_endpoint.py", "test_endpoint_ray.py",
-                "test_llm_judge.py", "test_ifeval.py", "test_envs.py", "test_agentic.py", "test_trackers.py"}
+                "test_llm_judge.py", "test_ifeval.py", "test_envs.py", "test_agentic.py", "test_trackers.py",
+                "test_fault_tolerance.py"}
 
 
 def pytest_itemcollected(item):
