@@ -189,7 +189,8 @@ class TrainerLoop:
                 self._synced(step)
             else:  # a rollout rank died or hung during the sync: replaced, then every rank synced again
                 timings["train"] -= sync_metrics["sync/seconds"]
-                sync_metrics = self._recover_and_sync(step, lost)
+                self._replace_lost_receivers(step, lost)
+                sync_metrics = self.sync_weights(step)
                 timings["train"] += sync_metrics["sync/seconds"]
         train_metrics.update(critic_metrics)
         self._follow_logprob_gap(step, train_metrics.get("rollout/logprob_gap"))
@@ -262,7 +263,8 @@ class TrainerLoop:
         metrics = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)[0]
         lost = metrics.pop(RECEIVER_LOST, None)
         if lost is not None:
-            return self._recover_and_sync(version, lost)
+            self._replace_lost_receivers(version, lost)
+            return self.sync_weights(version)
         self._synced(version)
         return metrics
 
@@ -271,9 +273,9 @@ class TrainerLoop:
         self.weights_synced = True
         self.rollout_version = self.rollout_version if version is None else version
 
-    def _recover_and_sync(self, version: Optional[int], lost: str) -> Dict[str, float]:
-        """A weight sync lost a rollout rank (`lost`: why): the ranks that died or hang are replaced,
-        then every rank takes the weights again (a survivor may hold half a sync). The sync's metrics."""
+    def _replace_lost_receivers(self, version: Optional[int], lost: str) -> None:
+        """A weight sync lost a rollout rank (`lost`: why): the ranks that died or hang are replaced;
+        the caller then syncs every rank again (a survivor may hold half a sync)."""
         if self.replaceable is None:
             raise WorkerDiedError(f"a rollout rank was lost during the weight sync ({lost}). The run stops; its "
                                   f"last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
@@ -286,12 +288,6 @@ class TrainerLoop:
         if not replaced:  # every rank alive and answering: nothing a replacement would mend
             raise WorkerDiedError(f"a weight sync failed ({lost}) though every rollout rank answers. The run stops; "
                                   f"its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
-        metrics = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)[0]
-        again = metrics.pop(RECEIVER_LOST, None)
-        if again is not None:
-            return self._recover_and_sync(version, again)
-        self._synced(version)
-        return metrics
 
     def _give_weights(self, rank: int, worker) -> str:
         """A replaced rollout rank's hook: the trainer's current weights, with its peers' stamp while
