@@ -3,12 +3,15 @@ their own CPUs? (issue 37 item 6)
 
     .venv/bin/python benchmarks/bench_async.py                 # 2 warm-up + 10 measured steps per mode
     .venv/bin/python benchmarks/bench_async.py --steps 20 --json async.json
+    .venv/bin/python benchmarks/bench_async.py --seeds 42 43 44 --modes sync k2 k2_decoupled   # seed noise
     .venv/bin/python benchmarks/bench_async.py --quick --model /path/to/micro_model   # the test's run
 
 One private Ray; the same RLVR run (`examples/example_gspo.yaml` on `builtin:tiny-arith`, GSPO, old
 log-probs from the rollout engine in every mode so the trainer does the same work) four times:
 `async_generation_ratio` 0 (synchronous), 1 (one step ahead), 2 and 4 (request pools: partial
-rollouts, streaming of complete groups). Each mode trains the same number of steps, so the same
+rollouts, streaming of complete groups); on request `k2_decoupled` / `k4_decoupled`, the same pools
+with decoupled PPO (the trainer's recompute as the proximal policy, a per-token weight for the
+staleness). Once per `--seeds` value. Each mode trains the same number of steps, so the same
 number of samples, then validates (greedy, `builtin:arith_easy/val`).
 
 **The workload.** The built-in arithmetic model answers its own prompts in 3 tokens (2 characters
@@ -49,7 +52,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.harness import build_overrides, fmt, init_local_ray, print_report, required_cpus  # noqa: E402
 
-MODES: Tuple[Tuple[str, int], ...] = (("sync", 0), ("one_ahead", 1), ("k2", 2), ("k4", 4))
+MODES: Tuple[Tuple[str, int], ...] = (("sync", 0), ("one_ahead", 1), ("k2", 2), ("k4", 4),
+                                      ("k2_decoupled", 2), ("k4_decoupled", 4))
+DEFAULT_MODES = ("sync", "one_ahead", "k2", "k4")
+# Decoupled PPO (AReaL): the trainer's recompute under the weights of step - 1 is the proximal policy the
+# ratio is clipped against; the per-token weight exp(proximal - behaviour) carries the staleness.
+DECOUPLED = ["old_logprob_source=trainer", "train_infer_correction.is_weight.enabled=true",
+             "train_infer_correction.is_weight.weight_type=token"]
 LONG_SHARE = 0.25  # one training prompt in four is a code prompt (--long-share)
 
 
@@ -73,8 +82,10 @@ def mixed_train_file(folder: str, n: int, seed: int = 0, long_share: float = LON
     return path
 
 
-def mode_overrides(ratio: int, train_file: str, quick: bool) -> List[str]:
-    """The YAML keys every mode shares (own CPUs, the workload) and the mode's own."""
+def mode_overrides(ratio: int, train_file: str, quick: bool, name: str = "") -> List[str]:
+    """The YAML keys every mode shares (own CPUs, the workload) and the mode's own. Old log-probs come
+    from the rollout engine (the trainer does the same work in every mode) except in the decoupled
+    modes."""
     keys = [f"async_generation_ratio={ratio}", "old_logprob_source=rollout",
             f"actor_train.data_args.file_name=[{train_file}]", "prompt_length=32", "rewards.math_rule.tag_included=[code_sandbox]",
             "actor_train.world_size=1", "actor_train.num_cpus_per_worker=1",
@@ -89,6 +100,8 @@ def mode_overrides(ratio: int, train_file: str, quick: bool) -> List[str]:
         keys += ["rollout_batch_size=32", "num_return_sequences_in_group=8", "response_length=32",
                  "actor_train.training_args.per_device_train_batch_size=64",
                  "actor_infer.strategy_args.strategy_config.max_model_len=64"]
+    if name.endswith("_decoupled"):
+        keys = [k for k in keys if not k.startswith("old_logprob_source=")] + DECOUPLED
     return keys
 
 
@@ -160,13 +173,14 @@ def length_stats(lengths: Sequence[float]) -> Dict[str, float]:
             "share_ge_8x_median": sum(length >= 8 * med for length in ordered) / len(ordered)}
 
 
-def run_mode(name: str, ratio: int, args, base: List[str], train_file: str) -> Dict[str, Any]:
+def run_mode(name: str, ratio: int, args, base: List[str], train_file: str, seed: int) -> Dict[str, Any]:
     """One mode: start the pipeline, warm-up + measured steps, validation, shut down."""
     from roll_gspo.config import load_config
 
     from pipelines.trainer_loop import TrainerLoop
 
-    cfg = load_config(args.config, [*base, *mode_overrides(ratio, train_file, args.quick), *args.override])
+    cfg = load_config(args.config, [*base, *mode_overrides(ratio, train_file, args.quick, name), f"seed={seed}",
+                                    *args.override])
     intervals, lengths = Intervals(), []
     start = time.perf_counter()
     loop = TrainerLoop(cfg, timed_source(intervals, lengths))
@@ -192,7 +206,7 @@ def run_mode(name: str, ratio: int, args, base: List[str], train_file: str) -> D
         trainer_busy = sum(sum(m.get(f"time/{p}_s", 0.0) for p in ("old_log_probs", "reference", "train", "sync"))
                            for m in measured)
         rollout_busy = intervals.within(window_start, window_end)
-        return {"mode": name, "async_generation_ratio": ratio, "startup_s": startup, "window_s": window,
+        return {"mode": name, "async_generation_ratio": ratio, "seed": seed, "startup_s": startup, "window_s": window,
                 "steps": args.steps, "samples": args.steps * cfg.rollout_batch_size * cfg.num_return_sequences_in_group,
                 "trained_tokens": sum(per_step_tokens), "tokens_per_s": sum(per_step_tokens) / window,
                 "rollout_idle_frac": max(0.0, 1.0 - rollout_busy / window),
@@ -201,6 +215,9 @@ def run_mode(name: str, ratio: int, args, base: List[str], train_file: str) -> D
                 "generate_wait_s_median": statistics.median(m.get("time/generate_s", 0.0) for m in measured),
                 "staleness_max": max(m.get("rollout/staleness_max", m.get("rollout/staleness", 0.0)) for m in measured),
                 "dropped_past_bound": sum(m.get("rollout/dropped_past_bound", 0.0) for m in measured),
+                # the share of tokens whose clipped branch is taken: a stale denominator far outside GSPO's
+                # narrow clip range gives no gradient, whatever the samples say
+                "clipfrac_mean": statistics.mean(m.get("actor/clipfrac", 0.0) for m in measured),
                 "lengths": length_stats(lengths), "val_accuracy": val.get("val/accuracy"), "step_walls": walls}
     finally:
         loop.shutdown()
@@ -208,20 +225,33 @@ def run_mode(name: str, ratio: int, args, base: List[str], train_file: str) -> D
 
 def format_table(report: Dict[str, Any]) -> str:
     rows = report["modes"]
-    lines = [f"{'mode':<10} {'k':>2} {'tokens/s':>9} {'rollout idle':>12} {'trainer idle':>12} {'step s':>7} "
-             f"{'gen wait s':>10} {'stale max':>9} {'dropped':>7} {'val acc':>7} {'samples':>7}"]
+    lines = [f"{'mode':<12} {'k':>2} {'seed':>4} {'tokens/s':>9} {'rollout idle':>12} {'trainer idle':>12} "
+             f"{'step s':>7} {'gen wait s':>10} {'stale max':>9} {'dropped':>7} {'clipfrac':>8} {'val acc':>7} "
+             f"{'samples':>7}"]
     for r in rows:
-        lines.append(f"{r['mode']:<10} {r['async_generation_ratio']:>2} {fmt(r['tokens_per_s'], '.1f'):>9} "
+        lines.append(f"{r['mode']:<12} {r['async_generation_ratio']:>2} {r.get('seed', ''):>4} "
+                     f"{fmt(r['tokens_per_s'], '.1f'):>9} "
                      f"{fmt(r['rollout_idle_frac'], '.2f'):>12} {fmt(r['trainer_idle_frac'], '.2f'):>12} "
                      f"{fmt(r['step_s_median'], '.2f'):>7} {fmt(r['generate_wait_s_median'], '.2f'):>10} "
                      f"{fmt(r['staleness_max'], '.0f'):>9} {fmt(r['dropped_past_bound'], '.0f'):>7} "
-                     f"{fmt(r['val_accuracy'], '.3f'):>7} {r['samples']:>7}")
-    sync = next((r for r in rows if r["async_generation_ratio"] == 0), None)
+                     f"{fmt(r.get('clipfrac_mean'), '.3f'):>8} {fmt(r['val_accuracy'], '.3f'):>7} {r['samples']:>7}")
+    seeds = sorted({r.get("seed") for r in rows})
+    if len(seeds) > 1:  # seed noise: each mode's spread over seeds beside the others' means
+        lines.append(f"over seeds {seeds}:")
+        for name in dict.fromkeys(r["mode"] for r in rows):
+            accs = [r["val_accuracy"] for r in rows if r["mode"] == name and r["val_accuracy"] is not None]
+            toks = [r["tokens_per_s"] for r in rows if r["mode"] == name]
+            if accs:
+                lines.append(f"  {name:<12} val acc mean {statistics.mean(accs):.3f} (min {min(accs):.3f}, max "
+                             f"{max(accs):.3f}), tokens/s mean {statistics.mean(toks):.1f}")
+    sync = [r for r in rows if r["async_generation_ratio"] == 0]
     if sync:
-        lines.append("tokens/s vs sync: " + ", ".join(
-            f"{r['mode']} {r['tokens_per_s'] / sync['tokens_per_s']:.2f}x" for r in rows))
+        base = statistics.mean(r["tokens_per_s"] for r in sync)
+        means = {name: statistics.mean(r["tokens_per_s"] for r in rows if r["mode"] == name)
+                 for name in dict.fromkeys(r["mode"] for r in rows)}
+        lines.append("tokens/s vs sync: " + ", ".join(f"{name} {value / base:.2f}x" for name, value in means.items()))
     for r in rows:
-        lines.append(f"{r['mode']} trained response lengths (every step): " + ", ".join(
+        lines.append(f"{r['mode']} (seed {r.get('seed')}) trained response lengths (every step): " + ", ".join(
             f"{k} {v:.3g}" for k, v in r["lengths"].items()))
     lines.append(f"load average (1 min) start {report['load']['start'][0]:.1f}, end {report['load']['end'][0]:.1f}; "
                  f"{report['cpus']} CPUs")
@@ -234,7 +264,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--model", default="builtin:tiny-arith")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per mode")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--modes", nargs="*", default=[m for m, _ in MODES], choices=[m for m, _ in MODES])
+    parser.add_argument("--modes", nargs="*", default=list(DEFAULT_MODES), choices=[m for m, _ in MODES],
+                        help="the *_decoupled modes: k with the trainer's recompute as proximal policy (AReaL)")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[42],
+                        help="the run's seed (sampling, data order, init of nothing else); each mode once per seed")
     parser.add_argument("--quick", action="store_true", help="1 + 2 steps at micro shapes, HF rollout: the test's run")
     parser.add_argument("--long-share", type=float, default=LONG_SHARE,
                         help="share of training prompts from the built-in code task (answered at length)")
@@ -261,16 +294,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     init_local_ray(required_cpus(cfg))
     rows = []
     try:
-        for name, ratio in MODES:
-            if name in args.modes:
-                row = run_mode(name, ratio, args, base, train_file)
-                rows.append(row)
+        for seed in args.seeds:  # seeds outermost: a drift in the machine's load spreads over every mode
+            for name, ratio in MODES:
+                if name in args.modes:
+                    rows.append(run_mode(name, ratio, args, base, train_file, seed))
     finally:
         import ray
 
         ray.shutdown()
     loads["end"] = os.getloadavg()
-    report = {"modes": rows, "load": loads, "cpus": os.cpu_count(), "workload": {
+    report = {"modes": rows, "seeds": args.seeds, "load": loads, "cpus": os.cpu_count(), "workload": {
         "train_file": train_file, "long_share": args.long_share}}
     print_report(format_table(report), report, args.json_path)
     return 0
