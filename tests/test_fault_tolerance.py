@@ -235,6 +235,8 @@ def test_calls_awaited_on_their_own_are_sent_again_to_a_replaced_rank(ray_sessio
         with pytest.raises(RestartsExhaustedError, match="died: stopped answering: it held 1 requests"):
             cluster.submit(1, "hang", "x").result(timeout=120)  # rank 1's one restart is spent
         assert cluster.workers == []
+        with pytest.raises(RestartsExhaustedError):  # a later call gets the reason, too
+            cluster.submit(0, "work", "late", 0.1).result(timeout=10)
     finally:
         cluster.shutdown()
 

@@ -57,6 +57,7 @@ class ReplaceableCluster(Cluster):
         self._submitted: Dict[Any, Future] = {}
         self._lost: "queue.Queue[Tuple[Any, BaseException]]" = queue.Queue()
         self._watcher: Optional[threading.Thread] = None
+        self._stopped: Optional[BaseException] = None  # why the watcher stopped every rank
 
     # -- sending calls (remembered, to be sent again) -------------------------------------------------
     def call_async(self, rank: int, method: str, *args, **kwargs):
@@ -79,6 +80,9 @@ class ReplaceableCluster(Cluster):
         dies or hangs meanwhile is replaced and the call sent again (the module docstring)."""
         future: Future = Future()
         with self._lock:  # not during a replacement: the call goes to a rank that is set up
+            if self._stopped is not None:  # the reason, not an index error on the stopped ranks
+                future.set_exception(self._stopped)
+                return future
             self._send_submitted(future, rank, method, args, kwargs)
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch, daemon=True, name=f"roll-gspo-watch-{self.name}")
@@ -136,6 +140,7 @@ class ReplaceableCluster(Cluster):
                     with self._lock:
                         self._probe(held, watches, probes, self._submit_again)
             except BaseException as exc:  # noqa: BLE001 - the callers' futures raise it
+                self._stopped = exc
                 for r in list(self._submitted):
                     future = self._submitted.pop(r, None)
                     self._calls.pop(r, None)
