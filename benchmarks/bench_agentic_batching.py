@@ -90,7 +90,7 @@ def play(mode: str, runner, specs, infer, gen, turn_seed, step: int) -> Dict[str
     if mode == "waves":
         trajectories = runner.run(specs, wave_generator(infer, gen), turn_seed)
     else:
-        trajectories = runner.run(specs, None, turn_seed, submit=turn_submitter(infer.workers, gen, f"bench-{step}"))
+        trajectories = runner.run(specs, None, turn_seed, submit=turn_submitter(infer, gen, f"bench-{step}"))
     wall = time.perf_counter() - start
     after = ray.get([w.engine_loop_stats.remote() for w in infer.workers])
     busy = sum(a["busy_s"] - b["busy_s"] for a, b in zip(after, before)) / len(infer.workers)

@@ -28,6 +28,7 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import ray
 import torch
 
 from roll_gspo.agentic.episode_pool import EpisodePool
@@ -44,6 +45,7 @@ from roll_gspo.config import PipelineConfig
 from roll_gspo.config.async_rollout import generates_ahead, staleness_bound
 from roll_gspo.config.agentic_checks import env_manager_kind, error_penalty, manager_generating_args
 from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.seeding import rollout_seeds
 from roll_gspo.strategies.engine import Sampling
 
@@ -114,11 +116,13 @@ class EpisodeSource(RolloutSource):
 
     def connect(self, clusters: RunClusters) -> None:
         """The rollout engine the episodes' turns are generated on: each rank's engine loop
-        (continuous batching) from now on."""
-        self.actor_infer = clusters.actor_infer
-        self.actor_infer.execute_all("start_engine_loop")
-        workers = self.actor_infer.workers
-        self.submitter = lambda gen, name: turn_submitter(workers, gen, name)
+        (continuous batching) from now on, a replaced rank's too (before it takes the weights and
+        the turns it held are sent to it again)."""
+        self.actor_infer = actor_infer = clusters.actor_infer
+        actor_infer.execute_all("start_engine_loop")
+        if isinstance(actor_infer, ReplaceableCluster):
+            actor_infer.on_replaced.append(lambda rank, worker: ray.get(worker.start_engine_loop.remote()) or "")
+        self.submitter = lambda gen, name: turn_submitter(actor_infer, gen, name)
 
     # -- rollouts -----------------------------------------------------------------------------------
     def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
@@ -342,16 +346,18 @@ def wave_generator(actor_infer, gen):
     return generate
 
 
-def turn_submitter(workers: List, gen, name: str):
+def turn_submitter(actor_infer, gen, name: str):
     """`EpisodeRunner`'s `submit`: an episode's turn as one request to a rollout rank's engine loop
-    (`serve_generate`), episode i always on rank i mod ranks (its context's prefix cached there);
-    the request's seed alone decides its tokens, whichever rank and batch it lands in."""
+    (`serve_generate`, `actor_infer.submit`), episode i always on rank i mod ranks (its context's
+    prefix cached there); the request's seed alone decides its tokens, whichever rank and batch it
+    lands in, so a turn sent again to a replaced rank (`ReplaceableCluster.submit`) samples the
+    tokens the lost rank would have."""
     run_id, counter = f"turn-{name}-{uuid.uuid4().hex[:8]}", itertools.count()
 
     def submit(request: TurnRequest) -> "Future[TurnOutput]":
-        worker = workers[request.index % len(workers)]
-        ref = worker.serve_generate.remote(f"{run_id}-{request.index}-{next(counter)}", request.prompt_ids,
-                                           Sampling.of(gen, max_new_tokens=request.max_new_tokens), request.seed)
+        call = actor_infer.submit(request.index % actor_infer.world_size, "serve_generate",
+                                  f"{run_id}-{request.index}-{next(counter)}", request.prompt_ids,
+                                  Sampling.of(gen, max_new_tokens=request.max_new_tokens), request.seed)
         turn: Future = Future()
 
         def done(future: Future) -> None:
@@ -361,7 +367,7 @@ def turn_submitter(workers: List, gen, name: str):
             except BaseException as exc:  # noqa: BLE001 - re-raised by the episode loop
                 turn.set_exception(exc)
 
-        ref.future().add_done_callback(done)
+        call.add_done_callback(done)
         return turn
 
     return submit

@@ -67,6 +67,10 @@ def test_which_runs_replace_their_rollout_ranks(tmp_path):
     assert replaceable_rollout(load(tmp_path))
     assert not replaceable_rollout(load(tmp_path, overrides=["fault_tolerance.max_restarts=0"]))
     assert not replaceable_rollout(load(tmp_path, overrides=["rollout_endpoint.enabled=true"]))
+    from tests.test_agentic_e2e import small_config
+
+    assert replaceable_rollout(small_config(tmp_path / "agentic"))  # synchronous: turns sent again
+    assert not replaceable_rollout(small_config(tmp_path / "ahead", async_generation_ratio=1))  # played beside training
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -203,6 +207,36 @@ def test_a_killed_or_frozen_rank_is_replaced_and_its_calls_answered(ray_session,
         assert "It was replaced 2 times already in this run (fault_tolerance.max_restarts = 2)" in message
         assert "The run stops; its last complete checkpoint is intact" in message
         assert cluster.workers == []  # every rank stopped
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.e2e
+def test_calls_awaited_on_their_own_are_sent_again_to_a_replaced_rank(ray_session):
+    """`submit` (the agentic pipeline's turns, each awaited on its own): the cluster's watcher
+    replaces a rank killed while it works, or frozen, and the call's future gets the new process's
+    answer; past the budget the futures fail with the reason."""
+    from roll_gspo.distributed.cluster import RestartsExhaustedError
+
+    cluster, given = replaceable(ray_session, max_restarts=1)
+    try:
+        old = [pid_of(ray_session, cluster, rank) for rank in (0, 1)]
+        turns = [cluster.submit(rank, "work", f"turn {rank}", 2.0) for rank in (0, 1)]
+        time.sleep(0.5)
+        os.kill(old[1], signal.SIGKILL)
+        (v0, g0, p0), (v1, g1, p1) = [turn.result(timeout=120) for turn in turns]
+        assert (v0, g0, p0) == ("turn 0", None, old[0])  # untouched
+        assert v1 == "turn 1" and g1 == "weights for rank 1" and p1 not in old and given == [1]
+        turn = cluster.submit(0, "work", "again", 1.0)
+        os.kill(old[0], signal.SIGSTOP)  # no answer to its probes: killed and replaced
+        value, _, pid = turn.result(timeout=120)
+        assert value == "again" and pid != old[0] and given == [1, 0]
+        assert cluster.budget.metrics([cluster.name]) == {"fault/restarts/test_rollout": 2.0}
+        with pytest.raises(RestartsExhaustedError, match="died: stopped answering: it held 1 requests"):
+            cluster.submit(1, "hang", "x").result(timeout=120)  # rank 1's one restart is spent
+        assert cluster.workers == []
+        with pytest.raises(RestartsExhaustedError):  # a later call gets the reason, too
+            cluster.submit(0, "work", "late", 0.1).result(timeout=10)
     finally:
         cluster.shutdown()
 

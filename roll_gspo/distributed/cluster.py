@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import weakref
+from concurrent.futures import Future
 from typing import Any, Dict, List, Optional
 
 import ray
@@ -391,6 +392,11 @@ class Cluster:
     def call_async(self, rank: int, method: str, *args, **kwargs) -> ray.ObjectRef:
         """`method(*args, **kwargs)` on one rank; its ref, for `gather`."""
         return getattr(self.workers[rank], method).remote(*args, **kwargs)
+
+    def submit(self, rank: int, method: str, *args, **kwargs) -> "Future[Any]":
+        """`method(*args, **kwargs)` on one rank, its result in a future awaited on its own (one
+        agentic turn), not by `gather`; a failure is the future's exception."""
+        return getattr(self.workers[rank], method).remote(*args, **kwargs).future()
 
     def dispatch(self, method: str, batch: Batch, skip_empty: bool = False, **kwargs) -> Any:
         """Split `batch` evenly over ranks, call `method(shard, **kwargs)` on each, concatenate

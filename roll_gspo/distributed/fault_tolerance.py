@@ -1,10 +1,12 @@
 """Replacing ranks that die or hang (`fault_tolerance`): the feature's rules, pure Python (no Ray).
 
-* Which roles are replaceable: rollout ranks of the RLVR pipeline (`replaceable_rollout`) and reward
-  workers. Their ranks are independent of each other and hold nothing the run cannot give a new
-  process again: the trainer's weights, the prompts of the calls they held (with the same
-  per-request seeds), the request pool's held groups (the driver's copy after the rank's last
-  advance). Training, reference and critic ranks hold optimizer state and take part in collectives:
+* Which roles are replaceable: rollout ranks (`replaceable_rollout`: the RLVR pipeline's, and the
+  agentic pipeline's with synchronous generation) and reward workers. Their ranks are independent
+  of each other and hold nothing the run cannot give a new process again: the trainer's weights,
+  the prompts of the calls they held (with the same per-request seeds), the request pool's held
+  groups (the driver's copy after the rank's last advance). An agentic episode's state (its env,
+  its context) lives in the driver; a rank holds only its turns in flight, each one call, sent
+  again with its seed. Training, reference and critic ranks hold optimizer state and take part in collectives:
   they are not replaced mid-step; the run stops with its last complete checkpoint, and
   `auto_resume_on_failure` resumes from it (`auto_resume_checkpoint`).
 * How often: `RestartBudget`, `max_restarts` per rank and run; one death more stops the run.
@@ -23,11 +25,15 @@ METRIC_PREFIX = "fault/restarts/"
 
 
 def replaceable_rollout(cfg: PipelineConfig) -> bool:
-    """Rollout ranks are replaced when they die or hang: the RLVR pipeline (the agentic one keeps
-    episodes' turns in flight on the ranks; the rollout endpoint hands the ranks to outside clients)
-    with `max_restarts` > 0."""
-    return (cfg.pipeline == "rlvr" and not cfg.rollout_endpoint.enabled
-            and cfg.fault_tolerance.max_restarts > 0)
+    """Rollout ranks are replaced when they die or hang, with `max_restarts` > 0: the RLVR
+    pipeline's, and the agentic pipeline's with `async_generation_ratio: 0` (its turns are played
+    by the driver's main thread while the trainer waits; generating ahead, k >= 1, plays them in a
+    thread while the trainer trains, where a replacement's weight hand-over would run beside the
+    training calls). Not behind the rollout endpoint (outside clients, an agent's episodes among
+    them, hold requests on the ranks)."""
+    if cfg.rollout_endpoint.enabled or cfg.fault_tolerance.max_restarts <= 0:
+        return False
+    return cfg.pipeline == "rlvr" or (cfg.pipeline == "agentic" and not cfg.async_generation_ratio)
 
 
 def probe_interval_s(hang_timeout_s: float) -> float:

@@ -12,12 +12,21 @@ the same arguments (prompts with their per-request seeds): its results are what 
 would have been. Calls sent before a replacement and gathered later are sent again too. Beyond
 `max_restarts` replacements of a rank the run stops as a plain `Cluster` stops it, the reason and
 the rank's log file named (`RestartsExhaustedError`).
+
+Calls awaited on their own (`submit`: the agentic pipeline's turns, one call each, awaited as the
+episodes' env steps return) get the same care from a watcher thread of the cluster's: it probes the
+ranks that hold such calls, replaces one that died or hangs, and sends its calls again; each call's
+future gets the result of the call's last sending. A replacement holds the cluster's lock, so that
+no call is sent to a rank that is not set up yet.
 """
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from concurrent.futures import Future
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
@@ -43,6 +52,12 @@ class ReplaceableCluster(Cluster):
         self.incarnation = [0] * self.world_size  # replacements of each rank so far
         # Every call not yet gathered: ref -> (rank, incarnation it was sent to, method, args, kwargs).
         self._calls: Dict[Any, Tuple[int, int, str, tuple, dict]] = {}
+        # `submit`: each call not yet answered -> its future; the refs whose rank died, for the watcher.
+        self._lock = threading.RLock()  # held by a replacement and by every submit
+        self._submitted: Dict[Any, Future] = {}
+        self._lost: "queue.Queue[Tuple[Any, BaseException]]" = queue.Queue()
+        self._watcher: Optional[threading.Thread] = None
+        self._stopped: Optional[BaseException] = None  # why the watcher stopped every rank
 
     # -- sending calls (remembered, to be sent again) -------------------------------------------------
     def call_async(self, rank: int, method: str, *args, **kwargs):
@@ -58,6 +73,92 @@ class ReplaceableCluster(Cluster):
         shards = batch.chunk(self.world_size)
         return [self.call_async(rank, method, shard, **kwargs) for rank, shard in enumerate(shards)
                 if len(shard) or not skip_empty]
+
+    # -- calls awaited on their own (the watcher thread) -----------------------------------------------
+    def submit(self, rank: int, method: str, *args, **kwargs) -> "Future[Any]":
+        """`method(*args, **kwargs)` on `rank`, its result in a future awaited on its own; a rank that
+        dies or hangs meanwhile is replaced and the call sent again (the module docstring)."""
+        future: Future = Future()
+        with self._lock:  # not during a replacement: the call goes to a rank that is set up
+            if self._stopped is not None:  # the reason, not an index error on the stopped ranks
+                future.set_exception(self._stopped)
+                return future
+            self._send_submitted(future, rank, method, args, kwargs)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, daemon=True, name=f"roll-gspo-watch-{self.name}")
+                self._watcher.start()
+        return future
+
+    def _send_submitted(self, future: Future, rank: int, method: str, args: tuple, kwargs: dict) -> None:
+        ref = self.call_async(rank, method, *args, **kwargs)
+        self._submitted[ref] = future
+        ref.future().add_done_callback(lambda done: self._answered(ref, done))
+
+    def _answered(self, ref: Any, done: Future) -> None:
+        """A submitted call's answer (on Ray's thread): its result or error to its future; a dead
+        rank's call to the watcher, which replaces the rank and sends the call again."""
+        exc = done.exception()
+        if isinstance(exc, ray.exceptions.RayActorError) and not isinstance(exc, ray.exceptions.RayTaskError):
+            self._lost.put((ref, exc))
+            return
+        future = self._submitted.pop(ref, None)  # None: sent again meanwhile (its rank was found hung)
+        if future is None:
+            return
+        self._calls.pop(ref, None)
+        if exc is not None:  # raised in the rank, or a worker it called died: the caller stops the run
+            future.set_exception(exc)
+        else:
+            future.set_result(done.result())
+
+    def _watch(self) -> None:
+        """The watcher: replaces the ranks whose submitted calls failed because they died, and
+        every probe interval probes the ranks that hold submitted calls (hung ones are replaced);
+        their calls are sent again. A replacement that fails (the budget spent, the new process
+        raised) fails every submitted call with its error."""
+        watches: Dict[int, HangWatch] = {}
+        probes: Dict[int, Any] = {}
+        interval = probe_interval_s(self.hang_timeout_s)
+        while self.workers:  # until the cluster is shut down
+            try:
+                ref, cause = self._lost.get(timeout=interval)
+            except queue.Empty:
+                ref = None
+            try:
+                if ref is not None and ref in self._submitted:  # not sent again already
+                    rank, incarnation, *_ = self._calls[ref]
+                    with self._lock:
+                        if incarnation == self.incarnation[rank]:
+                            self.replace(rank, cause)
+                        watches.pop(rank, None)
+                        probes.pop(rank, None)
+                        self._submit_again(rank)
+                held = {self._calls[r][0] for r in list(self._submitted) if r in self._calls}
+                for rank in set(watches) - held:  # no call waits for it: not judged
+                    watches.pop(rank)
+                    probes.pop(rank, None)
+                if held and ref is None:
+                    with self._lock:
+                        self._probe(held, watches, probes, self._submit_again)
+            except BaseException as exc:  # noqa: BLE001 - the callers' futures raise it
+                self._stopped = exc
+                for r in list(self._submitted):
+                    future = self._submitted.pop(r, None)
+                    self._calls.pop(r, None)
+                    if future is not None:
+                        future.set_exception(exc)
+
+    def _submit_again(self, rank: int) -> None:
+        """Every submitted call of `rank` not yet answered and sent to an earlier actor goes to its
+        current one (the same arguments)."""
+        for ref in list(self._submitted):
+            call = self._calls.get(ref)
+            if call is None or call[0] != rank or call[1] == self.incarnation[rank]:
+                continue
+            future = self._submitted.pop(ref, None)
+            if future is None:  # answered meanwhile
+                continue
+            self._calls.pop(ref, None)
+            self._send_submitted(future, rank, *call[2:])
 
     # -- waiting, probing, replacing ------------------------------------------------------------------
     def gather(self, refs: List[Any]) -> List[Any]:
@@ -75,7 +176,8 @@ class ReplaceableCluster(Cluster):
             index_of = {refs[i]: i for i in pending}
             ready, _ = ray.wait(list(index_of), num_returns=1, timeout=interval)
             if not ready:
-                self._probe({self._calls[refs[i]][0] for i in pending}, watches, probes, refs, pending)
+                self._probe({self._calls[refs[i]][0] for i in pending}, watches, probes,
+                            lambda rank: self._send_again(rank, refs, pending))
                 continue
             index = index_of[ready[0]]
             try:
@@ -113,6 +215,10 @@ class ReplaceableCluster(Cluster):
     def replace(self, rank: int, cause: BaseException) -> None:
         """Start `rank` again in its placement bundle, set it up and run the `on_replaced` hooks; one
         console line. Beyond the budget: every rank stopped, `RestartsExhaustedError` raised."""
+        with self._lock:  # no call is sent to the rank meanwhile (`submit`)
+            self._replace(rank, cause)
+
+    def _replace(self, rank: int, cause: BaseException) -> None:
         if not self.budget.allows(self.name, rank):
             message = self.death_message(rank, cause, self.budget.exhausted_sentence(self.name, rank))
             self.shutdown()
@@ -157,9 +263,10 @@ class ReplaceableCluster(Cluster):
                 self._calls.pop(refs[i])
                 refs[i] = self.call_async(rank, method, *args, **kwargs)
 
-    def _probe(self, ranks, watches: Dict[int, HangWatch], probes: Dict[int, Any], refs: List[Any],
-               pending: set) -> None:
-        """Probe the ranks waited for; a hung one is killed, replaced, and its calls sent again."""
+    def _probe(self, ranks, watches: Dict[int, HangWatch], probes: Dict[int, Any],
+               send_again: Callable[[int], None]) -> None:
+        """Probe the ranks waited for; a hung one is killed, replaced, and its calls sent again
+        (`send_again(rank)`)."""
         now = time.monotonic()
         for rank in sorted(ranks):
             watch = watches.setdefault(rank, HangWatch(self.hang_timeout_s, started=now, progress_at=now))
@@ -183,7 +290,7 @@ class ReplaceableCluster(Cluster):
             self.replace(rank, TimeoutError(f"stopped answering: it {why}"))
             watches.pop(rank, None)
             probes.pop(rank, None)
-            self._send_again(rank, refs, pending)
+            send_again(rank)
 
     def _kill_hung(self, rank: int) -> None:
         """Kill a rank found hung. Ray's kill asks the process to exit first, which a frozen process

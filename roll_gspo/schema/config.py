@@ -635,10 +635,10 @@ class CheckpointConfig(SchemaBlock):
 @dataclass
 class FaultToleranceConfig(SchemaBlock):
     max_restarts: int = _f(
-        3, "How many times each rollout rank (`actor_infer`, RLVR pipeline) and each reward worker may be "
-           "replaced over a run. A rank that dies (kill -9, a crash) or is found hung is started again in its "
-           "own placement bundle, given the trainer's current weights, and the calls it held are sent again "
-           "(the same prompts, the same per-request seeds); counted in `fault/restarts/<role>`, one console "
+        3, "How many times each rollout rank (`actor_infer`: RLVR pipeline, agentic with `async_generation_ratio: "
+           "0`) and each reward worker may be replaced over a run. A rank that dies (kill -9, a crash) or is found "
+           "hung is started again in its own placement bundle, given the trainer's current weights, and the calls "
+           "it held are sent again (the same prompts or turns, the same per-request seeds); counted in `fault/restarts/<role>`, one console "
            "line each. One death more stops the run with the reason and the rank's log file. 0: no "
            "replacement, any death stops the run (docs/crash_safety.md).")
     hang_timeout_s: float = _f(

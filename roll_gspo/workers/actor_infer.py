@@ -59,7 +59,10 @@ class ActorInferWorker(RankWorker):
     @ray.method(concurrency_group="health")
     def health(self) -> Tuple[int, int]:
         """(engine steps so far, requests in flight), answered beside a running call: the driver's
-        hang check (roll_gspo.distributed.fault_tolerance.HangWatch). (0, 0) before `setup`."""
+        hang check (roll_gspo.distributed.fault_tolerance.HangWatch). (0, 0) before `setup`. With
+        the engine loop running: the loop's own counts (asking the engine would pause the loop)."""
+        if self.engine_loop is not None:
+            return self.engine_loop.steps, self.engine_loop.in_flight()
         engine = getattr(self, "strategy", None)
         progress = getattr(engine, "progress", None)
         return progress() if progress is not None else (0, 0)
