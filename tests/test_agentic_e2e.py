@@ -5,9 +5,13 @@ run replays the uninterrupted one's step exactly; bad agentic input is refused a
 import json
 import math
 import os
+import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from roll_gspo.config import ConfigError, load_config
@@ -91,17 +95,51 @@ def test_roll_agentic_recipe_trains(tmp_path, in_roll_dir, session_cache, ray_se
     assert os.path.isdir(out / "final_model")
 
 
+def kill_the_rollout_rank_when_it_generates(killed):
+    """A thread: kill -9 of this session's vLLM rank as soon as it runs a turn (`serve_generate`: Ray
+    names the process after the call it runs); its pid goes to `killed`."""
+    import psutil
+
+    from tests.test_resume_chaos import WAIT_S, kill_while_generating
+
+    def watch():
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and not killed:
+            for process in psutil.Process().children(recursive=True):
+                try:
+                    if process.name().startswith("ray::ActorInferWorker") and process.name().endswith(".serve_generate"):
+                        kill_while_generating(process, within_s=1, method="serve_generate")
+                        killed.append(process.pid)
+                        return
+                except (psutil.Error, AssertionError):
+                    continue
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.e2e
-def test_fp32_gap_and_exact_resume(tmp_path, session_cache, ray_session):
-    """Multi-turn trajectories: the trainer's log-probs equal vLLM's (fp32); a run resumed from its
-    step-1 checkpoint plays and trains step 2 exactly as the uninterrupted run did."""
-    whole = small_config(tmp_path / "whole", save_steps=1, render_save_dir=str(tmp_path / "render"))
+@pytest.mark.chaos
+def test_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_path, session_cache, ray_session, caplog):
+    """Multi-turn trajectories: the trainer's log-probs equal vLLM's (fp32). A run resumed from its
+    step-1 checkpoint loses its vLLM rank to kill -9 at its first turn of step 2: the rank is
+    replaced in its bundle with the step-1 weights, the turns it held are sent again with their seeds
+    (the episodes' envs and contexts live in the driver), and step 2 and the final weights are the
+    uninterrupted run's (issue 39: one resumed run checks both, one pipeline start fewer)."""
+    from tests.test_resume_chaos import comparable, load_weights
+
+    # A penalty per unparsed action: rewards, hence updates, are not 0 (the replacement must get step 1's weights).
+    lake = {"env_config": {"format_penalty": -0.1}}
+    whole = small_config(tmp_path / "whole", save_steps=1, render_save_dir=str(tmp_path / "render"),
+                         custom_envs={"Lake": lake})
     full = run(whole)
     steps = {r["step"]: r for r in full if "actor/pg_loss" in r}
     assert set(steps) == {1, 2}
     for row in steps.values():
         assert row["rollout/logprob_gap"] <= 1e-4
-        assert row["traj/num_turns_mean"] > 1
+        assert row["traj/num_turns_mean"] > 1 and row["actor/grad_norm"] > 0
     assert (tmp_path / "render" / "val_step_2.jsonl").exists()
     first = json.loads((tmp_path / "render" / "val_step_0.jsonl").read_text().splitlines()[0])
     assert first["messages"][0]["role"] == "user" and first["turns"] >= 1
@@ -111,12 +149,21 @@ def test_fp32_gap_and_exact_resume(tmp_path, session_cache, ray_session):
 
     shutil.copytree(os.path.join(whole.output_dir, "checkpoints", "step_1"),
                     resumed_dir / "out" / "checkpoints" / "step_1")
-    resumed = small_config(resumed_dir, resume_from_checkpoint="auto", eval_steps=0)
+    resumed = small_config(resumed_dir, resume_from_checkpoint="auto", eval_steps=0, custom_envs={"Lake": lake})
+    killed: list = []
+    watcher = kill_the_rollout_rank_when_it_generates(killed)
     again = {r["step"]: r for r in run(resumed) if "actor/pg_loss" in r}
+    watcher.join(timeout=5)
+    assert killed, "the rollout rank ran no turn"
     assert set(again) == {2}
-    for key in ("traj/reward_mean", "traj/length_mean", "traj/agent_tokens_mean", "actor/pg_loss",
-                "actor/entropy", "critic/advantages_max"):
-        assert again[2][key] == steps[2][key], key
+    assert again[2]["fault/restarts/actor_infer"] == 1
+    assert re.search(rf"role actor_infer rank 0 \(node [\d.]+, pid {killed[0]}\) died: .*; replaced in its "
+                     rf"placement bundle \(restart 1 of 3 for this rank, [\d.]+ s\); weights of step 1",
+                     caplog.text), caplog.text[-3000:]
+    trained = {k: v for k, v in comparable(steps[2]).items() if not k.startswith("val/")}  # no validation resumed
+    assert comparable(again[2]) == trained
+    final, want = (load_weights(os.path.join(c.output_dir, "final_model")) for c in (resumed, whole))
+    assert final.keys() == want.keys() and all(torch.equal(final[k], want[k]) for k in want)
 
 
 # async_generation_ratio: 2 (issue 37 item 4): episodes in flight across steps. Two tags whose episodes

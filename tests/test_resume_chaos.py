@@ -279,41 +279,6 @@ def test_rollout_rank_and_reward_worker_are_replaced_and_the_run_matches_an_unin
     assert_all_gone(processes)
 
 
-def test_agentic_rollout_rank_killed_mid_rollout_is_replaced_and_the_run_matches_an_uninterrupted_one(
-        tmp_path, session_cache, ray_session):
-    """An agentic run (FrozenLake, synchronous generation) as a user runs it loses its vLLM rank to
-    kill -9 while it generates step 2's turns: the rank is replaced in its bundle with the step-1
-    weights, the turns it held are sent again with their seeds (the episodes' envs and contexts live
-    in the driver), and the run ends at max_steps with the uninterrupted run's numbers."""
-    from tests.test_agentic_e2e import run as run_agentic, small_config
-
-    # A penalty per unparsed action: rewards, hence updates, are not 0 (the replacement must get step 1's weights).
-    changes = dict(max_steps=3, eval_steps=0, custom_envs={"Lake": {"env_config": {"format_penalty": -0.1}}})
-    whole = small_config(tmp_path / "uninterrupted", **changes)
-    reference = run_agentic(whole)
-    assert all(r["actor/grad_norm"] > 0 for r in reference)
-    cfg = small_config(tmp_path / "run", **changes)
-    log = str(tmp_path / "driver.log")
-    driver = start_driver(str(tmp_path / "run" / "agentic.yaml"), log)
-    wait_for_step(cfg, 1, driver, log)  # step 2's rollout comes next: its turns are the rank's next calls
-    processes = private_ray_processes(driver)
-    rollout = next(p for p in processes if p.name().startswith("ray::ActorInferWorker"))
-    kill_while_generating(rollout, method="serve_generate")
-    assert driver.wait(timeout=WAIT_S) == 0, open(log).read()[-3000:]
-    records = read_metrics(cfg)
-    assert [r["step"] for r in records] == [1, 2, 3]
-    assert [r["fault/restarts/actor_infer"] for r in records] == [0, 1, 0]
-    output = open(log).read()
-    assert re.search(rf"WARNING role actor_infer rank 0 \(node [\d.]+, pid {rollout.pid}\) died: .*; replaced in its "
-                     rf"placement bundle \(restart 1 of 3 for this rank, [\d.]+ s\); weights of step 1\.", output), \
-        output[-3000:]
-    assert "weight sync: a rollout rank was lost" not in output  # lost mid-rollout, not at the sync
-    assert [comparable(r) for r in records] == [comparable(r) for r in reference]
-    final, want = (load_weights(os.path.join(c.output_dir, "final_model")) for c in (cfg, whole))
-    assert final.keys() == want.keys() and all(torch.equal(final[k], want[k]) for k in want)
-    assert_all_gone(processes)
-
-
 @pytest.fixture
 def small_disk(tmp_path):
     """A tmpfs of a few MB: room for one checkpoint of the micro model, not for two."""
