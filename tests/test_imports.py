@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW, TRANSFORMERS_WITHOUT, _WithoutWhileLoading
+from roll_gspo.utils.imports import (DEEPSPEED_WITHOUT_MLFLOW, TRANSFORMERS_WITHOUT, VLLM_WITHOUT_SCIPY_SIGNAL,
+                                     _WithoutWhileLoading)
 
 
 @pytest.fixture
@@ -45,6 +46,15 @@ def test_deepspeed_autotuner_still_tries_mlflow():
     spec = importlib.util.find_spec(target)
     assert spec is not None and f"import {blocked}" in spec.loader.get_source(target)
     assert spec.loader.is_package(target) is False  # the wrapped loader answers as the file's own
+
+
+def test_vllm_audio_still_guards_its_scipy_import():
+    """The hook leaves scipy.signal out while vLLM's audio helpers load (every rank's start-up): if a
+    vLLM upgrade stops guarding the import, vLLM would fail to import in the ranks; this says so first."""
+    target, blocked = VLLM_WITHOUT_SCIPY_SIGNAL
+    source = importlib.util.find_spec(target).loader.get_source(target)
+    guarded = source.split(f"import {blocked}")[0].rsplit("\n", 2)[-2].strip()
+    assert guarded == "try:" and "except ImportError:" in source.split(f"import {blocked}")[1].split("\n")[1], guarded
 
 
 @pytest.mark.parametrize("module,package", sorted(TRANSFORMERS_WITHOUT.items()))

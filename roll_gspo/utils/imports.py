@@ -113,6 +113,13 @@ TRANSFORMERS_WITHOUT = {"transformers.generation.candidate_generator": "sklearn"
                         "transformers.loss.loss_utils": "scipy"}
 
 
+# vLLM's audio helpers (multimodal input, never used here) import scipy.signal for resampling when it is
+# installed (reasoning-gym and lm-eval bring scipy), and `from vllm import LLM` imports them: ~0.5-0.8
+# CPU-seconds in every vLLM rank's start-up. The module guards the import (a placeholder that raises
+# only when audio is resampled with scipy), so leaving scipy.signal out is a state vLLM supports.
+VLLM_WITHOUT_SCIPY_SIGNAL = ("vllm.multimodal.audio", "scipy.signal")
+
+
 def _reported_absent(package: str) -> Any:
     flag = f"is_{package}_available"
 
@@ -147,6 +154,7 @@ def import_transformers_without_optional_packages() -> None:
 
 
 def lighter_imports() -> None:
-    """Both of the above: what every rank installs before it imports its libraries."""
+    """All of the above: what every rank installs before it imports its libraries."""
     import_deepspeed_without_mlflow()
     import_transformers_without_optional_packages()
+    _install(_WithoutWhileLoading(*VLLM_WITHOUT_SCIPY_SIGNAL))
