@@ -41,7 +41,7 @@ MODELS = {"dense": "builtin:tiny-arith", "moe": "builtin:tiny-moe"}
 PANELS = [("reward/mean", "training reward"), ("val/accuracy", "validation accuracy"),
           ("actor/clipfrac", "clip fraction"), ("moe/expert_volatility", "expert volatility"),
           ("actor/grad_norm", "gradient norm"), ("rollout/logprob_gap", "trainer-rollout log-prob gap")]
-# Smoke mode: random micro models (no warm start), one seed, two tiny steps, the MoE model's three
+# Smoke mode: random micro models (no warm start), one seed, one tiny step, the MoE model's three
 # arms by default (each run pays the workers' start-up, ~20 s on an idle 2-core machine).
 SMOKE_OVERRIDES = ["rollout_batch_size=4", "num_return_sequences_in_group=4", "eval_steps=2",
                    "actor_train.world_size=1", "actor_train.training_args.per_device_train_batch_size=4",
@@ -233,7 +233,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--eval-steps", type=int, default=10)
     parser.add_argument("--models", nargs="+", choices=list(MODELS),
                         help="default: dense and moe (--smoke: moe)")
-    parser.add_argument("--smoke", action="store_true", help="micro random models, one seed, 2 tiny steps")
+    parser.add_argument("--smoke", action="store_true", help="micro random models, one seed, 1 tiny step")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: rebuild the table, claims and plot from <out>/runs.jsonl")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run (a.b=value)")
@@ -252,7 +252,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     extra = list(args.overrides)
     if args.smoke:
         models = {k: v for k, v in smoke_models(cache_root()).items() if k in (args.models or ["moe"])}
-        seeds, max_steps, eval_steps = args.seeds[:1], 2, 2
+        seeds, max_steps, eval_steps = args.seeds[:1], 1, 1
         extra = SMOKE_OVERRIDES + extra
     else:
         models = {k: resolve_model(MODELS[k]) for k in (args.models or list(MODELS))}  # warm starts, once, before the clock matters

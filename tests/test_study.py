@@ -1,5 +1,5 @@
-"""The GSPO-vs-GRPO study's smoke mode: the three arms on the MoE micro model, one seed, two
-tiny steps; the table, plots and claim verdicts are written."""
+"""The GSPO-vs-GRPO study's smoke mode: the three arms on the MoE micro model, one seed, one
+tiny step; the table, plots and claim verdicts are written."""
 import json
 
 import pytest
