@@ -8,7 +8,7 @@ import torch
 
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, RankWorker
-from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW, TRANSFORMERS_WITHOUT
+from roll_gspo.utils.imports import DEEPSPEED_WITHOUT_MLFLOW, TRANSFORMERS_WITHOUT, VLLM_WITHOUT_SCIPY_SIGNAL
 
 
 class EchoWorker(RankWorker):
@@ -33,9 +33,9 @@ def test_dispatch_splits_and_reassembles_in_order(ray_session):
         out = cluster.dispatch("shard", Batch({"x": torch.arange(5)}))
         assert out["x"].tolist() == [0, 10, 20, 30, 40]
         assert out["rank"] == [0, 0, 1, 1, 1]
-        # Each rank imports DeepSpeed without mlflow and transformers without scikit-learn and scipy
-        # (tests/test_imports.py: what those hooks do).
-        targets = sorted([DEEPSPEED_WITHOUT_MLFLOW[0], *TRANSFORMERS_WITHOUT])
+        # Each rank imports DeepSpeed without mlflow, transformers without scikit-learn and scipy, vLLM
+        # without scipy.signal (tests/test_imports.py: what those hooks do).
+        targets = sorted([DEEPSPEED_WITHOUT_MLFLOW[0], *TRANSFORMERS_WITHOUT, VLLM_WITHOUT_SCIPY_SIGNAL[0]])
         assert cluster.execute_all("lighter_import_targets") == [targets, targets]
     finally:
         cluster.shutdown()
