@@ -34,8 +34,8 @@ difference, and per event the time its recovery took:
 Then the reshape part (`--no-reshape` skips it): an uninterrupted run of `--reshape-save-step` + 5
 steps with a checkpoint at `--reshape-save-step`, and two runs resumed from a copy of that checkpoint
 on another training shape (roll_gspo/lifecycle/reshape.py; docs/crash_safety.md): the config's
-`actor_train` on 1 rank with `gradient_accumulation_steps` times its `world_size` (the same
-mini-batches per step), and the same ranks under FSDP2 instead of DeepSpeed. Per resumed step:
+`actor_train` on 1 rank with `gradient_accumulation_steps` times its `world_size` (as many
+mini-batches per step, of the same size), and the same ranks under FSDP2 instead of DeepSpeed. Per resumed step:
 `actor/pg_loss`, `actor/grad_norm` and `reward/mean` resumed minus uninterrupted, the largest
 absolute gap over the 5 steps, and each run's final validation. Not bit-identical by design: the
 gradient of the same rows is summed in another order; the point is the drift it grows into.
@@ -354,8 +354,8 @@ def table(result: Dict[str, Any]) -> str:
 
 def reshape_cases(world_size: int, accumulation: int) -> Dict[str, List[str]]:
     """The resumes of a DeepSpeed checkpoint written by `world_size` ranks: label -> overrides.
-    One rank accumulates `world_size` times as many micro-batches, so each optimizer step still
-    trains the same rows (docs/crash_safety.md: the same mini-batches per step)."""
+    One rank accumulates `world_size` times as many micro-batches: the same number and size of
+    mini-batches per step (their rows differ when there are several: each rank shuffles its own shard)."""
     return {f"1 rank (was {world_size}), accumulation x{world_size}": [
                 "actor_train.world_size=1", f"actor_train.training_args.gradient_accumulation_steps="
                                             f"{accumulation * world_size}"],
