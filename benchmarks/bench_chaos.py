@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_chaos.py                        # 20 steps, 5 vLLM kills, one reward hang, one trainer kill
     .venv/bin/python benchmarks/bench_chaos.py --steps 8 --kills 2 --json chaos.json
     .venv/bin/python benchmarks/bench_chaos.py --no-baseline --override actor_infer.world_size=2
+    .venv/bin/python benchmarks/bench_chaos.py --no-reshape          # the chaos part only
 
 One RLVR run as a user starts it (`run_pipeline.py --config examples/example_gspo.yaml`, a private
 Ray), with `max_steps = --steps`, a checkpoint every `--save-steps`, validation at step 0 and at
@@ -30,6 +31,15 @@ difference, and per event the time its recovery took:
   every role started again, the checkpoint loaded), and the steps computed again after the
   checkpoint.
 
+Then the reshape part (`--no-reshape` skips it): an uninterrupted run of `--reshape-save-step` + 5
+steps with a checkpoint at `--reshape-save-step`, and two runs resumed from a copy of that checkpoint
+on another training shape (roll_gspo/lifecycle/reshape.py; docs/crash_safety.md): the config's
+`actor_train` on 1 rank with `gradient_accumulation_steps` times its `world_size` (as many
+mini-batches per step, of the same size), and the same ranks under FSDP2 instead of DeepSpeed. Per resumed step:
+`actor/pg_loss`, `actor/grad_norm` and `reward/mean` resumed minus uninterrupted, the largest
+absolute gap over the 5 steps, and each run's final validation. Not bit-identical by design: the
+gradient of the same rows is summed in another order; the point is the drift it grows into.
+
 Times are wall-clock seconds on whatever else the machine runs: compare them only within one run.
 """
 from __future__ import annotations
@@ -39,13 +49,14 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -54,6 +65,8 @@ from benchmarks.harness import REPO_ROOT, fmt, print_report  # noqa: E402
 WAIT_S = 1800.0  # for any one event's step to come
 IGNORED = ("time/", "throughput/", "fault/")  # what differs between any two runs, or counts the chaos
 IGNORED_KEYS = ("sync/seconds", "reward/worker_restarts")
+RESHAPE_STEPS = 5  # trained after the resumed checkpoint
+DRIFT_KEYS = ("actor/pg_loss", "actor/grad_norm", "reward/mean")
 
 
 def draw_events(steps: int, kills: int, reward_hang: bool, trainer_kill: bool, seed: int,
@@ -77,9 +90,11 @@ def draw_events(steps: int, kills: int, reward_hang: bool, trainer_kill: bool, s
     return sorted(events, key=lambda event: event["step"])
 
 
-def overrides(args, output_dir: str, chaos: bool) -> List[str]:
+def overrides(args, output_dir: str, chaos: bool, extra: Sequence[str] = ()) -> List[str]:
+    # A run without chaos keeps every checkpoint: the reshape part resumes from its first.
+    keep = 2 if chaos else args.steps // args.save_steps + 1
     out = [f"output_dir={output_dir}", f"max_steps={args.steps}", f"save_steps={args.save_steps}",
-           f"eval_steps={args.steps}", "logging_steps=1", "save_total_limit=2"]
+           f"eval_steps={args.steps}", "logging_steps=1", f"save_total_limit={keep}", *extra]
     if args.model:
         out.append(f"pretrain={args.model}")
     if chaos:
@@ -88,12 +103,12 @@ def overrides(args, output_dir: str, chaos: bool) -> List[str]:
     return out + list(args.override)
 
 
-def start(args, output_dir: str, chaos: bool, log_path: str) -> subprocess.Popen:
+def start(args, output_dir: str, chaos: bool, log_path: str, extra: Sequence[str] = ()) -> subprocess.Popen:
     env = {**os.environ, "RAY_ADDRESS": "local",
            "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}
     with open(log_path, "w") as log:
         return subprocess.Popen([sys.executable, "run_pipeline.py", "--config", args.config,
-                                 *overrides(args, output_dir, chaos)],
+                                 *overrides(args, output_dir, chaos, extra)],
                                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -255,13 +270,15 @@ def summarise(output_dir: str, events: List[Dict[str, Any]], code: int, wall_s: 
             "median_step_s": typical, "records": records, "output_dir": output_dir, "aside": aside}
 
 
-def baseline_run(args, folder: str) -> Dict[str, Any]:
-    output_dir, log_path = os.path.join(folder, "baseline"), os.path.join(folder, "baseline.log")
-    print(f"[bench] uninterrupted run; log {log_path}", flush=True)
+def plain_run(args, folder: str, name: str = "baseline", extra: Sequence[str] = ()) -> Dict[str, Any]:
+    """One run without chaos, to its end: `<folder>/<name>/` and `<folder>/<name>.log`."""
+    output_dir, log_path = os.path.join(folder, name), os.path.join(folder, f"{name}.log")
+    print(f"[bench] {name} run (no chaos); log {log_path}", flush=True)
     started = time.time()
-    driver = start(args, output_dir, False, log_path)
+    driver = start(args, output_dir, False, log_path, extra)
     code = driver.wait()
-    return {"exit_code": code, "wall_s": time.time() - started, "records": rows(output_dir), "output_dir": output_dir}
+    return {"exit_code": code, "wall_s": time.time() - started, "records": rows(output_dir), "output_dir": output_dir,
+            "log": log_path}
 
 
 def comparable(row: Dict[str, Any]) -> Dict[str, Any]:
@@ -335,6 +352,95 @@ def table(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def reshape_cases(world_size: int, accumulation: int) -> Dict[str, List[str]]:
+    """The resumes of a DeepSpeed checkpoint written by `world_size` ranks: label -> overrides.
+    One rank accumulates `world_size` times as many micro-batches: the same number and size of
+    mini-batches per step (their rows differ when there are several: each rank shuffles its own shard)."""
+    return {f"1 rank (was {world_size}), accumulation x{world_size}": [
+                "actor_train.world_size=1", f"actor_train.training_args.gradient_accumulation_steps="
+                                            f"{accumulation * world_size}"],
+            f"FSDP2, {world_size} ranks": ["actor_train.strategy_args.strategy_name=fsdp2_train",
+                                           "actor_train.strategy_args.strategy_config=null"]}
+
+
+def drift(uninterrupted: List[Dict[str, Any]], resumed: List[Dict[str, Any]], after_step: int,
+          keys: Sequence[str] = DRIFT_KEYS) -> Dict[str, Any]:
+    """Per step after `after_step` that both runs trained: `keys` resumed minus uninterrupted (None
+    where either lacks the key), and per key the largest absolute gap over those steps.
+
+    uninterrupted, resumed: metrics.jsonl rows (a step's rows merged, later keys winning)."""
+    def by_step(records):
+        merged: Dict[int, Dict[str, Any]] = {}
+        for row in records:
+            merged.setdefault(row["step"], {}).update(row)
+        return merged
+
+    want, got = by_step(uninterrupted), by_step(resumed)
+    steps = sorted(step for step in set(want) & set(got) if step > after_step)
+    per_step: Dict[int, Dict[str, Optional[float]]] = {
+        step: {key: (got[step][key] - want[step][key]
+                     if isinstance(got[step].get(key), (int, float))
+                     and isinstance(want[step].get(key), (int, float)) else None) for key in keys}
+        for step in steps}
+    largest = {key: max((abs(gap) for gaps in per_step.values() if (gap := gaps[key]) is not None), default=None)
+               for key in keys}
+    return {"steps": steps, "per_step": per_step, "max_abs": largest}
+
+
+def reshape_part(args, folder: str) -> Dict[str, Any]:
+    """The uninterrupted run with its checkpoint, and each resume of a copy of it on another shape."""
+    from roll_gspo.config import load_config
+    from roll_gspo.lifecycle.reshape import role_shape
+
+    save = args.reshape_save_step
+    short = argparse.Namespace(**{**vars(args), "steps": save + RESHAPE_STEPS, "save_steps": save})
+    trainer = load_config(args.config, list(args.override)).actor_train
+    shape, accumulation, ranks = role_shape(trainer), trainer.training_args.gradient_accumulation_steps, trainer.world_size
+    if shape.engine != "deepspeed" or ranks < 2:
+        raise SystemExit(f"the reshape part resumes DeepSpeed on 2+ ranks; {args.config} trains with "
+                         f"{shape.describe()} (pass --no-reshape)")
+    base = plain_run(short, folder, "reshape_uninterrupted")
+    checkpoint = os.path.join(base["output_dir"], "checkpoints", f"step_{save}")
+    out: Dict[str, Any] = {
+        "save_step": save, "steps": short.steps,
+        "shape": f"{shape.describe()}, gradient_accumulation_steps {accumulation}",
+        "uninterrupted": {"exit_code": base["exit_code"], "wall_s": base["wall_s"],
+                          "validation": validation(base["records"])},
+        "resumes": {}}
+    for index, (label, extra) in enumerate(reshape_cases(ranks, accumulation).items()):
+        name = f"reshape_resume_{index}"
+        copied = os.path.join(folder, name, "checkpoints", f"step_{save}")
+        if os.path.isdir(checkpoint) and not os.path.isdir(copied):
+            shutil.copytree(checkpoint, copied)  # its own copy: the conversion writes into the checkpoint
+        run = plain_run(short, folder, name, [f"resume_from_checkpoint={copied}", *extra])
+        with open(run["log"], errors="replace") as handle:
+            decided = re.findall(r"resume: (actor_train: .*)", handle.read())
+        out["resumes"][label] = {"exit_code": run["exit_code"], "wall_s": run["wall_s"], "overrides": extra,
+                                 "decision": decided[0] if decided else None,
+                                 "validation": validation(run["records"]),
+                                 "gap": drift(base["records"], run["records"], save)}
+    return out
+
+
+def reshape_table(result: Dict[str, Any]) -> str:
+    base = result["uninterrupted"]
+    lines = [f"reshape: uninterrupted {result['steps']} steps ({result['shape']}), checkpoint at step "
+             f"{result['save_step']}: exit {base['exit_code']}, {base['wall_s']:.0f} s, final val/accuracy "
+             f"{fmt(base['validation'].get('val/accuracy'), '.4f')}; each resume below: resumed - uninterrupted",
+             "", "| resume | step | " + " | ".join(DRIFT_KEYS) + " |", "| --- | --- |" + " --- |" * len(DRIFT_KEYS)]
+    for label, run in result["resumes"].items():
+        gap = run["gap"]
+        for step in gap["steps"]:
+            lines.append(f"| {label} | {step} | " + " | ".join(fmt(gap["per_step"][step][k], '+.3g')
+                                                             for k in DRIFT_KEYS) + " |")
+        lines.append(f"| {label} | max abs | " + " | ".join(fmt(gap["max_abs"][k], '.3g') for k in DRIFT_KEYS) + " |")
+    lines.append("")
+    for label, run in result["resumes"].items():
+        lines.append(f"{label}: exit {run['exit_code']}, {run['wall_s']:.0f} s, final val/accuracy "
+                     f"{fmt(run['validation'].get('val/accuracy'), '.4f')}; {run['decision'] or 'no resume line'}")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="example_gspo.yaml")
@@ -346,18 +452,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-reward-hang", action="store_true")
     parser.add_argument("--no-trainer-kill", action="store_true")
     parser.add_argument("--no-baseline", action="store_true", help="skip the uninterrupted run")
+    parser.add_argument("--reshape", action=argparse.BooleanOptionalAction, default=True,
+                        help="then resume a checkpoint on 1 rank and under FSDP2 against an uninterrupted run "
+                             "(3 more runs; --no-reshape skips them)")
+    parser.add_argument("--reshape-save-step", type=int, default=2,
+                        help="the reshape part's checkpoint; its runs end 5 steps later")
     parser.add_argument("--seed", type=int, default=0, help="draws the events' steps")
-    parser.add_argument("--override", action="append", default=[], help="a Hydra override for both runs")
+    parser.add_argument("--override", action="append", default=[], help="a Hydra override for every run")
     parser.add_argument("--folder", default=None, help="where the runs go (default: a temporary folder, kept)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     folder = args.folder or tempfile.mkdtemp(prefix="bench_chaos_")
     os.makedirs(folder, exist_ok=True)
     chaos = chaos_run(args, folder)
-    baseline = None if args.no_baseline else baseline_run(args, folder)
+    baseline = None if args.no_baseline else plain_run(args, folder)
     result = report(args, chaos, baseline)
-    print_report(table(result), result, args.json)
-    return 0 if result["exit_code"] == 0 and result["steps_once_each"] else 1
+    text = table(result)
+    if args.reshape:
+        result["reshape"] = reshape_part(args, folder)
+        text += "\n\n" + reshape_table(result["reshape"])
+    print_report(text, result, args.json)
+    reshaped = [result["reshape"]["uninterrupted"], *result["reshape"]["resumes"].values()] if "reshape" in result else []
+    ok = result["exit_code"] == 0 and result["steps_once_each"] and all(run["exit_code"] == 0 for run in reshaped)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

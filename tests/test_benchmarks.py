@@ -224,3 +224,37 @@ def test_async_benchmark_quick(tmp_path, tiny_model):
         assert len(row["step_walls"]) == 3 and row["samples"] == 16 and row["val_accuracy"] is not None, row
         assert 0.0 <= row["rollout_idle_frac"] <= 1.0 and 0.0 <= row["trainer_idle_frac"] <= 1.0, row
         assert row["staleness_max"] <= row["async_generation_ratio"], row
+
+
+def test_chaos_reshape_gaps_per_resumed_step():
+    """bench_chaos's reshape part: resumed minus uninterrupted per step after the checkpoint, the
+    largest absolute gap, and the overrides of each resume (1 rank keeps the mini-batches)."""
+    spec = importlib.util.spec_from_file_location("bench_chaos", BENCH.parent / "bench_chaos.py")
+    chaos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chaos)
+    uninterrupted = [{"step": 0, "val/accuracy": 0.5}, {"step": 1, "actor/pg_loss": 0.1, "reward/mean": 0.4},
+                     {"step": 2, "actor/pg_loss": 0.2, "actor/grad_norm": 1.0, "reward/mean": 0.5},
+                     {"step": 3, "actor/pg_loss": 0.3, "actor/grad_norm": 2.0, "reward/mean": 0.6},
+                     {"step": 3, "val/accuracy": 0.7}]  # the final validation's own row, merged into step 3
+    resumed = [{"step": 2, "actor/pg_loss": 0.25, "actor/grad_norm": 1.5, "reward/mean": 0.5},
+               {"step": 3, "actor/pg_loss": 0.1, "actor/grad_norm": 2.0, "reward/mean": 0.6, "val/accuracy": 0.6}]
+    gap = chaos.drift(uninterrupted, resumed, after_step=1)
+    assert gap["steps"] == [2, 3]
+    assert gap["per_step"][2] == pytest.approx({"actor/pg_loss": 0.05, "actor/grad_norm": 0.5, "reward/mean": 0.0})
+    assert gap["per_step"][3]["actor/pg_loss"] == pytest.approx(-0.2)
+    assert gap["max_abs"] == pytest.approx({"actor/pg_loss": 0.2, "actor/grad_norm": 0.5, "reward/mean": 0.0})
+    assert chaos.drift(uninterrupted, resumed[:1], after_step=2)["max_abs"]["actor/pg_loss"] is None  # no step after 2
+    assert chaos.validation(resumed) == {"val/accuracy": 0.6}
+
+    cases = chaos.reshape_cases(world_size=2, accumulation=3)
+    one, fsdp2 = cases.values()
+    assert one == ["actor_train.world_size=1", "actor_train.training_args.gradient_accumulation_steps=6"]
+    assert "actor_train.strategy_args.strategy_name=fsdp2_train" in fsdp2
+    result = {"save_step": 1, "steps": 3, "shape": "DeepSpeed ZeRO-2, 2 ranks, fp32",
+              "uninterrupted": {"exit_code": 0, "wall_s": 9.0, "validation": {"val/accuracy": 0.7}},
+              "resumes": {"1 rank": {"exit_code": 0, "wall_s": 8.0, "decision": "actor_train: converted",
+                                     "validation": {"val/accuracy": 0.6}, "gap": gap}}}
+    text = chaos.reshape_table(result)
+    json.dumps(result)
+    assert "| 1 rank | 3 | -0.2 | +0 | +0 |" in text and "| 1 rank | max abs | 0.2 | 0.5 | 0 |" in text
+    assert "1 rank: exit 0, 8 s, final val/accuracy 0.6000; actor_train: converted" in text
