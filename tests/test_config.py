@@ -147,7 +147,7 @@ def test_seed_config_passes_preflight(tmp_path):
 
 def test_half_precision_on_a_cpu_without_its_matrix_instructions(tmp_path, monkeypatch):
     """fp16 on a CPU without fp16 instructions is refused before workers start, naming the key;
-    bf16 without bf16 instructions is a warning (runs, no faster than fp32)."""
+    bf16 without bf16 instructions is a warning (runs, slower than fp32)."""
     from roll_gspo.config import cpu_precision
 
     cfg = load(tmp_path, BASE + "actor_infer:\n  strategy_args:\n    strategy_name: hf_infer\n",
@@ -159,6 +159,7 @@ def test_half_precision_on_a_cpu_without_its_matrix_instructions(tmp_path, monke
     old = {f.key: f for f in cpu_precision.cpu_precision_findings(cfg, ("avx2", "avx512f"))}
     assert old["actor_train.model_args.dtype"].level == "error" and "use fp32" in old["actor_train.model_args.dtype"].text
     assert old["actor_infer.model_args.dtype"].level == "warning"
+    assert old["actor_infer.model_args.dtype"].remedy == "fp32 is faster here and exact"
     assert cpu_precision.cpu_precision_findings(cfg, ("avx512_fp16", "amx_bf16")) == []
     monkeypatch.setattr(cpu_precision, "cpu_flags", lambda: epyc)
     with pytest.raises(ConfigError, match="actor_train.model_args.dtype = fp16 on a CPU without fp16"):
