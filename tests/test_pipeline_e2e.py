@@ -185,26 +185,19 @@ def run_observing_sync(cfg):
         pipeline.shutdown()
 
 
-@pytest.mark.parametrize("zero_stage, transport, bucket_mb, update", [(2, "auto", 256.0, "auto"),
-                                                                (3, "object_store", 0.02, "layerwise"),
-                                                                (2, "auto", 0.02, "auto")])
-def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session, request, zero_stage, transport,
-                                              bucket_mb, update):
+@pytest.mark.parametrize("zero_stage, transport, bucket_mb, update, run", [
+    (2, "auto", 256.0, "auto", "seed_004_run"), (3, "object_store", 0.02, "layerwise", "zero3_token_run"),
+    (2, "auto", 0.02, "auto", "resumed_run")])
+def test_weight_sync_makes_vllm_match_trainer(request, zero_stage, transport, bucket_mb, update, run):
     """After each of two steps and syncs, vLLM's log-probs of fixed sequences equal the
     trainer's within float32 tolerance, and differ from before; by shared memory (same node) and
     by Ray's object store, in one bucket and in many (a layer's tensors then span buckets), with
-    vLLM's layerwise reload and with the direct CPU update. The ZeRO-3 case is the token-level
-    run's (zero3_token_run), the ZeRO-2 one-bucket case the seed-004 run's (seed_004_run)."""
-    shared = {(3, 0.02): "zero3_token_run", (2, 256.0): "seed_004_run"}.get((zero_stage, bucket_mb))
-    if shared:
-        cfg, _, (mode, observed) = request.getfixturevalue(shared)
-        assert (cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"], cfg.weight_sync_transport,
-                cfg.weight_sync_bucket_mb, cfg.vllm_weight_update) == (zero_stage, transport, bucket_mb, update)
-    else:
-        cfg = write_config(tmp_path, tiny_model, max_steps=2, weight_sync_transport=transport,
-                           weight_sync_bucket_mb=bucket_mb, vllm_weight_update=update,
-                           actor_train={"strategy_args": {"strategy_config": {"zero_optimization": {"stage": zero_stage}}}})
-        mode, observed = run_observing_sync(cfg)
+    vLLM's layerwise reload and with the direct CPU update. Each case is another test's run, which
+    sets these keys: the ZeRO-2 one-bucket case the seed-004 run's, the ZeRO-3 case the token-level
+    run's, the ZeRO-2 many-bucket case the seed-004 run's resumed run (steps 3 and 4)."""
+    cfg, _, (mode, observed) = request.getfixturevalue(run)
+    assert (cfg.actor_train.strategy_args.strategy_config["zero_optimization"]["stage"], cfg.weight_sync_transport,
+            cfg.weight_sync_bucket_mb, cfg.vllm_weight_update) == (zero_stage, transport, bucket_mb, update)
     assert mode == ("direct" if update == "auto" else "layerwise")
     assert len(observed) == 3  # before, after step 1, after step 2
     before, _ = observed[0]
@@ -217,23 +210,35 @@ def test_weight_sync_makes_vllm_match_trainer(tmp_path, tiny_model, ray_session,
         before = after_vllm
 
 
-def test_resume_continues_and_fresh_start_is_refused(tmp_path, tiny_model, seed_004_run):
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory, tiny_model, seed_004_run):
     """A copy of the seed-004 run's output (checkpoints step_1, step_2, its metrics): a fresh start
-    into it is refused, resuming runs step 3 only."""
+    into it is refused, then resuming runs steps 3 and 4 only; its weight sync in many 0.02 MB
+    buckets (the weight-sync test's case), vLLM and the trainer scoring fixed sequences before step 3
+    and after each step's sync (run_observing_sync)."""
     import shutil
 
-    from roll_gspo.lifecycle.checkpoint import complete_checkpoints
-
     first, _, _ = seed_004_run
+    tmp_path = tmp_path_factory.mktemp("resumed")
     shutil.copytree(first.output_dir, tmp_path / "out")
     again = write_config(tmp_path, tiny_model, **SEED_004_RUN)
     with pytest.raises(FileExistsError, match="resume_from_checkpoint"):
         run(again)
-    resumed = write_config(tmp_path, tiny_model, **{**SEED_004_RUN, "max_steps": 3, "resume_from_checkpoint": "auto"})
-    records = run(resumed)
-    assert [r["step"] for r in records if "actor/pg_loss" in r] == [1, 2, 3]  # steps 1-2 logged before, 3 now
-    # step_1..step_3 written, the oldest deleted (save_total_limit: 2)
-    assert [os.path.basename(p) for p in complete_checkpoints(resumed.output_dir)] == ["step_2", "step_3"]
+    resumed = write_config(tmp_path, tiny_model, **{**SEED_004_RUN, "max_steps": 4, "weight_sync_bucket_mb": 0.02,
+                                                    "resume_from_checkpoint": "auto"})
+    observed = run_observing_sync(resumed)
+    return resumed, read_metrics(resumed), observed
+
+
+def test_resume_continues_and_fresh_start_is_refused(resumed_run):
+    """A copy of the seed-004 run's output: a fresh start into it is refused (resumed_run), resuming
+    runs steps 3 and 4 only."""
+    from roll_gspo.lifecycle.checkpoint import complete_checkpoints
+
+    resumed, records, _ = resumed_run
+    assert [r["step"] for r in records if "actor/pg_loss" in r] == [1, 2, 3, 4]  # steps 1-2 logged before, 3-4 now
+    # step_1..step_4 written, the oldest deleted (save_total_limit: 2)
+    assert [os.path.basename(p) for p in complete_checkpoints(resumed.output_dir)] == ["step_3", "step_4"]
 
 
 def test_multidomain_rewards_logged_per_domain(tmp_path, tiny_model, ray_session):
