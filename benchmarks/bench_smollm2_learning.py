@@ -8,7 +8,10 @@ read without needing the format (roll_gspo.rewards.answers.extract_answer), so a
 alone does not move accuracy.
 
 Goal (issue 36): the task-averaged accuracy rises by >= +0.25 absolute within the budget, and no
-task ends below its step-0 accuracy. Prints the curve and the goal side by side, writes
+task ends below its step-0 accuracy. Checked beside it: each task's final accuracy beats the best
+constant answer (`val/<task>/constant_answer_accuracy`; `top_answer_share` says how many replies
+give the most common answer), since a policy that collapsed onto a task's most frequent answer
+(gcd "1", yes/no "Yes") gains accuracy without solving anything. Prints the curve and the goal side by side, writes
 `<out>/learning.json` and `<out>/learning.png`.
 
     .venv/bin/python benchmarks/bench_smollm2_learning.py                      # 30 minutes
@@ -73,6 +76,8 @@ def learning_curve(records: List[Dict], elapsed: Optional[Dict[int, float]] = No
         fmt = {t: record.get(f"val/{t}/format_rate") for t in tasks}
         point = {"step": record["step"], "elapsed_s": (elapsed or {}).get(record["step"]),
                  "accuracy": accuracy, "format_rate": fmt, "mean_accuracy": _mean(accuracy.values()),
+                 "top_answer_share": {t: record.get(f"val/{t}/top_answer_share") for t in tasks},
+                 "constant_answer_accuracy": {t: record.get(f"val/{t}/constant_answer_accuracy") for t in tasks},
                  "mean_format_rate": _mean(fmt.values())}
         points.append(point)
     return sorted(points, key=lambda p: p["step"])
@@ -80,15 +85,20 @@ def learning_curve(records: List[Dict], elapsed: Optional[Dict[int, float]] = No
 
 def verdict(curve: List[Dict], goal_rise: float = GOAL_RISE) -> Dict:
     """The goal against the curve's first (step 0) and last points: the mean accuracy's rise, each
-    task's change, and whether the rise meets the goal with no task below its start."""
+    task's change, and whether the rise meets the goal with no task below its start and every task
+    above what its best constant answer scores (when the run reports it)."""
     if len(curve) < 2:
-        return {"rise": None, "task_change": {}, "rise_ok": False, "no_task_falls": False, "pass": False}
+        return {"rise": None, "task_change": {}, "rise_ok": False, "no_task_falls": False, "beats_constant": {},
+                "pass": False}
     first, last = curve[0], curve[-1]
     change = {t: last["accuracy"][t] - first["accuracy"][t] for t in first["accuracy"]}
     rise = last["mean_accuracy"] - first["mean_accuracy"]
     ok_rise, ok_tasks = rise >= goal_rise, all(c >= 0 for c in change.values())
+    constant = last.get("constant_answer_accuracy") or {}
+    beats = {t: last["accuracy"][t] > constant[t] for t in change if constant.get(t) is not None}
     return {"rise": rise, "task_change": change, "rise_ok": ok_rise, "no_task_falls": ok_tasks,
-            "pass": ok_rise and ok_tasks, "first_step": first["step"], "last_step": last["step"]}
+            "beats_constant": beats, "pass": ok_rise and ok_tasks and all(beats.values()),
+            "first_step": first["step"], "last_step": last["step"]}
 
 
 def format_report(curve: List[Dict], result: Dict, goal_rise: float = GOAL_RISE) -> str:
@@ -113,6 +123,11 @@ def format_report(curve: List[Dict], result: Dict, goal_rise: float = GOAL_RISE)
                  f"{'PASS' if result['rise_ok'] else 'FAIL'}")
     for t, c in result["task_change"].items():
         lines.append(f"{'  ' + t + ' change':<34}{c:>+10.3f}   >= 0  {'ok' if c >= 0 else 'FALLS'}")
+    last = curve[-1]
+    for t, ok in result.get("beats_constant", {}).items():
+        lines.append(f"{'  ' + t + ' vs one answer repeated':<34}{last['accuracy'][t]:>10.3f}   "
+                     f"> {last['constant_answer_accuracy'][t]:.3f}  {'ok' if ok else 'NO'} "
+                     f"(top answer in {last['top_answer_share'][t]:.0%} of replies)")
     lines.append(f"{'verdict (step %d -> %d)' % (result['first_step'], result['last_step']):<34}"
                  f"{'PASS' if result['pass'] else 'FAIL':>10}")
     return "\n".join(lines)

@@ -171,12 +171,17 @@ def accuracies(domains: List[str], correct: List) -> Dict[str, float]:
 def sample_metrics(batch: Batch, n: int) -> Dict[str, float]:
     """`val/pass@k` and `val/maj@k` (n samples per prompt; k = 1, 2, 4, .., n), overall and per
     domain, from the workers' verdicts and the replies' extracted answers: the evaluation command's
-    code (roll_gspo.tasks.sample_metrics)."""
+    code (roll_gspo.tasks.sample_metrics). Per domain with a notion of correct, also
+    `top_answer_share` and `constant_answer_accuracy` (`answer_spread`): accuracy that rose because
+    the policy gives one answer to every prompt shows there."""
     from roll_gspo.rewards.answers import extract_answer
-    from roll_gspo.tasks import grouped_sample_metrics
+    from roll_gspo.tasks import answer_spread, grouped_sample_metrics, reference_answer
 
     answers = [extract_answer(text) for text in batch["response_text"]]
     found = grouped_sample_metrics(batch["domain"], batch["reward_correct"], answers, n)
+    judged = [i for i, c in enumerate(batch["reward_correct"]) if c is not None]
+    found.update(answer_spread([batch["domain"][i] for i in judged], [answers[i] for i in judged],
+                               [reference_answer(batch["ground_truth"][i]) for i in judged]))
     return {f"val/{k}": v for k, v in found.items()}
 
 

@@ -38,6 +38,15 @@ def test_curve_verdict_and_report(bench, tmp_path):
     assert bench.verdict(curve[:1])["pass"] is False
     bench.plot(curve, str(tmp_path / "curve.png"))
     assert (tmp_path / "curve.png").stat().st_size > 1000
+    # a rise that is one answer repeated (x's accuracy equals what its most common answer scores) fails
+    collapsed = [dict(r, **{"val/x/constant_answer_accuracy": 0.5, "val/x/top_answer_share": 0.97,
+                            "val/y/constant_answer_accuracy": 0.1, "val/y/top_answer_share": 0.2})
+                 for r in (records[0], records[2])]
+    result = bench.verdict(bench.learning_curve(collapsed))
+    assert result["rise_ok"] and result["no_task_falls"] and result["beats_constant"] == {"x": False, "y": True}
+    assert not result["pass"]
+    report = bench.format_report(bench.learning_curve(collapsed), result)
+    assert "x vs one answer repeated" in report and "(top answer in 97% of replies)" in report
     args = bench.parse_args(["--smoke", "seed=3"])
     assert args.smoke and args.overrides == ["seed=3"] and args.minutes == 30.0
 

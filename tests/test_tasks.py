@@ -3,6 +3,7 @@ of `tasks.<key>` before workers start, the task reward worker, and the evaluatio
 tiny model (one vLLM start, in the test process)."""
 import itertools
 import json
+import logging
 import math
 import os
 
@@ -228,12 +229,17 @@ def test_task_reward_worker_scores_cut_replies_by_the_task_and_counts_them():
 
 
 # ------------------------------------------------------------------ the evaluation command
-def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path, monkeypatch, capsys):
-    """One vLLM start: greedy and 4 sampled replies on a built-in and a reasoning-gym task.
-    `python -m roll_gspo.eval ...` as its main() in this process (the suite has imported vLLM by
-    then; a fresh interpreter would import it again); the variables it sets for vLLM are undone."""
+def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path, monkeypatch, capsys, caplog):
+    """One vLLM start: greedy and 4 sampled replies on a built-in and a reasoning-gym task, with a
+    progress line per chunk of replies. `python -m roll_gspo.eval ...` as its main() in this process
+    (the suite has imported vLLM by then; a fresh interpreter would import it again); the variables
+    it sets for vLLM are undone."""
+    import roll_gspo.eval as eval_module
     from roll_gspo.distributed.cluster import DEFAULT_WORKER_ENV
     from roll_gspo.eval.__main__ import main
+
+    monkeypatch.setattr(eval_module, "PROGRESS_CHUNK_REPLIES", 16)  # greedy: 16 prompts a chunk, sampled: 4
+    caplog.set_level(logging.INFO, logger="roll_gspo.eval")
 
     for key, value in DEFAULT_WORKER_ENV.items():
         monkeypatch.setenv(key, os.environ.get(key, value))
@@ -245,15 +251,22 @@ def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path, mon
                  "--max-new-tokens", "6", "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
     header = next(line for line in stdout.splitlines() if line.startswith("task"))
-    assert header.split() == ["task", "prompts", "greedy", "format", "cut", "pass@1", "pass@2", "pass@4", "maj@2", "maj@4"]
+    assert header.split() == ["task", "prompts", "greedy", "format", "cut", "top_ans", "const", "pass@1", "pass@2", "pass@4", "maj@2", "maj@4"]
     result = json.loads(out.read_text())
     assert set(result["tasks"]) == {"arith_easy", "chain_sum"} and result["all"]["prompts"] == 12
     for metrics in [*result["tasks"].values(), result["all"]]:
         assert 0 <= metrics["pass@1"] <= metrics["pass@2"] <= metrics["pass@4"] <= 1  # pass@k grows with k
         assert 0 <= metrics["greedy_accuracy"] <= 1
+    for metrics in result["tasks"].values():
+        assert 0 < metrics["top_answer_share"] <= 1 and 0 < metrics["constant_answer_accuracy"] <= 1
+    assert "top_answer_share" not in result["all"]  # a share of one task's answers
     example = result["examples"]["chain_sum"][0]
     assert example["answer"] == extract_answer(example["reply"])  # the one extraction
     assert result["settings"]["tasks"][1]["val_seed"] == 1_000_000
+    progress = [r.getMessage() for r in caplog.records if r.name == "roll_gspo.eval"]
+    assert [m.split(":")[0] for m in progress] == [
+        "12/12 prompts greedy replies", "4/12 prompts x 4 sampled replies (temperature 1.0)",
+        "8/12 prompts x 4 sampled replies (temperature 1.0)", "12/12 prompts x 4 sampled replies (temperature 1.0)"]
 
 
 def test_eval_model_names(tmp_path):
@@ -276,8 +289,23 @@ def test_validation_reports_pass_at_k_with_the_eval_code():
     from pipelines.reward_scoring import sample_metrics as _sample_metrics
     from roll_gspo.distributed.batch import Batch
 
+    truths = [json.dumps({"answer": a}) for a in ("4", "4", "6", "6")] + [json.dumps({"answer": a}) for a in "8888"]
     batch = Batch(meta={"domain": ["sums"] * 4 + ["legs"] * 4, "reward_correct": [1.0, 0.0, 0.0, 0.0] + [0.0] * 4,
-                        "response_text": ["<answer>4</answer>", "5", "The answer is 5.", "**5**"] + ["12 legs"] * 4})
+                        "response_text": ["<answer>4</answer>", "5", "The answer is 5.", "**5**"] + ["12 legs"] * 4,
+                        "ground_truth": truths})
     found = _sample_metrics(batch, 2)  # 2 prompts per task, 2 replies each
     assert found["val/sums/pass@2"] == 0.5 and found["val/sums/maj@2"] == 0.5 and found["val/legs/pass@1"] == 0.0
     assert found["val/pass@1"] == pytest.approx(0.125)
+    # one answer to every prompt shows, and what a constant answer would score
+    assert found["val/legs/top_answer_share"] == 1.0 and found["val/legs/constant_answer_accuracy"] == 1.0
+    assert found["val/sums/top_answer_share"] == 0.75 and found["val/sums/constant_answer_accuracy"] == 0.5
+
+
+def test_answer_spread_and_reference_answers():
+    from roll_gspo.tasks import answer_spread, reference_answer
+
+    assert reference_answer(json.dumps({"answer": "Yes", "source": "reasoning_gym"})) == "Yes"
+    assert reference_answer("42") == "42" and reference_answer("x + 1") == "x + 1"  # math_rule's plain strings
+    spread = answer_spread(["a", "a", "a", "b"], ["1", "1", "", "7"], ["1", "2", "2", "7"])
+    assert spread == {"a/top_answer_share": pytest.approx(2 / 3), "a/constant_answer_accuracy": pytest.approx(2 / 3),
+                      "b/top_answer_share": 1.0, "b/constant_answer_accuracy": 1.0}

@@ -9,11 +9,16 @@ workers' scorer (`roll_gspo.tasks.score_reply`: the same answer extraction) and 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from roll_gspo.tasks import TaskSpec
+
+logger = logging.getLogger(__name__)
+# Replies generated between two progress lines: a few engine batches, so chunking costs nothing.
+PROGRESS_CHUNK_REPLIES = 1024
 
 
 def resolve_eval_model(model: str) -> str:
@@ -66,7 +71,8 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
     from roll_gspo.rewards.answers import extract_answer
     from roll_gspo.rewards.shaping import decode_for_reward
     from roll_gspo.strategies.vllm_strategy import VllmStrategy
-    from roll_gspo.tasks import grouped_sample_metrics, score_reply, spec_problems, write_task_data
+    from roll_gspo.tasks import (answer_spread, grouped_sample_metrics, reference_answer, score_reply, spec_problems,
+                                 write_task_data)
 
     problems = [p for spec in specs for p in spec_problems(spec, f"--tasks {spec.name or spec.key}")]
     if problems:
@@ -89,7 +95,17 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
     prompt_ids = [item["prompt_ids"] for item in items]
 
     def replies(gen: GeneratingArgs, count: int, step: int):
-        out = engine.generate(prompt_ids, gen, count, seeds=rollout_seeds(seed, step, len(items), "validation"))
+        seeds = rollout_seeds(seed, step, len(items), "validation")
+        what = "greedy replies" if count == 1 else f"x {count} sampled replies (temperature {gen.temperature})"
+        out = []
+        # In chunks of ~PROGRESS_CHUNK_REPLIES replies, each a full engine batch, so a long evaluation
+        # says how far it is (a CPU run of 600 prompts x 8 takes tens of minutes).
+        chunk, t0 = max(1, PROGRESS_CHUNK_REPLIES // count), time.perf_counter()
+        for start in range(0, len(prompt_ids), chunk):
+            out += engine.generate(prompt_ids[start:start + chunk], gen, count, seeds=seeds[start:start + chunk])
+            spent = time.perf_counter() - t0
+            left = spent / len(out) * (len(prompt_ids) - len(out))
+            logger.info("%d/%d prompts %s: %.0f s, ~%.0f s left", len(out), len(prompt_ids), what, spent, left)
         flat = [sample for samples in out for sample in samples]
         texts = decode_for_reward(tokenizer, [ids for ids, _, _ in flat])
         rows = [item for item in items for _ in range(count)]
@@ -110,6 +126,11 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
                  "mean_reply_tokens": _mean(g_lengths[i] for i in picked),
                  # greedy replies cut at max_new_tokens (no end-of-sequence token): scored as written
                  "greedy_truncated_rate": _mean(float(g_cut[i]) for i in picked)}
+        domains = {g_rows[i]["domain"] for i in picked}
+        if len(domains) == 1:  # one task: could one answer repeated score this? (training validation's too)
+            spread = answer_spread([g_rows[i]["domain"] for i in picked], [extract_answer(g_texts[i]) for i in picked],
+                                   [reference_answer(g_rows[i]["ground_truth"]) for i in picked])
+            found.update({k.split("/", 1)[1]: v for k, v in spread.items()})
         if sampled is not None:
             rows, texts, scores, _, _ = sampled
             kept = [i for i, r in enumerate(rows) if keep(r["domain"])]
@@ -140,13 +161,16 @@ def _mean(values) -> float:
 
 
 def format_table(result: Dict[str, Any]) -> str:
-    """The console table: one row per task and `all`, one column per metric."""
+    """The console table: one row per task and `all`, one column per metric. `top_ans`: the share of
+    greedy replies giving the task's most common answer; `const`: the accuracy of the best constant
+    answer (both per task: accuracy near `const` with `top_ans` near 1 is one answer repeated)."""
     rows = {**result["tasks"], "all": result["all"]}
-    columns = ["prompts", "greedy_accuracy", "greedy_format_rate", "greedy_truncated_rate"]
+    columns = ["prompts", "greedy_accuracy", "greedy_format_rate", "greedy_truncated_rate", "top_answer_share",
+               "constant_answer_accuracy"]
     columns += sorted({k for r in rows.values() for k in r if k.startswith("pass@")}, key=_k_order)
     columns += sorted({k for r in rows.values() for k in r if k.startswith("maj@")}, key=_k_order)
     heads = {"prompts": "prompts", "greedy_accuracy": "greedy", "greedy_format_rate": "format",
-             "greedy_truncated_rate": "cut"}
+             "greedy_truncated_rate": "cut", "top_answer_share": "top_ans", "constant_answer_accuracy": "const"}
     width = max(len("task"), *(len(k) for k in rows))
     lines = ["  ".join(["task".ljust(width)] + [heads.get(c, c).rjust(7) for c in columns])]
     for key, metrics in rows.items():

@@ -4,9 +4,10 @@
 `task`: a run's task (`TaskSpec`), its rows and the one reply scorer (`score_reply`);
 `sample_metrics`: pass@k and maj@k, for validation and the evaluation command.
 """
-from roll_gspo.tasks.sample_metrics import grouped_sample_metrics, pass_at_k, sample_metrics
+from roll_gspo.tasks.sample_metrics import (answer_spread, grouped_sample_metrics, pass_at_k, reference_answer,
+                                            sample_metrics)
 from roll_gspo.tasks.sources import SOURCES, TaskSource, register_source, resolve_task
 from roll_gspo.tasks.task import TaskSpec, score_reply, spec_problems, task_rows, write_task_data
 
-__all__ = ["SOURCES", "TaskSource", "TaskSpec", "grouped_sample_metrics", "pass_at_k", "register_source",
-           "resolve_task", "sample_metrics", "score_reply", "spec_problems", "task_rows", "write_task_data"]
+__all__ = ["SOURCES", "TaskSource", "TaskSpec", "answer_spread", "grouped_sample_metrics", "pass_at_k",
+           "reference_answer", "register_source", "resolve_task", "sample_metrics", "score_reply", "spec_problems", "task_rows", "write_task_data"]

@@ -78,3 +78,32 @@ def grouped_sample_metrics(domains: Sequence[str], correct: Sequence[Optional[fl
     for domain in sorted(by_domain):
         out.update({f"{domain}/{k}": v for k, v in metrics(by_domain[domain]).items()})
     return out
+
+
+def reference_answer(ground_truth: str) -> str:
+    """The reference answer of a row's ground truth: a task row's JSON `answer`, else the string."""
+    import json
+
+    try:
+        truth = json.loads(ground_truth)
+    except (TypeError, ValueError):
+        return str(ground_truth)
+    return str(truth.get("answer", ground_truth)) if isinstance(truth, dict) else str(truth)
+
+
+def answer_spread(domains: Sequence[str], answers: Sequence[str], references: Sequence[str]) -> Dict[str, float]:
+    """Per domain, how far accuracy could come from one answer repeated (a policy that collapsed
+    onto a task's most common answer rather than solving it):
+
+    - `<domain>/top_answer_share`: the share of replies giving that domain's most common extracted
+      answer (1.0: one answer to every prompt; empty answers count as their own);
+    - `<domain>/constant_answer_accuracy`: the accuracy of the best constant reply, the share of
+      the most common reference answer (exact string match: a task that accepts variants may
+      credit a constant a little more).
+    domains, answers, references: one per reply."""
+    out: Dict[str, float] = {}
+    for domain in sorted(set(domains)):
+        rows = [i for i, d in enumerate(domains) if d == domain]
+        out[f"{domain}/top_answer_share"] = Counter(answers[i] for i in rows).most_common(1)[0][1] / len(rows)
+        out[f"{domain}/constant_answer_accuracy"] = Counter(references[i] for i in rows).most_common(1)[0][1] / len(rows)
+    return out
