@@ -53,8 +53,8 @@ def test_curve_verdict_and_report(bench, tmp_path):
 
 def test_the_smollm2_examples_load(tmp_path, monkeypatch):
     """Both examples load and pass the config checks without building the model (an empty cache):
-    bf16 on both sides with the rollout correction, three reasoning-gym tasks of 200 held-out
-    prompts each; the LoRA one changes only the adapter keys and the learning rate."""
+    fp32 on both sides (old log-probs from vLLM, no correction needed), three reasoning-gym tasks
+    of 200 held-out prompts each; the LoRA one changes only the adapter keys and the learning rate."""
     from roll_gspo.config import load_config
     from roll_gspo.config.task_checks import task_specs
 
@@ -62,8 +62,8 @@ def test_the_smollm2_examples_load(tmp_path, monkeypatch):
     full = load_config(str(BENCH.parents[1] / "examples" / "example_gspo_smollm2.yaml"))
     lora = load_config(str(BENCH.parents[1] / "examples" / "example_gspo_smollm2_lora.yaml"))
     assert full.pretrain == "builtin:smollm2-135m-instruct" and full.importance_sampling == "seq"
-    assert full.actor_train.model_args.dtype == full.actor_infer.model_args.dtype == "bf16"
-    assert full.train_infer_correction.is_weight.enabled
+    assert full.actor_train.model_args.dtype == full.actor_infer.model_args.dtype == "fp32"
+    assert not full.train_infer_correction.is_weight.enabled and full.old_logprob_source == "auto"
     specs = task_specs(full)
     assert len(specs) >= 3 and all(s.val_size >= 200 and s.source == "reasoning_gym" for s in
                                    (spec.resolved() for spec in specs))
