@@ -241,6 +241,30 @@ def test_resume_continues_and_fresh_start_is_refused(resumed_run):
     assert [os.path.basename(p) for p in complete_checkpoints(resumed.output_dir)] == ["step_3", "step_4"]
 
 
+def test_eval_reads_a_checkpoint_as_the_model_it_holds(resumed_run, tiny_model, tmp_path, monkeypatch):
+    """The evaluation command's model from a training checkpoint (ZeRO-2 over 2 ranks): the last
+    checkpoint's weights are the final model's, with the run's config and tokenizer; a run's
+    output_dir without final_model/ (stopped early) gives its latest checkpoint."""
+    from safetensors.torch import load_file
+
+    from roll_gspo.eval import resolve_eval_model
+
+    resumed, _, _ = resumed_run
+    monkeypatch.setenv("ROLL_GSPO_CACHE", str(tmp_path / "cache"))
+    folder = resolve_eval_model(os.path.join(resumed.output_dir, "checkpoints", "step_4"), tiny_model)
+    exported = load_file(os.path.join(folder, "model.safetensors"))
+    final = load_file(os.path.join(resumed.output_dir, "final_model", "model.safetensors"))
+    assert set(final) <= set(exported)
+    assert all(torch.equal(exported[k], final[k]) for k in final)
+    assert {"config.json", "tokenizer_config.json"} <= set(os.listdir(folder))
+    stopped = tmp_path / "stopped"  # an output_dir with checkpoints and no final_model/
+    stopped.mkdir()
+    (stopped / "checkpoints").symlink_to(os.path.join(resumed.output_dir, "checkpoints"))
+    assert resolve_eval_model(str(stopped), tiny_model) == folder  # step_4, already converted
+    with pytest.raises(ValueError, match="give --config"):
+        resolve_eval_model(str(stopped))
+
+
 def test_multidomain_rewards_logged_per_domain(tmp_path, tiny_model, ray_session):
     """Math, code sandbox and multiple choice in one run: each domain's reward, statuses and
     validation accuracy are logged separately."""

@@ -277,9 +277,17 @@ def test_eval_model_names(tmp_path):
     (run / "final_model" / "config.json").write_text("{}")
     assert resolve_eval_model(str(run)) == str(run / "final_model")  # a run's output_dir
     assert resolve_eval_model(str(run / "final_model")) == str(run / "final_model")
-    (run / "checkpoints" / "step_2").mkdir(parents=True)
-    with pytest.raises(ValueError, match="evaluate the run's final_model"):
-        resolve_eval_model(str(run / "checkpoints" / "step_2"))
+    step = run / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    with pytest.raises(ValueError, match="a training checkpoint .checkpoints/step_N/, with --config"):
+        resolve_eval_model(str(step))  # not committed (no COMPLETE): not a checkpoint
+    (step / "COMPLETE").write_text("")
+    for shape, why in [({"engine": "fsdp2", "lora": False}, "an fsdp2 checkpoint is not converted"),
+                       ({"engine": "deepspeed", "lora": True}, "a LoRA checkpoint is not converted"),
+                       ({"engine": "deepspeed", "lora": False}, "give --config with the run's YAML")]:
+        (step / "pipeline_state.json").write_text(json.dumps({"step": 2, "trainer_shapes": {"actor_train": shape}}))
+        with pytest.raises(ValueError, match=why):
+            resolve_eval_model(str(step))
     specs = specs_from_names(["rg:chain_sum", "builtin:arith"], val_size=5, configs={"chain_sum": ONE_DIGIT_SUMS})
     assert [(s.key, s.name, s.val_size, s.config) for s in specs] == [
         ("chain_sum", "rg:chain_sum", 5, ONE_DIGIT_SUMS), ("arith", "builtin:arith", 5, {})]

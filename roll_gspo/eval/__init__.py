@@ -21,19 +21,28 @@ logger = logging.getLogger(__name__)
 PROGRESS_CHUNK_REPLIES = 1024
 
 
-def resolve_eval_model(model: str) -> str:
+def resolve_eval_model(model: str, base_model: Optional[str] = None) -> str:
     """A Hugging Face folder for what `--model` names: a folder (a run's `final_model/` is one), a
-    `.gguf` file or a `builtin:` name (converted or built once into the cache)."""
+    run's output_dir (its final_model/, else its latest checkpoint), a training checkpoint
+    (`checkpoints/step_N/`: its weights with `base_model`'s config and tokenizer, see
+    `checkpoint_model`), a `.gguf` file or a `builtin:` name (converted or built once into the cache)."""
     from roll_gspo.builtin.models import resolve_model
+    from roll_gspo.eval.checkpoint_model import checkpoint_model, is_checkpoint
+    from roll_gspo.lifecycle.checkpoint import complete_checkpoints
 
     path = os.path.abspath(os.path.expanduser(model)) if not model.startswith("builtin:") else model
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
         final = os.path.join(path, "final_model")
         if os.path.isfile(os.path.join(final, "config.json")):  # a run's output_dir
             return final
+        if is_checkpoint(path):
+            return checkpoint_model(path, base_model)
+        saved = complete_checkpoints(path)
+        if saved:  # a run stopped before its end: no final_model/ yet, its latest checkpoint
+            return checkpoint_model(saved[-1], base_model)
         raise ValueError(f"--model {model!r} is a folder without config.json: give a Hugging Face model folder "
-                         f"(a run's final_model/), a .gguf file or a builtin: name (a training checkpoint holds "
-                         f"engine state, not a model folder: evaluate the run's final_model/)")
+                         f"(a run's final_model/ or output_dir), a training checkpoint (checkpoints/step_N/, with "
+                         f"--config), a .gguf file or a builtin: name")
     return resolve_model(model)
 
 
@@ -55,14 +64,15 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
              temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 256, prompt_length: int = 1024,
              template: Optional[str] = None, dtype: str = "fp32", seed: int = 0,
              engine_config: Optional[Dict[str, Any]] = None, env: Optional[Dict[str, str]] = None,
-             keep_replies: int = 3) -> Dict[str, Any]:
+             keep_replies: int = 3, base_model: Optional[str] = None) -> Dict[str, Any]:
     """Greedy accuracy (one greedy reply per prompt) and, with n > 1, pass@k and maj@k over n
     sampled replies (temperature, top_p), per task and over all prompts.
 
     Returns `{"model", "settings", "tasks": {key: metrics}, "all": metrics, "examples"}`; metrics:
     `prompts`, `greedy_accuracy`, `greedy_format_rate`, `pass@k`, `maj@k`, `mean_reply_tokens`,
     `greedy_truncated_rate`.
-    `env`: environment variables for vLLM (default: the rollout workers', e.g. its 1 GiB CPU KV cache)."""
+    `env`: environment variables for vLLM (default: the rollout workers', e.g. its 1 GiB CPU KV cache).
+    `base_model`: the run's model when `model` is a training checkpoint (`resolve_eval_model`)."""
     from transformers import AutoTokenizer
 
     from roll_gspo.config.schema import GeneratingArgs, RoleConfig
@@ -78,7 +88,7 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
     if problems:
         raise ValueError("; ".join(problems))
     started = time.perf_counter()
-    folder = resolve_eval_model(model)
+    folder = resolve_eval_model(model, base_model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     items, stats = load_prompts([write_task_data(specs, "val")], default_domain="tasks", tokenizer=tokenizer,
                                 max_prompt_length=prompt_length, template=template)
