@@ -6,8 +6,6 @@ import json
 import math
 import os
 import re
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -96,31 +94,6 @@ def test_roll_agentic_recipe_trains(tmp_path, in_roll_dir, session_cache, ray_se
     assert os.path.isdir(out / "final_model")
 
 
-def kill_the_rollout_rank_when_it_generates(killed):
-    """A thread: kill -9 of this session's vLLM rank as soon as it runs a turn (`serve_generate`: Ray
-    names the process after the call it runs); its pid goes to `killed`."""
-    import psutil
-
-    from tests.test_resume_chaos import WAIT_S, kill_while_generating
-
-    def watch():
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and not killed:
-            for process in psutil.Process().children(recursive=True):
-                try:
-                    if process.name().startswith("ray::ActorInferWorker") and process.name().endswith(".serve_generate"):
-                        kill_while_generating(process, within_s=1, method="serve_generate")
-                        killed.append(process.pid)
-                        return
-                except (psutil.Error, AssertionError):
-                    continue
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.e2e
 @pytest.mark.chaos
 def test_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_path, session_cache, ray_session, caplog):
@@ -129,7 +102,7 @@ def test_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_path, session_cac
     replaced in its bundle with the step-1 weights, the turns it held are sent again with their seeds
     (the episodes' envs and contexts live in the driver), and step 2 and the final weights are the
     uninterrupted run's (issue 39: one resumed run checks both, one pipeline start fewer)."""
-    from tests.test_resume_chaos import comparable, load_weights
+    from tests.test_resume_chaos import comparable, kill_the_rollout_rank_once, load_weights
 
     # A penalty per unparsed action: rewards, hence updates, are not 0 (the replacement must get step 1's weights).
     lake = {"env_config": {"format_penalty": -0.1}}
@@ -152,7 +125,7 @@ def test_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_path, session_cac
                     resumed_dir / "out" / "checkpoints" / "step_1")
     resumed = small_config(resumed_dir, resume_from_checkpoint="auto", eval_steps=0, custom_envs={"Lake": lake})
     killed: list = []
-    watcher = kill_the_rollout_rank_when_it_generates(killed)
+    watcher = kill_the_rollout_rank_once(None, killed, method="serve_generate")  # at its first turn
     again = {r["step"]: r for r in run(resumed) if "actor/pg_loss" in r}
     watcher.join(timeout=5)
     assert killed, "the rollout rank ran no turn"

@@ -243,19 +243,19 @@ def check_console_of_a_run(output, log_dir):
         assert all("Setting accelerator to CPU" in text for text in trainer_logs)
 
 
-def kill_the_rollout_rank_once(marker, killed):
-    """A thread: once `marker` exists (the reward worker died in the step after generating), kill -9
-    of this session's vLLM rank while it runs its next `generate` (the next step's); its pid goes to
-    `killed`."""
+def kill_the_rollout_rank_once(marker, killed, method="generate"):
+    """A thread: once `marker` exists (None: at once), kill -9 of this session's vLLM rank while it
+    runs `method` (Ray names the process after the call it runs: `generate` for a rollout,
+    `serve_generate` for an agentic turn); its pid goes to `killed`."""
     def watch():
         deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and not os.path.exists(marker):
+        while marker is not None and time.monotonic() < deadline and not os.path.exists(marker):
             time.sleep(0.01)
         while time.monotonic() < deadline:
             for process in psutil.Process().children(recursive=True):
                 try:
-                    if process.name().startswith("ray::ActorInferWorker") and process.name().endswith(".generate"):
-                        kill_while_generating(process, within_s=1)
+                    if process.name().startswith("ray::ActorInferWorker") and process.name().endswith(f".{method}"):
+                        kill_while_generating(process, within_s=1, method=method)
                         killed.append(process.pid)
                         return
                 except (psutil.Error, AssertionError):
