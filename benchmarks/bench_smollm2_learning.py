@@ -17,12 +17,17 @@ give the most common answer), since a policy that collapsed onto a task's most f
     .venv/bin/python benchmarks/bench_smollm2_learning.py                      # 30 minutes
     .venv/bin/python benchmarks/bench_smollm2_learning.py --minutes 10 seed=7  # overrides go to the run
     .venv/bin/python benchmarks/bench_smollm2_learning.py --smoke              # 2 small steps, no verdict
+    .venv/bin/python benchmarks/bench_smollm2_learning.py --table DIR1 DIR2 ...  # finished runs side by side
+
+`--table` compares finished runs (each an `--out` folder): per validation point the mean accuracy,
+and over the training steps since the previous point the clip fraction, entropy and reply length;
+pass@k of the run's final model where `<out>/eval.json` holds the evaluation command's result
+(`python -m roll_gspo.eval --model <out>/run --config <yaml> --n 8 --out <out>/eval.json`).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -51,7 +56,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="folder of the run, learning.json and learning.png (default: %(default)s)")
     parser.add_argument("--smoke", action="store_true",
                         help="2 small steps and 8 held-out prompts per task: checks the wiring, no verdict")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides for the run")
+    parser.add_argument("--table", action="store_true",
+                        help="no run: print a markdown table comparing the finished runs whose --out folders "
+                             "are given as arguments")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides for the run (with --table: the folders)")
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error("--minutes must be > 0")
@@ -219,6 +227,52 @@ def run(args: argparse.Namespace) -> int:
     return 0 if (args.smoke or result["pass"]) else 2
 
 
+# Training metrics averaged between validation points in the comparison table: column -> metric.
+TABLE_SERIES = {"clip": "actor/clipfrac", "entropy": "actor/entropy", "reply tokens": "response/length_mean"}
+
+
+def run_summary(out: Path) -> Dict:
+    """One finished run (an `--out` folder) for the comparison table: its curve from learning.json,
+    each point with the TABLE_SERIES metrics averaged over the training steps since the previous
+    point (step 0: the first step's), and pass@k / greedy accuracy of its final model when
+    `<out>/eval.json` exists."""
+    learning = json.loads((out / "learning.json").read_text())
+    trained = [r for r in _read(out / "run" / "metrics.jsonl") if "time/step_s" in r]
+    points, previous = [], 0
+    for point in learning["curve"]:
+        window = [r for r in trained if previous < r["step"] <= point["step"]] or \
+                 [r for r in trained if r["step"] == 1]
+        series = {name: _mean(r.get(key) for r in window) for name, key in TABLE_SERIES.items()}
+        points.append({"step": point["step"], "minutes": (point["elapsed_s"] or 0) / 60,
+                       "accuracy": point["mean_accuracy"], **series})
+        previous = point["step"]
+    evaluation = None
+    if (out / "eval.json").exists():
+        result = json.loads((out / "eval.json").read_text())
+        evaluation = {k: v for k, v in result["all"].items() if k.startswith("pass@") or k == "greedy_accuracy"}
+    return {"name": out.name, "config": learning["config"], "overrides": learning["overrides"],
+            "steps": learning["steps"], "wall_min": learning["wall_s"] / 60, "rise": learning["result"]["rise"],
+            "points": points, "eval": evaluation}
+
+
+def format_table(summaries: List[Dict]) -> str:
+    """Markdown: one row per (run, validation point); the final model's pass@k in the run's last row."""
+    ks = sorted({k for s in summaries for k in (s["eval"] or {}) if k.startswith("pass@")},
+                key=lambda k: int(k.split("@")[1]))
+    head = ["run", "step", "min", "mean accuracy", *TABLE_SERIES, *(f"final {k}" for k in ks)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for summary in summaries:
+        for i, p in enumerate(summary["points"]):
+            last = i == len(summary["points"]) - 1
+            cells = [summary["name"] if i == 0 else "", str(p["step"]), f"{p['minutes']:.1f}", f"{p['accuracy']:.3f}"]
+            cells += ["-" if p[name] is None else f"{p[name]:.3f}" if name != "reply tokens" else f"{p[name]:.1f}"
+                      for name in TABLE_SERIES]
+            cells += [f"{summary['eval'][k]:.3f}" if last and summary["eval"] and k in summary["eval"] else ""
+                      for k in ks]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _read(path: Path) -> List[Dict]:
     if not path.exists():
         return []
@@ -237,4 +291,8 @@ def _median(values) -> Optional[float]:
 
 
 if __name__ == "__main__":
-    sys.exit(run(parse_args()))
+    arguments = parse_args()
+    if arguments.table:
+        print(format_table([run_summary(Path(folder)) for folder in arguments.overrides]))
+        sys.exit(0)
+    sys.exit(run(arguments))

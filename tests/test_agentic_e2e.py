@@ -94,26 +94,46 @@ def test_roll_agentic_recipe_trains(tmp_path, in_roll_dir, session_cache, ray_se
     assert os.path.isdir(out / "final_model")
 
 
+def example_config(out, *overrides):
+    """examples/example_agentic.yaml at test size, on the tests' shared base model (the example's
+    warm start is an SFT run: minutes; `benchmarks/bench_agentic.py` runs it). That model's moves are
+    almost never valid, so every episode of a group scores the same and the example's z-scores
+    within a group are all 0: raw rewards instead (ROLL's default normalization; the group z-scores
+    train in ROLL's Sokoban recipe above), with a cost of 0.1 per invalid move, so updates are not 0."""
+    return load_config(str(REPO / "examples" / "example_agentic.yaml"), [
+        f"output_dir={out}", "track_with=none", "pretrain=builtin:tiny-arith-base", "max_steps=2",
+        "reward_normalization.grouping=batch", "reward_normalization.method=identity",
+        "rollout_batch_size=8", "train_env_manager.num_env_groups=2", "val_batch_size=4",
+        "val_env_manager.num_env_groups=4", "actor_train.training_args.per_device_train_batch_size=4",
+        "custom_envs.FrozenLake.env_config.format_penalty=-0.1", *overrides])
+
+
 @pytest.mark.e2e
 @pytest.mark.chaos
-def test_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_path, session_cache, ray_session, caplog):
-    """Multi-turn trajectories: the trainer's log-probs equal vLLM's (fp32). A run resumed from its
-    step-1 checkpoint loses its vLLM rank to kill -9 at its first turn of step 2: the rank is
-    replaced in its bundle with the step-1 weights, the turns it held are sent again with their seeds
-    (the episodes' envs and contexts live in the driver), and step 2 and the final weights are the
-    uninterrupted run's (issue 39: one resumed run checks both, one pipeline start fewer)."""
+def test_example_trains_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_path, session_cache, ray_session,
+                                                                          caplog):
+    """The learning example (examples/example_agentic.yaml, smaller) trains: multi-turn episodes, the
+    moves alone in the loss, the trainer's log-probs equal to vLLM's (fp32), validation's success rate
+    and rendered episodes. A run resumed from its step-1 checkpoint loses its vLLM rank to kill -9 at
+    its first turn of step 2: the rank is replaced in its bundle with the step-1 weights, the turns it
+    held are sent again with their seeds (the episodes' envs and contexts live in the driver), and
+    step 2 and the final weights are the uninterrupted run's (issue 39: one resumed run checks both;
+    the example's own run is the uninterrupted one: two pipeline starts fewer)."""
     from tests.test_resume_chaos import comparable, kill_the_rollout_rank_once, load_weights
 
-    # A penalty per unparsed action: rewards, hence updates, are not 0 (the replacement must get step 1's weights).
-    lake = {"env_config": {"format_penalty": -0.1}}
-    whole = small_config(tmp_path / "whole", save_steps=1, render_save_dir=str(tmp_path / "render"),
-                         custom_envs={"Lake": lake})
+    whole = example_config(tmp_path / "whole" / "out", "eval_steps=2", "save_steps=1",
+                           f"render_save_dir={tmp_path / 'render'}")
     full = run(whole)
     steps = {r["step"]: r for r in full if "actor/pg_loss" in r}
     assert set(steps) == {1, 2}
     for row in steps.values():
         assert row["rollout/logprob_gap"] <= 1e-4
         assert row["traj/num_turns_mean"] > 1 and row["actor/grad_norm"] > 0
+        assert 0 < row["traj/agent_tokens_mean"] < row["traj/length_mean"]  # boards are not in the loss
+        assert math.isfinite(row["actor/pg_loss"])
+    validations = [r for r in full if "val/success_rate" in r]
+    assert [r["step"] for r in validations] == [0, 2]
+    assert all(0 <= r["val/success_rate"] <= 1 and "val/env/invalid_action_frac" in r for r in validations)
     assert (tmp_path / "render" / "val_step_2.jsonl").exists()
     first = json.loads((tmp_path / "render" / "val_step_0.jsonl").read_text().splitlines()[0])
     assert first["messages"][0]["role"] == "user" and first["turns"] >= 1
@@ -123,7 +143,7 @@ def test_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_path, session_cac
 
     shutil.copytree(os.path.join(whole.output_dir, "checkpoints", "step_1"),
                     resumed_dir / "out" / "checkpoints" / "step_1")
-    resumed = small_config(resumed_dir, resume_from_checkpoint="auto", eval_steps=0, custom_envs={"Lake": lake})
+    resumed = example_config(resumed_dir / "out", "resume_from_checkpoint=auto", "eval_steps=0")
     killed: list = []
     watcher = kill_the_rollout_rank_once(None, killed, method="serve_generate")  # at its first turn
     again = {r["step"]: r for r in run(resumed) if "actor/pg_loss" in r}

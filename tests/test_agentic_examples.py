@@ -1,11 +1,10 @@
 """The built-in agentic examples (examples/example_agentic.yaml, examples/example_agentic_tool.yaml) and
 their warm starts (pipelines/agentic_warm_start.py): the examples pass --dry-run and play the env their
 model was warm-started on; the warm start's SFT rows are the exact ids RL sees and valid moves; the
-learning example trains (one e2e run); the benchmark's arithmetic."""
+benchmark's arithmetic. The learning example's training run is in tests/test_agentic_e2e.py (it is
+also the uninterrupted run a resumed one must match)."""
 import importlib.util
 import json
-import math
-import os
 from pathlib import Path
 
 import pytest
@@ -121,32 +120,3 @@ def test_benchmark_reads_the_rise_and_when_the_target_was_reached():
     assert bench.rise(curve[:2], budget_minutes=15)["target_reached_minutes"] is None
     with pytest.raises(ValueError, match="fewer than two validations"):
         bench.rise(curve[:1], budget_minutes=15)
-
-
-@pytest.mark.e2e
-def test_example_agentic_trains(tmp_path, session_cache, ray_session):
-    """Two steps of the learning example, smaller: multi-turn episodes, the moves alone in the loss,
-    trainer log-probs equal to vLLM's (fp32), validation's success rate logged. On the tests' shared
-    base model, not the example's warm start: building that (an SFT run) would cost the suite minutes,
-    and the pipeline path is the same; `benchmarks/bench_agentic.py` runs the warm start itself."""
-    from pipelines.agentic_pipeline import run_agentic
-
-    out = tmp_path / "out"
-    cfg = load_config("example_agentic.yaml", [
-        f"output_dir={out}", "track_with=none", "pretrain=builtin:tiny-arith-base", f"render_save_dir={out}/render", "max_steps=2", "eval_steps=2",
-        "rollout_batch_size=16", "train_env_manager.num_env_groups=4", "val_batch_size=16",
-        "val_env_manager.num_env_groups=16", "actor_train.training_args.per_device_train_batch_size=8"])
-    run_agentic(cfg)
-    with open(out / "metrics.jsonl") as handle:
-        rows = [json.loads(line) for line in handle]
-    trained = [r for r in rows if "actor/pg_loss" in r]
-    assert [r["step"] for r in trained] == [1, 2]
-    for row in trained:
-        assert row["rollout/logprob_gap"] <= 1e-4
-        assert row["traj/num_turns_mean"] > 1
-        assert 0 < row["traj/agent_tokens_mean"] < row["traj/length_mean"]  # boards are not in the loss
-        assert math.isfinite(row["actor/pg_loss"])
-    validations = [r for r in rows if "val/success_rate" in r]
-    assert [r["step"] for r in validations] == [0, 2]
-    assert all(0 <= r["val/success_rate"] <= 1 and "val/env/invalid_action_frac" in r for r in validations)
-    assert os.path.exists(out / "render" / "val_step_0.jsonl")

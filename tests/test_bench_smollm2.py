@@ -52,9 +52,10 @@ def test_curve_verdict_and_report(bench, tmp_path):
 
 
 def test_the_smollm2_examples_load(tmp_path, monkeypatch):
-    """Both examples load and pass the config checks without building the model (an empty cache):
+    """The three examples load and pass the config checks without building the model (an empty cache):
     fp32 on both sides (old log-probs from vLLM, no correction needed), three reasoning-gym tasks
-    of 200 held-out prompts each; the LoRA one changes only the adapter keys and the learning rate."""
+    of 200 held-out prompts each; the LoRA one changes only the adapter keys and the learning rate,
+    the GRPO one only the policy loss."""
     from roll_gspo.config import load_config
     from roll_gspo.config.task_checks import task_specs
 
@@ -69,4 +70,45 @@ def test_the_smollm2_examples_load(tmp_path, monkeypatch):
                                    (spec.resolved() for spec in specs))
     assert lora.actor_train.model_args.lora_target == "all-linear" and full.actor_train.model_args.lora_target is None
     assert [s.key for s in task_specs(lora)] == [s.key for s in specs]
+    grpo = load_config(str(BENCH.parents[1] / "examples" / "example_grpo_smollm2.yaml"))
+    assert (grpo.importance_sampling, grpo.loss_agg_mode, grpo.pg_clip_low, grpo.pg_clip_high) == \
+        ("token", "token-mean", 0.2, 0.28)
+    assert [s.key for s in task_specs(grpo)] == [s.key for s in specs]
+    assert grpo.actor_train.training_args.learning_rate == full.actor_train.training_args.learning_rate
     assert not (tmp_path / "cache" / "models").exists()  # nothing built
+
+
+def test_table_compares_finished_runs(bench, tmp_path):
+    """--table: per validation point the mean accuracy and the training metrics averaged since the
+    previous point; the final model's pass@k (from the evaluation command's JSON) in the last row."""
+    import json
+
+    def finished(name, clip, with_eval):
+        out = tmp_path / name
+        (out / "run").mkdir(parents=True)
+        records = [val(0, 0.2, 0.2), *({"step": s, "time/step_s": 50.0, "actor/clipfrac": clip * s,
+                                        "actor/entropy": 0.5, "response/length_mean": 30.0 + s} for s in (1, 2, 3, 4)),
+                   val(2, 0.4, 0.2), val(4, 0.5, 0.3)]
+        (out / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        curve = bench.learning_curve(records, {0: 60.0, 2: 180.0, 4: 300.0})
+        (out / "learning.json").write_text(json.dumps({"config": "x.yaml", "overrides": [], "steps": 4,
+                                                       "wall_s": 320.0, "curve": curve,
+                                                       "result": bench.verdict(curve)}))
+        if with_eval:
+            (out / "eval.json").write_text(json.dumps({"all": {"greedy_accuracy": 0.4, "pass@1": 0.3, "pass@8": 0.7,
+                                                               "maj@8": 0.4}}))
+        return out
+
+    gspo, grpo = finished("gspo", 0.1, True), finished("grpo", 0.01, False)
+    summary = bench.run_summary(gspo)
+    assert [p["step"] for p in summary["points"]] == [0, 2, 4] and summary["rise"] == pytest.approx(0.2)
+    assert summary["points"][0]["clip"] == pytest.approx(0.1)  # step 0: the first step's
+    assert summary["points"][1]["clip"] == pytest.approx(0.15) and summary["points"][2]["clip"] == pytest.approx(0.35)
+    assert summary["points"][2]["reply tokens"] == pytest.approx(33.5)
+    assert summary["eval"] == {"greedy_accuracy": 0.4, "pass@1": 0.3, "pass@8": 0.7}
+    table = bench.format_table([summary, bench.run_summary(grpo)]).splitlines()
+    assert table[0] == "| run | step | min | mean accuracy | clip | entropy | reply tokens | final pass@1 | final pass@8 |"
+    assert table[2].startswith("| gspo | 0 | 1.0 | 0.200 | 0.100 | 0.500 | 31.0 |  |  |")
+    assert table[4].endswith("| 0.350 | 0.500 | 33.5 | 0.300 | 0.700 |")
+    assert table[5].startswith("| grpo | 0 |") and table[-1].endswith("| 33.5 |  |  |")
+    assert bench.parse_args(["--table", "a", "b"]).overrides == ["a", "b"]
