@@ -227,8 +227,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if (args.smoke or result["pass"]) else 2
 
 
-# Training metrics averaged between validation points in the comparison table: column -> metric.
-TABLE_SERIES = {"clip": "actor/clipfrac", "entropy": "actor/entropy", "reply tokens": "response/length_mean"}
+# Training metrics averaged between validation points in the comparison table: column -> (metric, format).
+TABLE_SERIES = {"clip": ("actor/clipfrac", ".3f"), "entropy": ("actor/entropy", ".3f"),
+                "reply tokens": ("response/length_mean", ".1f")}
 
 
 def run_summary(out: Path) -> Dict:
@@ -242,7 +243,7 @@ def run_summary(out: Path) -> Dict:
     for point in learning["curve"]:
         window = [r for r in trained if previous < r["step"] <= point["step"]] or \
                  [r for r in trained if r["step"] == 1]
-        series = {name: _mean(r.get(key) for r in window) for name, key in TABLE_SERIES.items()}
+        series = {name: _mean(r.get(key) for r in window) for name, (key, _) in TABLE_SERIES.items()}
         points.append({"step": point["step"], "minutes": (point["elapsed_s"] or 0) / 60,
                        "accuracy": point["mean_accuracy"], **series})
         previous = point["step"]
@@ -250,9 +251,7 @@ def run_summary(out: Path) -> Dict:
     if (out / "eval.json").exists():
         result = json.loads((out / "eval.json").read_text())
         evaluation = {k: v for k, v in result["all"].items() if k.startswith("pass@") or k == "greedy_accuracy"}
-    return {"name": out.name, "config": learning["config"], "overrides": learning["overrides"],
-            "steps": learning["steps"], "wall_min": learning["wall_s"] / 60, "rise": learning["result"]["rise"],
-            "points": points, "eval": evaluation}
+    return {"name": out.name, "rise": learning["result"]["rise"], "points": points, "eval": evaluation}
 
 
 def format_table(summaries: List[Dict]) -> str:
@@ -265,8 +264,7 @@ def format_table(summaries: List[Dict]) -> str:
         for i, p in enumerate(summary["points"]):
             last = i == len(summary["points"]) - 1
             cells = [summary["name"] if i == 0 else "", str(p["step"]), f"{p['minutes']:.1f}", f"{p['accuracy']:.3f}"]
-            cells += ["-" if p[name] is None else f"{p[name]:.3f}" if name != "reply tokens" else f"{p[name]:.1f}"
-                      for name in TABLE_SERIES]
+            cells += ["-" if p[name] is None else format(p[name], spec) for name, (_, spec) in TABLE_SERIES.items()]
             cells += [f"{summary['eval'][k]:.3f}" if last and summary["eval"] and k in summary["eval"] else ""
                       for k in ks]
             lines.append("| " + " | ".join(cells) + " |")

@@ -118,7 +118,7 @@ def test_example_trains_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_pa
     its first turn of step 2: the rank is replaced in its bundle with the step-1 weights, the turns it
     held are sent again with their seeds (the episodes' envs and contexts live in the driver), and
     step 2 and the final weights are the uninterrupted run's (issue 39: one resumed run checks both;
-    the example's own run is the uninterrupted one: two pipeline starts fewer)."""
+    the example's own run is the uninterrupted one: one pipeline start fewer)."""
     from tests.test_resume_chaos import comparable, kill_the_rollout_rank_once, load_weights
 
     whole = example_config(tmp_path / "whole" / "out", "eval_steps=2", "save_steps=1",
