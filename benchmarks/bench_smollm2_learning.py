@@ -22,7 +22,9 @@ give the most common answer), since a policy that collapsed onto a task's most f
 `--table` compares finished runs (each an `--out` folder): per validation point the mean accuracy,
 and over the training steps since the previous point the clip fraction, entropy and reply length;
 pass@k of the run's final model where `<out>/eval.json` holds the evaluation command's result
-(`python -m roll_gspo.eval --model <out>/run --config <yaml> --n 8 --out <out>/eval.json`).
+(`python -m roll_gspo.eval --model <out>/run --config <yaml> --n 8 --out <out>/eval.json`). Then a
+second table, one row per config: the runs of one method over seeds, their mean accuracy at each
+validation step with each run's beside it.
 """
 from __future__ import annotations
 
@@ -251,7 +253,8 @@ def run_summary(out: Path) -> Dict:
     if (out / "eval.json").exists():
         result = json.loads((out / "eval.json").read_text())
         evaluation = {k: v for k, v in result["all"].items() if k.startswith("pass@") or k == "greedy_accuracy"}
-    return {"name": out.name, "rise": learning["result"]["rise"], "points": points, "eval": evaluation}
+    return {"name": out.name, "config": learning["config"], "rise": learning["result"]["rise"], "points": points,
+            "eval": evaluation}
 
 
 def format_table(summaries: List[Dict]) -> str:
@@ -268,6 +271,33 @@ def format_table(summaries: List[Dict]) -> str:
             cells += [f"{summary['eval'][k]:.3f}" if last and summary["eval"] and k in summary["eval"] else ""
                       for k in ks]
             lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def format_seed_table(summaries: List[Dict]) -> str:
+    """Markdown: one row per config (the runs of one method over seeds): at each validation step the
+    mean accuracy over its runs with each run's in brackets (in the order given), the rise, and
+    the final models' pass@1 / pass@8 where every run has them."""
+    groups: Dict[str, List[Dict]] = {}
+    for summary in summaries:
+        groups.setdefault(summary["config"], []).append(summary)
+    steps = sorted({p["step"] for s in summaries for p in s["points"]})
+
+    def cell(values: List[Optional[float]]) -> str:
+        if any(v is None for v in values):
+            return "-"
+        return f"{sum(values) / len(values):.3f}" + (f" ({', '.join(f'{v:.3f}' for v in values)})"
+                                                     if len(values) > 1 else "")
+
+    head = ["config", "runs", *(f"step {s}" for s in steps), "rise", "final pass@1", "final pass@8"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for config, runs in groups.items():
+        by_step = [{p["step"]: p["accuracy"] for p in run["points"]} for run in runs]
+        cells = [Path(config).stem, ", ".join(run["name"] for run in runs)]
+        cells += [cell([acc.get(step) for acc in by_step]) for step in steps]
+        cells.append(cell([run["rise"] for run in runs]))
+        cells += [cell([(run["eval"] or {}).get(k) for run in runs]) for k in ("pass@1", "pass@8")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -291,6 +321,7 @@ def _median(values) -> Optional[float]:
 if __name__ == "__main__":
     arguments = parse_args()
     if arguments.table:
-        print(format_table([run_summary(Path(folder)) for folder in arguments.overrides]))
+        finished = [run_summary(Path(folder)) for folder in arguments.overrides]
+        print(format_table(finished) + "\n\nBy config, over its runs (seeds):\n\n" + format_seed_table(finished))
         sys.exit(0)
     sys.exit(run(arguments))

@@ -112,3 +112,12 @@ def test_table_compares_finished_runs(bench, tmp_path):
     assert table[4].endswith("| 0.350 | 0.500 | 33.5 | 0.300 | 0.700 |")
     assert table[5].startswith("| grpo | 0 |") and table[-1].endswith("| 33.5 |  |  |")
     assert bench.parse_args(["--table", "a", "b"]).overrides == ["a", "b"]
+    seeds = bench.format_seed_table([summary, bench.run_summary(grpo), dict(summary, name="gspo_s7", rise=0.4)])
+    lines = seeds.splitlines()
+    assert lines[0] == "| config | runs | step 0 | step 2 | step 4 | rise | final pass@1 | final pass@8 |"
+    # the two gspo-like runs share x.yaml here: one row, their mean with each run's value
+    assert lines[2] == ("| x | gspo, grpo, gspo_s7 | 0.200 (0.200, 0.200, 0.200) | 0.300 (0.300, 0.300, 0.300) | "
+                        "0.400 (0.400, 0.400, 0.400) | 0.267 (0.200, 0.200, 0.400) | - | - |")
+    other = bench.format_seed_table([summary, dict(summary, config="y.yaml")]).splitlines()
+    assert other[2].startswith("| x | gspo | 0.200 |") and other[2].endswith("| 0.300 | 0.700 |")
+    assert other[3].startswith("| y | gspo |")
