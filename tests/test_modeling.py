@@ -95,3 +95,52 @@ def test_sampled_token_log_probs_gradcheck_with_repeated_positions(monkeypatch):
     expected = torch.log_softmax(logits[rows, positions].float(), -1)
     torch.testing.assert_close(log_probs, expected.gather(-1, targets[:, None]).squeeze(-1))
     torch.testing.assert_close(entropy, -(expected.exp() * expected).sum(-1))
+
+
+# --------------------------------------------------------------------------------------------
+# A trained embedding tied to the LM head sends a sparse gradient (issue 40: a quarter of the
+# 0.5B backward was the embedding's dense vocabulary x hidden gradient): the same parameter
+# gradient, dense, for every optimizer and engine; untied or frozen embeddings are left alone.
+# --------------------------------------------------------------------------------------------
+def test_tied_embedding_sends_a_sparse_gradient_with_the_same_dense_result(tiny_model):
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from roll_gspo.models.causal_lm import response_token_log_probs, sparse_tied_embedding_grad
+
+    def gradients(model):
+        model.zero_grad(set_to_none=True)
+        # repeated tokens: one embedding row gets several rows of gradient
+        ids = torch.tensor([[3, 4, 3, 5, 3, 6], [7, 3, 3, 8, 9, 3]])
+        log_probs, _ = response_token_log_probs(model, ids, torch.ones_like(ids), torch.tensor([2, 3]), 3)
+        (-log_probs.sum()).backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    embedding = model.get_input_embeddings()
+    assert embedding.weight is model.get_output_embeddings().weight and not embedding.sparse
+    dense = gradients(model)
+    assert sparse_tied_embedding_grad(model) and embedding.sparse
+    sparse = gradients(model)
+    assert embedding.weight.grad.layout == torch.strided  # what AdamW and the engines take
+    assert dense.keys() == sparse.keys()
+    for name in dense:
+        torch.testing.assert_close(sparse[name], dense[name], rtol=1e-6, atol=1e-7, msg=name)
+    # untied: the parameter's own gradient would be sparse, so nothing changes
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    untied = Qwen2ForCausalLM(config)
+    assert not sparse_tied_embedding_grad(untied) and not untied.get_input_embeddings().sparse
+    # frozen (a LoRA base model): no gradient to send
+    frozen = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).requires_grad_(False)
+    assert not sparse_tied_embedding_grad(frozen)
+
+
+def test_the_trained_policy_gets_the_sparse_embedding_gradient_and_scorers_do_not(tiny_model):
+    from roll_gspo.config.schema import RoleConfig
+    from roll_gspo.strategies.train_engine import load_policy_model
+
+    role = RoleConfig()
+    role.model_args.model_name_or_path = tiny_model
+    trained, _ = load_policy_model(role, train=True, dtype="fp32")
+    scorer, _ = load_policy_model(role, train=False, dtype="fp32")
+    assert trained.get_input_embeddings().sparse and not scorer.get_input_embeddings().sparse

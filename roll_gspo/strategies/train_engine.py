@@ -21,7 +21,7 @@ from typing import ContextManager, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from roll_gspo.config.schema import RoleConfig
-from roll_gspo.models.causal_lm import disable_dropout, load_causal_lm
+from roll_gspo.models.causal_lm import disable_dropout, load_causal_lm, sparse_tied_embedding_grad
 from roll_gspo.strategies.lora import WeightEntry
 
 logger = logging.getLogger("roll_gspo.train_engine")
@@ -47,7 +47,8 @@ def use_cpu_threads() -> None:
 def load_policy_model(role: RoleConfig, train: bool, dtype: str, value_model: bool = False):
     """The role's causal LM in `dtype`, as RL scores it: gradient checkpointing when the role
     trains with it, dropout off, wrapped by PEFT when it trains a LoRA adapter (model_args.lora_target;
-    roll_gspo.strategies.lora). `value_model`: the critic's instead, the same body with a scalar head
+    roll_gspo.strategies.lora), a trained embedding tied to the LM head sending a sparse gradient
+    (`sparse_tied_embedding_grad`: the same gradient, without a vocabulary-wide copy per pass). `value_model`: the critic's instead, the same body with a scalar head
     (roll_gspo.models.value_model). Returns (model, the config as loaded, for saving)."""
     if value_model:
         from roll_gspo.models.value_model import load_value_model
@@ -64,6 +65,8 @@ def load_policy_model(role: RoleConfig, train: bool, dtype: str, value_model: bo
         if role.model_args.gradient_checkpointing:
             model.enable_input_require_grads()  # recomputed layers need an input that requires grad
         model = apply_lora(model, role.model_args)
+    if train and not value_model:
+        sparse_tied_embedding_grad(model)
     # Old log-probs (eval mode), new ones (train mode) and the reference must score one policy.
     if disable_dropout(model):
         logger.info("dropout disabled in %s: RL forward passes run without it", role.model_args.model_name_or_path)
