@@ -98,9 +98,9 @@ def test_sampled_token_log_probs_gradcheck_with_repeated_positions(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------
-# A trained embedding tied to the LM head sends a sparse gradient (issue 40: a quarter of the
-# 0.5B backward was the embedding's dense vocabulary x hidden gradient): the same parameter
-# gradient, dense, for every optimizer and engine; untied or frozen embeddings are left alone.
+# A trained embedding tied to the LM head sends a sparse gradient (issue 40: no vocabulary x hidden
+# dense copy per backward pass): the same parameter gradient, dense, for every optimizer and
+# engine; untied or frozen embeddings are left alone.
 # --------------------------------------------------------------------------------------------
 def test_tied_embedding_sends_a_sparse_gradient_with_the_same_dense_result(tiny_model):
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM

@@ -26,8 +26,9 @@ def sparse_tied_embedding_grad(model: torch.nn.Module) -> bool:
     Tied, the embedding's gradient meets the head's dense one in autograd's sum, so the parameter's
     gradient stays dense and equal (up to the order of adding a repeated token's rows); what goes is
     the embedding's own vocabulary x hidden dense gradient, zero-filled and added for every backward
-    pass. At a 152k vocabulary (0.5B) that was a quarter of the backward's time (plain torch, fp32,
-    2 threads: 5.9 -> 4.5 s a micro-batch of 2 x 144 tokens, `benchmarks/bench_embedding_grad.py`).
+    pass: memory traffic. At a 152k vocabulary (0.5B, fp32, 2 threads, a micro-batch of 2 x 144
+    tokens; `benchmarks/bench_embedding_grad.py`) the backward took 3.23 -> 3.09 s on a quiet machine
+    (-4 %) and 5.9 -> 4.5 s beside a learning run, where memory bandwidth is shared.
     Untied, the parameter's gradient would itself be sparse, which AdamW and the engines refuse:
     left dense."""
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
