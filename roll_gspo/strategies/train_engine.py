@@ -48,8 +48,8 @@ def load_policy_model(role: RoleConfig, train: bool, dtype: str, value_model: bo
     """The role's causal LM in `dtype`, as RL scores it: gradient checkpointing when the role
     trains with it, dropout off, wrapped by PEFT when it trains a LoRA adapter (model_args.lora_target;
     roll_gspo.strategies.lora), a trained embedding tied to the LM head sending a sparse gradient
-    (`sparse_tied_embedding_grad`: the same gradient, without a vocabulary-wide copy per pass). `value_model`: the critic's instead, the same body with a scalar head
-    (roll_gspo.models.value_model). Returns (model, the config as loaded, for saving)."""
+    (`sparse_tied_embedding_grad`: the same gradient, without a vocabulary-wide copy per pass).
+    `value_model`: the critic's instead, the same body with a scalar head (roll_gspo.models.value_model). Returns (model, the config as loaded, for saving)."""
     if value_model:
         from roll_gspo.models.value_model import load_value_model
 
