@@ -53,18 +53,24 @@ def test_curve_verdict_and_report(bench, tmp_path):
 
 def test_the_smollm2_examples_load(tmp_path, monkeypatch):
     """The three examples load and pass the config checks without building the model (an empty cache):
-    fp32 on both sides (old log-probs from vLLM, no correction needed), three reasoning-gym tasks
+    `dtype: auto`, fp32 on a CPU without bf16 instructions (old log-probs from vLLM, the correction
+    idle), three reasoning-gym tasks
     of 200 held-out prompts each; the LoRA one changes only the adapter keys and the learning rate,
     the GRPO one only the policy loss."""
     from roll_gspo.config import load_config
     from roll_gspo.config.task_checks import task_specs
 
+    from roll_gspo.config import cpu_precision
+    from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+
     monkeypatch.setenv("ROLL_GSPO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_precision, "cpu_flags", lambda: ("avx2", "avx512f"))  # dtype: auto -> fp32
     full = load_config(str(BENCH.parents[1] / "examples" / "example_gspo_smollm2.yaml"))
     lora = load_config(str(BENCH.parents[1] / "examples" / "example_gspo_smollm2_lora.yaml"))
     assert full.pretrain == "builtin:smollm2-135m-instruct" and full.importance_sampling == "seq"
     assert full.actor_train.model_args.dtype == full.actor_infer.model_args.dtype == "fp32"
-    assert not full.train_infer_correction.is_weight.enabled and full.old_logprob_source == "auto"
+    # the correction (for bf16, where auto picks it) costs nothing in fp32: vLLM's log-probs are the old ones
+    assert full.train_infer_correction.is_weight.enabled and choose_old_logprob_source(full).source == "rollout"
     specs = task_specs(full)
     assert len(specs) >= 3 and all(s.val_size >= 200 and s.source == "reasoning_gym" for s in
                                    (spec.resolved() for spec in specs))
@@ -75,6 +81,7 @@ def test_the_smollm2_examples_load(tmp_path, monkeypatch):
         ("token", "token-mean", 0.2, 0.28)
     assert [s.key for s in task_specs(grpo)] == [s.key for s in specs]
     assert grpo.actor_train.training_args.learning_rate == full.actor_train.training_args.learning_rate
+    assert choose_old_logprob_source(grpo).source == "rollout"  # token ratios too: fp32 mismatch is ~1e-6
     assert not (tmp_path / "cache" / "models").exists()  # nothing built
 
 

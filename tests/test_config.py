@@ -166,6 +166,40 @@ def test_half_precision_on_a_cpu_without_its_matrix_instructions(tmp_path, monke
         preflight(cfg)
 
 
+@pytest.mark.parametrize("flags, dtype, old_logprobs", [
+    (("avx2", "avx512f"), "fp32", "rollout"),  # no bf16 instructions: fp32, vLLM's log-probs are the trainer's
+    (("avx512f", "avx512_bf16"), "bf16", "trainer"),  # bf16 ones: bf16, the trainer's pass and the correction
+    (("amx_bf16",), "bf16", "trainer"),
+])
+def test_dtype_auto_takes_the_cpus_faster_precision_with_one_notice(tmp_path, monkeypatch, flags, dtype, old_logprobs):
+    from roll_gspo.config import cpu_precision
+    from roll_gspo.config.loader import load_config_findings
+    from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+
+    monkeypatch.setattr(cpu_precision, "cpu_flags", lambda: flags)
+    text = BASE + "train_infer_correction: {is_weight: {enabled: true, weight_type: geometric, upper_bound: 1.2}}\n"
+    cfg, findings = load_config_findings(write(tmp_path, text), FITS_BUILTIN_MODEL + [
+        "actor_train.model_args.dtype=auto", "actor_infer.model_args.dtype=auto", "reference.model_args.dtype=fp32"])
+    assert (cfg.actor_train.model_args.dtype, cfg.actor_infer.model_args.dtype) == (dtype, dtype)
+    assert cfg.reference.model_args.dtype == "fp32"  # written, not auto: left alone
+    said = [f for f in findings if f.text.startswith(f"notice: dtype: auto -> {dtype}")]
+    assert [f.key for f in said] == ["actor_train.model_args.dtype", "actor_infer.model_args.dtype"]
+    assert len({f.text for f in said}) == 1 and "actor_train.model_args.dtype, actor_infer.model_args.dtype" in said[0].text
+    assert choose_old_logprob_source(cfg).source == old_logprobs  # the correction acts only where the gap opens
+    assert cpu_precision.cpu_precision_findings(cfg, flags) == []  # auto never picks what the CPU warns of
+
+
+def test_dtype_auto_on_a_gpu_role_is_bf16(tmp_path):
+    from roll_gspo.config import cpu_precision
+
+    cfg = load(tmp_path, overrides=FITS_BUILTIN_MODEL)
+    cfg.actor_train.model_args.dtype = cfg.actor_infer.model_args.dtype = "auto"
+    cfg.actor_infer.device_mapping = [0]
+    texts = {f.key: f.text for f in cpu_precision.resolve_auto_dtypes(cfg, ("avx2",))}
+    assert (cfg.actor_train.model_args.dtype, cfg.actor_infer.model_args.dtype) == ("fp32", "bf16")
+    assert "GPU" in texts["actor_infer.model_args.dtype"] and "no bf16" in texts["actor_train.model_args.dtype"]
+    assert cpu_precision.resolve_auto_dtypes(cfg, ("avx2",)) == []  # nothing left to choose
+
 def test_scalar_file_name_means_a_list_of_one(tmp_path):
     cfg = load(tmp_path, overrides=["actor_train.data_args.file_name=builtin:arith/train"])
     assert cfg.actor_train.data_args.file_name == ["builtin:arith/train"]
@@ -731,7 +765,10 @@ AUTO_CASES = [  # (overrides, moe, source, a fragment of the reason)
     (["+actor_infer.strategy_args.strategy_config.logprobs_mode=raw_logprobs"], False, "trainer", "overrides"),
     (["actor_infer.model_args.dtype=bf16"], False, "trainer", "until a step measures a mean gap below"),
     (["actor_train.model_args.dtype=bf16", "old_logprob_auto_max_gap=0"], False, "trainer", "outside fp32"),
-    (["importance_sampling=token", "pg_clip_low=0.2", "pg_clip_high=0.28"], False, "trainer", "importance_sampling: token"),
+    # token ratios: in fp32 each token's engine mismatch is ~1e-6 against a 0.2 clip; in bf16 it is not averaged
+    (["importance_sampling=token", "pg_clip_low=0.2", "pg_clip_high=0.28"], False, "rollout", "forward pass is skipped"),
+    (["importance_sampling=token", "pg_clip_low=0.2", "pg_clip_high=0.28", "actor_infer.model_args.dtype=bf16"], False,
+     "trainer", "importance_sampling: token"),
     (["router_replay=true"], True, "trainer", "router_replay"),
     ([], True, "trainer", "Mixture-of-Experts"),
     (["model_update_frequency=2"], False, "trainer", "stale weights"),

@@ -385,7 +385,7 @@ def refusal(tmp_path, text):
     return str(info.value)
 
 
-def test_roll_keys_load_and_force_the_trainer_old_logprobs(tmp_path):
+def test_roll_keys_load_and_take_the_trainer_old_logprobs_where_they_differ(tmp_path):
     cfg = load(tmp_path, """\
 train_infer_correction:
   is_weight: {enabled: true, weight_type: geometric, upper_bound: 1.5}
@@ -395,10 +395,21 @@ train_infer_correction:
     args = correction_arguments(cfg)
     assert args["is_level"] == "geometric" and args["is_threshold"] == 1.5
     assert args["rejections"] == [RejectionRule("token", 0.5, 2.0, -0.2, 0.2)]
-    choice = choose_old_logprob_source(cfg)  # fp32 vLLM: auto would take the rollout's without the correction
+    # fp32 on both sides: the weights would be exp(~1e-6), so auto skips the trainer's pass
+    choice = choose_old_logprob_source(cfg)
+    assert choice.source == "rollout" and "nothing to correct" in choice.reason
+    assert choose_old_logprob_source(load(tmp_path, "")).source == "rollout"
+    bf16 = load(tmp_path, """\
+train_infer_correction: {is_weight: {enabled: true, weight_type: geometric, upper_bound: 1.5}}
+actor_infer: {model_args: {dtype: bf16}}
+""")
+    choice = choose_old_logprob_source(bf16)  # the weights need both every step: never follows the gap
     assert choice.source == "trainer" and choice.max_gap is None and "train_infer_correction" in choice.reason
-    plain = load(tmp_path, "")
-    assert choose_old_logprob_source(plain).source == "rollout"
+    stale = load(tmp_path, """\
+train_infer_correction: {is_weight: {enabled: true, weight_type: geometric}}
+model_update_frequency: 2
+""")
+    assert choose_old_logprob_source(stale).source == "trainer"  # the weights carry the staleness
 
 
 def test_verl_names_set_the_roll_block(tmp_path):

@@ -56,11 +56,11 @@ def cpu_only_host() -> bool:
     return not torch.cuda.is_available()
 
 
-def _placed_on_gpu(role) -> bool:
+def placed_on_gpu(role) -> bool:
     return role.device_mapping is not None or bool(role.num_gpus_per_worker)
 
 
-def _roles(cfg: PipelineConfig) -> Dict[str, Any]:
+def rank_blocks(cfg: PipelineConfig) -> Dict[str, Any]:
     """Every block that may start ranks: the three roles, the critic and the reward blocks (a
     RoleConfig or a RewardConfig: the placement keys are the same)."""
     roles: Dict[str, Any] = {name: getattr(cfg, name) for name in ("actor_train", "actor_infer", "reference")}
@@ -80,8 +80,8 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
     what runs there. `cpu_host`: True drops every role's GPU placement first (the run happens on a
     machine without a GPU); None decides it with `cpu_only_host()` when a role has GPU placement;
     False keeps the placement. Returns the notices (one per setting, naming its keys)."""
-    roles = _roles(cfg)
-    placed = [name for name, role in roles.items() if _placed_on_gpu(role)]
+    roles = rank_blocks(cfg)
+    placed = [name for name, role in roles.items() if placed_on_gpu(role)]
     if placed and cpu_host is None:
         cpu_host = cpu_only_host()
     notices: List[Finding] = []
@@ -105,7 +105,7 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
         changed.setdefault((what, key.rpartition(".")[2]), []).append(key)
 
     for name, role in roles.items():
-        if _placed_on_gpu(role):
+        if placed_on_gpu(role):
             continue
         model_backed = not name.startswith("rewards.") or (
             loads_model(role.worker_cls)

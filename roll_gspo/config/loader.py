@@ -300,6 +300,7 @@ def load_config_findings(config: str, overrides: Sequence[str] = (),
     """`load_config`, returning the load's warnings and notices (the CPU adaptation's, the
     validation's) instead of logging them; a ConfigError of the validation carries the notices
     noted before it (`ConfigError.notices`)."""
+    from roll_gspo.config.cpu_precision import resolve_auto_dtypes
     from roll_gspo.config.cpu_run import adapt_to_cpu, megatron_to_deepspeed
     from roll_gspo.config.validate import check_config
 
@@ -315,7 +316,7 @@ def load_config_findings(config: str, overrides: Sequence[str] = (),
     apply_overrides(raw_cfg, overrides)
     on_cpu = megatron_to_deepspeed(raw_cfg, cpu_host)
     cfg, notices = load_config_dict(raw_cfg, from_defaults)
-    notices += on_cpu + adapt_to_cpu(cfg, cpu_host)
+    notices += on_cpu + adapt_to_cpu(cfg, cpu_host) + resolve_auto_dtypes(cfg)  # auto: by where each role runs
     try:
         return cfg, notices + check_config(cfg, yaml_keys=written_key_paths(raw_cfg))
     except ConfigError as exc:

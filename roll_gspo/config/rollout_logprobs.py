@@ -43,7 +43,17 @@ def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -
     if cfg.old_logprob_source != "auto":
         return OldLogprobChoice(cfg.old_logprob_source, f"old_logprob_source: {cfg.old_logprob_source} in the config")
     trainer = lambda why: OldLogprobChoice("trainer", f"auto: {why}")  # noqa: E731
+    engine = cfg.actor_infer.strategy_args.strategy_name
+    skipped = (f"auto: {engine}'s sampled-token log-probs are the trainer's (fp32 on both sides, temperature "
+               f"applied, full distribution); the trainer's old-log-prob forward pass is skipped")
+    exact, why_not = rollout_logprobs_are_exact(cfg)  # precision and quantity; staleness is below
+    synchronous = not generates_ahead(cfg) and cfg.model_update_frequency == 1
     if correction_enabled(cfg):  # never follows the gap: the weights need both log-probs every step
+        if exact and synchronous and not cfg.router_replay and not model_is_moe:
+            # Its weights exp(old - rollout) would be 1 up to fp32 kernel differences (~1e-6): a
+            # whole forward pass for nothing, e.g. a bf16 recipe whose `dtype: auto` chose fp32.
+            return OldLogprobChoice("rollout", f"{skipped}; train_infer_correction has nothing to correct (its "
+                                               f"weights exp(old_logp - rollout_logp) are 1)")
         return trainer("train_infer_correction weighs each sample by exp(old_logp - rollout_logp), which needs "
                        "the trainer's old log-probs beside the rollout engine's")
     if generates_ahead(cfg):  # what validation refuses with it (bias, router_replay) never gets here
@@ -54,23 +64,19 @@ def choose_old_logprob_source(cfg: PipelineConfig, model_is_moe: bool = False) -
         return trainer("a Mixture-of-Experts policy: the trainer's old-log-prob pass records each token's experts "
                        "(moe/expert_volatility, moe/load_balance_max_over_mean); old_logprob_source: rollout skips "
                        "it and those metrics")
-    if cfg.importance_sampling == "token":
-        return trainer("importance_sampling: token takes each token's engine mismatch into its own ratio "
-                       "unaveraged (GSPO's sequence ratio averages it over the response)")
     if cfg.model_update_frequency > 1:
         return trainer(f"model_update_frequency = {cfg.model_update_frequency}: the rollout log-probs come from "
                        f"stale weights, and a ratio measured from them starts outside a GSPO-sized clip")
     bias = rollout_logprobs_bias(cfg)
     if bias:
         return trainer(bias)
-    exact, why_not = rollout_logprobs_are_exact(cfg)
+    if not exact and cfg.importance_sampling == "token":  # in fp32 each token's mismatch is ~1e-6: nothing
+        return trainer(f"{why_not}; importance_sampling: token takes each token's engine mismatch into its own "
+                       f"ratio unaveraged (GSPO's sequence ratio averages it over the response)")
     if not exact:  # precision only: measure the gap
         threshold = auto_max_gap(cfg)
         if threshold > 0:
             return OldLogprobChoice("trainer", f"auto: {why_not}; the trainer's until a step measures a mean "
                                                f"gap below old_logprob_auto_max_gap = {threshold:g}", threshold)
         return trainer(why_not)
-    engine = cfg.actor_infer.strategy_args.strategy_name
-    return OldLogprobChoice("rollout", f"auto: {engine}'s sampled-token log-probs are the trainer's (fp32 on both "
-                                       f"sides, temperature applied, full distribution); the trainer's "
-                                       f"old-log-prob forward pass is skipped")
+    return OldLogprobChoice("rollout", skipped)

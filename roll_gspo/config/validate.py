@@ -11,7 +11,7 @@ import os
 from typing import AbstractSet, List, Optional
 
 from roll_gspo.catalog.estimators import ESTIMATORS
-from roll_gspo.config.engine_logprobs import rollout_logprobs_bias, vllm_dtype_name
+from roll_gspo.config.engine_logprobs import rollout_logprobs_are_exact, rollout_logprobs_bias, vllm_dtype_name
 from roll_gspo.config.findings import Finding, error, notice, warning
 from roll_gspo.config.registry import check, run_steps
 from roll_gspo.config.rollout_logprobs import choose_old_logprob_source, correction_enabled
@@ -409,10 +409,11 @@ def _warn_traps(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = Non
         warns.append(warning("reward_norm", "reward_shift / reward_scale have no effect while reward_norm is null"))
     if cfg.use_kl_loss and cfg.add_token_level_kl:
         warns.append(warning("use_kl_loss", "use_kl_loss and add_token_level_kl are both on: KL is penalised twice"))
-    if cfg.old_logprob_source == "rollout" and cfg.importance_sampling == "token":
-        warns.append(warning("old_logprob_source", "old_logprob_source: rollout with token-level ratios: the engines' "
-                                                   "per-token precision mismatch enters every ratio; GSPO's sequence "
-                                                   "ratio averages it out"))
+    if (cfg.old_logprob_source == "rollout" and cfg.importance_sampling == "token"
+            and not rollout_logprobs_are_exact(cfg)[0]):  # fp32 on both sides: ~1e-6 a token, nothing to warn of
+        warns.append(warning("old_logprob_source", "old_logprob_source: rollout with token-level ratios outside "
+                                                   "fp32: the engines' per-token precision mismatch enters every "
+                                                   "ratio; GSPO's sequence ratio averages it out"))
     steps = cfg.ppo_epochs * (batch // max(mini, 1))
     if steps > MANY_OPTIMIZER_STEPS_PER_ROLLOUT:
         args = cfg.actor_train.training_args

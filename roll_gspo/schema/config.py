@@ -121,8 +121,10 @@ class ModelArgs(SchemaBlock):
         "(`rollout/logprob_gap`, logged each step; up to 0.5 nats measured), which old_logprob_source: "
         "auto and train_infer_correction handle. Training keeps fp32 master weights and optimizer "
         "states in bf16 (DeepSpeed, every ZeRO stage; fsdp2_train). fp16 on a CPU without fp16 "
-        "instructions is refused (converted matmuls, 5-20x slower than bf16).",
-        DTYPES)
+        "instructions is refused (converted matmuls, 5-20x slower than bf16). auto (not ROLL's): bf16 on a "
+        "GPU or a CPU with bf16 instructions, else fp32 (bf16 converted on each matmul ran ~5x slower than "
+        "fp32); chosen at load, one notice naming the choice.",
+        DTYPES + ["auto"])
     gradient_checkpointing: bool = _f(
         False,
         "Recompute activations in the backward pass (actor_train only): less memory, ~30% more "
