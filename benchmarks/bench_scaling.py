@@ -7,9 +7,9 @@ Two series, each setting a pipeline run of its own (its own Ray, one at a time):
 * model size 1M, 19M, ~100M and 0.5B parameters at 128 tokens.
 
 Every setting runs ``examples/example_gspo_0.5b_cpu.yaml`` (one ZeRO-0 training rank on both cores,
-vLLM rollout, old log-probs from vLLM) with 8 prompts x 4 responses, micro-batches of 2 and 4
-optimizer steps per step, on Qwen2 shapes with random weights. Below 0.5B the shapes get an
-8192-entry vocabulary (the char tokenizer's ids are its first 100), so a response runs to its cap
+vLLM rollout, old log-probs from vLLM) with 8 prompts x 4 responses, micro-batches of 2
+(``--micro-batch``: 1, 2, 4 or 8) and 4 optimizer steps per step, on Qwen2 shapes with random
+weights. Below 0.5B the shapes get an 8192-entry vocabulary (the char tokenizer's ids are its first 100), so a response runs to its cap
 as at 0.5B (vocabulary 151936): a random policy picks <eos> about once in 8192 tokens, and with the
 tokenizer's 100 entries answers would end after ~100 tokens whatever the cap. The parameter column
 counts that vocabulary.
@@ -91,14 +91,16 @@ def model_folder(name: str) -> str:
 
 
 def overrides(model_dir: str, data_file: str, response_length: int, output_dir: str, steps: int,
-              dtype: str = "fp32") -> List[str]:
-    mini = PROMPTS * GROUP // 4
+              dtype: str = "fp32", micro_batch: int = MICRO_BATCH) -> List[str]:
+    mini = PROMPTS * GROUP // 4  # 4 optimizer steps per step, whatever the micro-batch
+    if mini % micro_batch:
+        raise SystemExit(f"--micro-batch {micro_batch} must divide the {mini} responses of an optimizer step")
     return dtype_overrides(dtype) + [f"pretrain={model_dir}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}", f"max_steps={steps}",
             "track_with=none", f"rollout_batch_size={PROMPTS}", f"num_return_sequences_in_group={GROUP}",
             f"prompt_length={PROMPT_LENGTH}", f"response_length={response_length}",
             f"actor_train.data_args.file_name=[{data_file}]", f"validation.data_args.file_name=[{data_file}]",
-            f"actor_train.training_args.per_device_train_batch_size={MICRO_BATCH}",
-            f"actor_train.training_args.gradient_accumulation_steps={mini // MICRO_BATCH}"]
+            f"actor_train.training_args.per_device_train_batch_size={micro_batch}",
+            f"actor_train.training_args.gradient_accumulation_steps={mini // micro_batch}"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -122,6 +124,59 @@ def child_main(spec_path: str, reply_fd: int) -> None:
         runner.close()
 
 
+def linear_shapes(model_dir: str) -> List[tuple]:
+    """(in, out) of every matmul a decoded token passes through: each layer's fused q/k/v, o,
+    fused gate/up and down projections, and the LM head (Qwen2/Llama shapes, config.json's)."""
+    with open(os.path.join(model_dir, "config.json")) as handle:
+        cfg = json.load(handle)
+    hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    layer = [(hidden, hidden + 2 * kv * head_dim), (cfg["num_attention_heads"] * head_dim, hidden),
+             (hidden, 2 * cfg["intermediate_size"]), (cfg["intermediate_size"], hidden)]
+    return layer * layers + [(hidden, cfg["vocab_size"])]
+
+
+def measure_decode_step(model_dir: str, rows: int, dtype: str = "fp32", reps: int = 5) -> float:
+    """Best seconds of one decode step's matmuls alone: `rows` tokens (one per sequence) through
+    every linear layer of the model (`linear_shapes`), each with weights of its own so nothing
+    stays in cache, on all cores in `dtype`. With a few dozen rows these skinny matmuls neither
+    reach the matmul peak nor stream the weights at memory speed: the step's generation cannot
+    beat this per decoded token, whatever its FLOPs say (attention and sampling come on top)."""
+    import time
+
+    import torch
+
+    from benchmarks.bench_peers import DTYPES
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    kind = getattr(torch, DTYPES[dtype])
+    try:
+        weights = [torch.randn(n_in, n_out).to(kind) for n_in, n_out in linear_shapes(model_dir)]
+        inputs = {w.shape[0]: torch.randn(rows, w.shape[0]).to(kind) for w in weights}
+        best = float("inf")
+        for _ in range(reps + 1):  # the first round warms the kernels up
+            start = time.perf_counter()
+            for weight in weights:
+                torch.matmul(inputs[weight.shape[0]], weight)
+            best = min(best, time.perf_counter() - start)
+        return best
+    finally:
+        torch.set_num_threads(threads)
+
+
+def attainable_floor(row: Dict[str, Any], peak_gflops: float) -> Dict[str, float]:
+    """The step's floor with generation at its measured decode speed: prefill (2N per prompt
+    token) at the matmul peak plus one `decode_step_s` per generated token of each sequence, and
+    training (6N per trained token) at the peak. Seconds: generate, train and their sum."""
+    sequences = PROMPTS * GROUP
+    generate = (2 * row["parameters"] * row["prompt_tokens"] / (peak_gflops * 1e9)
+                + row["decode_step_s"] * row["response_tokens"] / sequences)
+    train = 6 * row["parameters"] * (row["prompt_tokens"] + row["response_tokens"]) / (peak_gflops * 1e9)
+    return {"generate": generate, "train": train, "total": generate + train}
+
+
 def run_setting(model: str, response_length: int, args, workdir: str) -> Dict[str, Any]:
     model_dir = model_folder(model)
     prompts = choose_prompts(model_dir, PROMPTS)
@@ -135,7 +190,7 @@ def run_setting(model: str, response_length: int, args, workdir: str) -> Dict[st
     prompt_tokens = float(sum(len(tokenizer(r["prompt"])["input_ids"]) for r in prompts) * GROUP)
     steps = args.warmup + args.reps
     spec = {"overrides": overrides(model_dir, data_file, response_length, os.path.join(workdir, name), steps,
-                                   args.dtype),
+                                   args.dtype, args.micro_batch),
             "steps": steps, "breakdown": args.breakdown}
     spec_path = os.path.join(workdir, f"{name}.json")
     child = ChildProcess(f"setting {name}", os.path.abspath(__file__), ["--_child", spec_path], spec, spec_path,
@@ -160,7 +215,9 @@ def run_setting(model: str, response_length: int, args, workdir: str) -> Dict[st
            "response_tokens": response_tokens, "prompt_tokens": prompt_tokens, "flops": flops["total"],
            "floor_flops": flops["floor"],
            "peak_rss_max_mb": max(rss.values()), "peak_rss_sum_mb": sum(rss.values()), "peak_rss_mb": rss,
-           "per_step_s": [s["cycle"] for s in measured], "load": os.getloadavg()[0], "phases_s": phases}
+           "per_step_s": [s["cycle"] for s in measured], "load": os.getloadavg()[0], "phases_s": phases,
+           # after the run, its processes gone: the machine to itself, as the matmul peak
+           "decode_step_s": measure_decode_step(model_dir, PROMPTS * GROUP, args.dtype)}
     if all("breakdown" in s for s in measured):
         from benchmarks.bench_peers import breakdown_figures
 
@@ -174,7 +231,8 @@ def run_setting(model: str, response_length: int, args, workdir: str) -> Dict[st
 
 def format_report(report: Dict[str, Any]) -> str:
     peak = report["peak_gflops"]
-    lines = [f"GSPO step cost ({PROMPTS} prompts x {GROUP}, {CONFIG}), medians of {report['reps']} steps after "
+    lines = [f"GSPO step cost ({PROMPTS} prompts x {GROUP}, micro-batches of {report.get('micro_batch', MICRO_BATCH)}, "
+             f"{CONFIG}), medians of {report['reps']} steps after "
              f"{report['warmup']} warm-up; {report.get('dtype', 'fp32')} matmul peak {peak:.1f} GFLOP/s "
              f"(before {report['peak_before']:.1f}, "
              f"after {report['peak_after']:.1f}); load average at start {report['load_start']:.2f}, at end "
@@ -201,7 +259,7 @@ def format_report(report: Dict[str, Any]) -> str:
         lines += ["", "where a step goes (seconds, medians): generate, old-log-prob pass, train (without the sync), "
                       "weight sync, the driver's own work between phases, the rest (scoring, advantages)",
                   f"{'model':>6}{'resp':>6}{'step s':>9}{'gen':>8}{'old lp':>8}{'train':>8}{'sync':>8}{'driver':>8}"
-                  f"{'rest':>8}{'floor s':>9}{'train-floor':>12}"]
+                  f"{'rest':>8}{'floor s':>9}{'train-floor':>12}{'gen-decode':>11}{'/attainable':>12}"]
         shown = set()
         for row in rows:
             if (row["model"], row["response_length"]) in shown:
@@ -211,9 +269,16 @@ def format_report(report: Dict[str, Any]) -> str:
             rest = row["step_s"] - sum(p[k] for k in ("generate", "old_log_probs", "train", "sync", "driver"))
             # the train phase's own floor: 6N per trained token (bench_peers.cycle_flops' train term)
             train_floor = 6 * row["parameters"] * (row["prompt_tokens"] + row["response_tokens"]) / (peak * 1e9)
+            attainable = attainable_floor(row, peak) if "decode_step_s" in row else None
             lines.append(f"{row['model']:>6}{row['response_length']:>6}{row['step_s']:>9.2f}{p['generate']:>8.2f}"
                          f"{p['old_log_probs']:>8.2f}{p['train']:>8.2f}{p['sync']:>8.2f}{p['driver']:>8.2f}"
-                         f"{rest:>8.2f}{row.get('floor_flops', row['flops']) / (peak * 1e9):>9.2f}{train_floor:>12.2f}")
+                         f"{rest:>8.2f}{row.get('floor_flops', row['flops']) / (peak * 1e9):>9.2f}{train_floor:>12.2f}"
+                         + (f"{attainable['generate']:>11.2f}{row['step_s'] / attainable['total']:>12.2f}"
+                            if attainable else f"{'-':>11}{'-':>12}"))
+        if any("decode_step_s" in row for row in rows):
+            lines.append("gen-decode: generation at the measured speed of one decode step's matmuls (every linear "
+                         f"layer, {PROMPTS * GROUP} rows, this precision, all cores) per generated token, prefill at "
+                         "the peak; /attainable: the step over gen-decode + train-floor")
     if any("breakdown_s" in row for row in rows):
         lines += format_breakdown({"rows": {f"{r['model']}/{r['response_length']}": r for r in rows}})
     return "\n".join(lines)
@@ -227,6 +292,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="every setting in this precision (trainer and vLLM); the floor at its matmul peak")
+    parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH,
+                        help="responses per training micro-batch (a divisor of 8; the optimizer steps stay 4)")
     parser.add_argument("--breakdown", action="store_true",
                         help="time the ranks' own calls too (bench_peers.py --breakdown): a third table")
     parser.add_argument("--smoke", action="store_true", help="micro shapes, 8 and 16 tokens, 1 step (tests)")
@@ -247,7 +314,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     workdir = tempfile.mkdtemp(prefix="bench_scaling_")
     print(f"[bench] work dir {workdir} (each setting's log there)", flush=True)
     report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg()[0],
-                              "peak_before": measure_matmul_peak(dtype=args.dtype), "series": {}, "dtype": args.dtype}
+                              "peak_before": measure_matmul_peak(dtype=args.dtype), "series": {}, "dtype": args.dtype,
+                              "micro_batch": args.micro_batch}
     done: Dict[tuple, Dict[str, Any]] = {}
     for series in args.series:
         rows = []

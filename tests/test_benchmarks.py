@@ -199,6 +199,33 @@ def test_scaling_table_puts_each_step_beside_its_flop_floor():
     assert "100.0 GFLOP/s" in lines[0]
 
 
+def test_scaling_attainable_floor_times_generation_at_its_decode_speed(tmp_path):
+    """bench_scaling.py's second floor: prefill at the peak, each decoded token at one measured
+    decode step of the model's own linear shapes, training at the peak; the table shows it."""
+    spec = importlib.util.spec_from_file_location("bench_scaling", BENCH.parent / "bench_scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shapes = module.linear_shapes(str(tmp_path))  # q/k/v fused (64 + 2 x 2 heads x 16), o, gate/up, down; head
+    assert shapes == [(64, 128), (64, 64), (64, 256), (128, 64)] * 2 + [(64, 100)]
+    assert 0 < module.measure_decode_step(str(tmp_path), rows=4, reps=1) < 5
+    row = {"parameters": 1e9, "prompt_tokens": 1000.0, "response_tokens": 3200.0, "decode_step_s": 0.5}
+    floor = module.attainable_floor(row, peak_gflops=100.0)
+    sequences = module.PROMPTS * module.GROUP  # 32: 100 decode steps of 0.5 s, prefill 2 TFLOP at 0.1 TFLOP/s
+    assert sequences == 32 and floor["generate"] == pytest.approx(20 + 50)
+    assert floor["train"] == pytest.approx(6e9 * 4200 / 1e11) and floor["total"] == floor["generate"] + floor["train"]
+    row.update(model="1b", response_length=100, step_s=2 * floor["total"], generate_s=80.0, train_s=300.0,
+               flops=1e13, peak_rss_max_mb=1.0, peak_rss_sum_mb=2.0,
+               phases_s=dict(generate=80.0, old_log_probs=0.0, train=300.0, sync=1.0, driver=0.0))
+    table = module.format_report({"reps": 1, "warmup": 0, "peak_gflops": 100.0, "peak_before": 100.0,
+                                  "peak_after": 100.0, "load_start": 0.0, "load_end": 0.0, "series": {"size": [row]}})
+    line = next(line for line in table.splitlines() if line.split()[:2] == ["1b", "100"] and "/attainable" not in line
+                and len(line.split()) == 13)
+    assert line.split()[-2:] == ["70.00", "2.00"]
+
+
 def test_async_benchmark_quick(tmp_path, tiny_model):
     """bench_async.py --quick: a synchronous and a request-pool mode (0 and 2: the two ways a step's
     generation is timed; 1 and 4 run the same code with another k) run their steps on the micro

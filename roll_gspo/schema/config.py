@@ -760,8 +760,9 @@ class TrainInferISWeightConfig(SchemaBlock):
         False, "Multiply each token's policy loss by the importance weight pi_old / pi_rollout = exp(old_logp - "
                "rollout_logp) between the trainer's old policy and the rollout engine's (which sampled the "
                "responses): corrects the train-inference mismatch (bf16 vLLM kernels, other sampling settings). "
-               "Runs the trainer's old-log-prob pass (old_logprob_source `auto` takes `trainer`; `rollout` is "
-               "refused). Metrics `rollout_correction/*` (docs/algorithm.md).")
+               "Runs the trainer's old-log-prob pass (old_logprob_source `auto` takes `trainer`, except where "
+               "the rollout log-probs are exact and synchronous, as in fp32, and every weight would be 1; "
+               "`rollout` is refused). Metrics `rollout_correction/*` (docs/algorithm.md).")
     weight_type: str = _f(
         "token", "Level of the weight: `token` (one per token), `geometric` (exp of the mean token log-weight "
                  "over the response: GSPO's length-normalised sequence unit), `sequence` (exp of the sum: the "
@@ -1034,9 +1035,10 @@ class PipelineConfig(SchemaBlock):
                 "overrides the choice: both are refused with `rollout`. `auto` (default): `rollout` where "
                 "those log-probs are exact (no such refusal, fp32 on both roles) and nothing needs the "
                 "trainer's pass, else `trainer`; outside fp32 it follows the measured gap "
-                "(old_logprob_auto_max_gap); the trainer's for importance_sampling: token (each token's "
-                "mismatch enters its own ratio), router_replay and Mixture-of-Experts policies (the pass "
-                "records the experts), and model_update_frequency > 1. The run logs which and why at start "
+                "(old_logprob_auto_max_gap), except for importance_sampling: token (each token's mismatch "
+                "enters its own ratio: the trainer's); the trainer's for router_replay and Mixture-of-Experts "
+                "policies (the pass records the experts), model_update_frequency > 1, and the rollout "
+                "correction unless its weights would all be 1 (exact log-probs, synchronous). The run logs which and why at start "
                 "and `rollout/old_logprobs_from_rollout` (1 or 0) each step; the mean |trainer - rollout| "
                 "gap (`rollout/logprob_gap`) is logged either way, from the first mini-batch's forward pass.",
         OLD_LOGPROB_SOURCES)
