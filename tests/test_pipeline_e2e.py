@@ -118,8 +118,9 @@ def test_seed_004_keys_zero2_vllm_with_kl_and_validation(seed_004_run, tiny_mode
 
 # ZeRO-3 with token-level ratios; its weight sync by Ray's object store in many small buckets, with
 # vLLM's layerwise reload: one run serves test_token_level_zero3 and that case of the weight-sync test.
+# old_logprob_source: trainer keeps ZeRO-3's old-log-prob pass covered (auto takes vLLM's in fp32).
 ZERO3_TOKEN = dict(importance_sampling="token", pg_clip_low=0.2, pg_clip_high=0.28, weight_sync_transport="object_store",
-                   weight_sync_bucket_mb=0.02, vllm_weight_update="layerwise")
+                   weight_sync_bucket_mb=0.02, vllm_weight_update="layerwise", old_logprob_source="trainer")
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,7 @@ def zero3_token_run(tmp_path_factory, tiny_model, ray_session):
 def test_token_level_zero3(zero3_token_run, tiny_model):
     cfg, records, _ = zero3_token_run
     check_training_happened(cfg, records, tiny_model)
-    # Token ratios: old_logprob_source: auto keeps the trainer's pass.
+    # The trainer's pass, as written (with token ratios in fp32 auto would take vLLM's: test_config.py).
     steps = [r for r in records if "actor/pg_loss" in r]
     assert all(r["rollout/old_logprobs_from_rollout"] == 0.0 and r["time/old_log_probs_s"] > 0 for r in steps)
 
