@@ -59,7 +59,9 @@ def test_a_colocated_gpu_plan_offloads_and_sleeps():
 
 
 def test_the_plan_follows_the_old_logprob_rule():
-    plan = build_run_plan(load_config("example_gspo.yaml", ["importance_sampling=token"]))
+    token_bf16 = ["importance_sampling=token", "actor_infer.model_args.dtype=bf16",  # fp32 token ratios: vLLM's
+                  "actor_infer.strategy_args.strategy_config.dtype=bfloat16"]
+    plan = build_run_plan(load_config("example_gspo.yaml", token_bf16))
     assert plan.old_logprobs.source == "trainer" and "importance_sampling: token" in plan.old_logprobs.reason
     assert build_run_plan(load_config("example_gspo.yaml"), model_is_moe=True).old_logprobs.source == "trainer"
 
