@@ -58,7 +58,8 @@ def resolve_auto_dtypes(cfg: PipelineConfig, flags: Tuple[str, ...] = ()) -> Lis
         if role.model_args.dtype != "auto":
             continue
         if placed_on_gpu(role):
-            dtype, why = "bf16", "a GPU role (every GPU since NVIDIA Ampere computes bf16 natively)"
+            dtype, why = "bf16", ("a GPU role (bf16 assumes an NVIDIA Ampere or newer GPU; write fp32 or fp16 for an "
+                                  "older one)")
         else:
             if cpu_bf16 is None:
                 cpu_bf16 = native_half_dtypes(flags or cpu_flags())["bf16"]
