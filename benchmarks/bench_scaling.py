@@ -9,10 +9,10 @@ Two series, each setting a pipeline run of its own (its own Ray, one at a time):
 Every setting runs ``examples/example_gspo_0.5b_cpu.yaml`` (one ZeRO-0 training rank on both cores,
 vLLM rollout, old log-probs from vLLM) with 8 prompts x 4 responses, micro-batches of 2
 (``--micro-batch``: 1, 2, 4 or 8) and 4 optimizer steps per step, on Qwen2 shapes with random
-weights. Below 0.5B the shapes get an 8192-entry vocabulary (the char tokenizer's ids are its first 100), so a response runs to its cap
-as at 0.5B (vocabulary 151936): a random policy picks <eos> about once in 8192 tokens, and with the
-tokenizer's 100 entries answers would end after ~100 tokens whatever the cap. The parameter column
-counts that vocabulary.
+weights. Below 0.5B the shapes get an 8192-entry vocabulary (the char tokenizer's ids are its
+first 100), so a response runs to its cap as at 0.5B (vocabulary 151936): a random policy picks
+<eos> about once in 8192 tokens, and with the tokenizer's 100 entries answers would end after ~100
+tokens whatever the cap. The parameter column counts that vocabulary.
 
 Per setting: the median wall time of ``pipeline.step()`` over ``--reps`` steps after ``--warmup``,
 its generate and train phases, the response tokens generated, each process's peak RSS (the largest
@@ -92,9 +92,7 @@ def model_folder(name: str) -> str:
 
 def overrides(model_dir: str, data_file: str, response_length: int, output_dir: str, steps: int,
               dtype: str = "fp32", micro_batch: int = MICRO_BATCH) -> List[str]:
-    mini = PROMPTS * GROUP // 4  # 4 optimizer steps per step, whatever the micro-batch
-    if mini % micro_batch:
-        raise SystemExit(f"--micro-batch {micro_batch} must divide the {mini} responses of an optimizer step")
+    mini = PROMPTS * GROUP // 4  # 4 optimizer steps per step, whatever the micro-batch (parse_args checks it)
     return dtype_overrides(dtype) + [f"pretrain={model_dir}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}", f"max_steps={steps}",
             "track_with=none", f"rollout_batch_size={PROMPTS}", f"num_return_sequences_in_group={GROUP}",
             f"prompt_length={PROMPT_LENGTH}", f"response_length={response_length}",
@@ -300,6 +298,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--json", dest="json_path")
     add_child_flags(parser)
     args = parser.parse_args(argv)
+    mini = PROMPTS * GROUP // 4
+    if args.micro_batch < 1 or mini % args.micro_batch:
+        parser.error(f"--micro-batch {args.micro_batch}: must divide the {mini} responses of an optimizer step "
+                     f"(1, 2, 4 or 8)")
     if args.smoke:
         args.series, args.reps, args.warmup = ["smoke"], 1, 0
     return args

@@ -224,6 +224,10 @@ def test_scaling_attainable_floor_times_generation_at_its_decode_speed(tmp_path)
     line = next(line for line in table.splitlines() if line.split()[:2] == ["1b", "100"] and "/attainable" not in line
                 and len(line.split()) == 13)
     assert line.split()[-2:] == ["70.00", "2.00"]
+    assert module.parse_args(["--micro-batch", "8"]).micro_batch == 8
+    for bad in ("0", "3"):  # refused before anything runs, naming the flag
+        with pytest.raises(SystemExit):
+            module.parse_args(["--micro-batch", bad])
 
 
 def test_async_benchmark_quick(tmp_path, tiny_model):
