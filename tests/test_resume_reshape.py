@@ -13,6 +13,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
 
 import pytest
@@ -195,6 +196,27 @@ def test_decisions_name_what_differs_and_what_to_do():
     lora = TrainerShape("deepspeed", 2, 3, "fp32", lora=True)
     assert decide("actor_train", lora, TrainerShape("deepspeed", 2, 3, "fp32")).kind == "refused"
     assert "stage=3" in decide("actor_train", lora, TrainerShape("fsdp2", 2, None, "fp32", lora=True)).how
+
+
+@pytest.mark.parametrize("wanted_ranks", [2, 1])
+def test_a_refused_precision_change_suggests_the_checkpoints_dtype(wanted_ranks):
+    """Issue 52 item 7: `dtype: auto` is bf16 on one machine and fp32 on another, so a ZeRO-0 fp32
+    checkpoint is refused on a bf16 machine; the suggested keys must name the dtype (following keys
+    without it is refused again) and say why `auto` moved."""
+    saved = TrainerShape("deepspeed", 2, 0, "fp32")
+    refused = decide("actor_train", saved, TrainerShape("deepspeed", wanted_ranks, 0, "bf16"))
+    assert refused.kind == "refused"
+    assert "actor_train.model_args.dtype=fp32" in refused.how
+    assert "auto resolves per machine" in refused.how and "bf16 matrix instructions" in refused.how
+    assert "ZeRO-0 checkpoint in fp32 does not load in bf16" in refused.how
+    keys = dict(re.findall(r"(actor_train\.[\w.]+)=([\w.]*\w)", refused.how))
+    assert decide("actor_train", saved, TrainerShape("deepspeed", int(keys["actor_train.world_size"]), 0,
+                                                     keys["actor_train.model_args.dtype"])).kind != "refused"
+
+
+def test_a_refusal_without_a_precision_change_leaves_the_dtype_out():
+    refused = decide("actor_train", TrainerShape("fsdp2", 2, None, "fp32"), TrainerShape("deepspeed", 2, 2, "fp32"))
+    assert refused.kind == "refused" and "model_args.dtype" not in refused.how
 
 
 def _fake_checkpoint(root, shapes):

@@ -19,8 +19,9 @@ with the config and decides, per role:
   come from the checkpoint's model-states file.
 * **refused**, before any worker starts, naming what differs and what to do: FSDP2 to DeepSpeed,
   ZeRO-1/2 to or from ZeRO-3 (DeepSpeed 0.19's universal loader does not cross that line), ZeRO-3
-  to FSDP2, ZeRO-0 to or from another stage, a ZeRO-0 bf16/fp16 checkpoint on other ranks, a LoRA adapter
-  on another engine or stage, a LoRA run resumed without LoRA or the reverse.
+  to FSDP2, ZeRO-0 to or from another stage, a ZeRO-0 bf16/fp16 checkpoint on other ranks, a ZeRO-0
+  checkpoint in another dtype (`dtype: auto` resolves per machine: the refusal names the checkpoint's),
+  a LoRA adapter on another engine or stage, a LoRA run resumed without LoRA or the reverse.
 
 What stays exact across a reshape and what does not is in docs/crash_safety.md.
 """
@@ -145,14 +146,28 @@ def _strategy_name(shape: TrainerShape) -> str:
     return "deepspeed_train" if shape.engine == "deepspeed" else "fsdp2_train"
 
 
-def _same_as_saved(role: str, saved: TrainerShape) -> str:
-    """The keys that resume the checkpoint as written."""
+# Why a config that did not change can change precision: `dtype: auto` is resolved on each machine
+# (roll_gspo.config.cpu_precision), so a checkpoint written elsewhere may hold the other one.
+AUTO_DTYPE_NOTE = ("model_args.dtype: auto resolves per machine (bf16 on a GPU or where the CPU has bf16 matrix "
+                   "instructions, AVX512-BF16 or AMX-BF16; else fp32), so write the checkpoint's dtype to resume it "
+                   "on any machine")
+
+
+def _same_as_saved(role: str, saved: TrainerShape, wanted: TrainerShape) -> str:
+    """The keys that resume the checkpoint as written: its precision too when the config's differs,
+    since a refusal for the ranks alone would otherwise be followed by one for the dtype."""
     keys = [f"{role}.strategy_args.strategy_name={_strategy_name(saved)}"]
     if saved.engine == "deepspeed":
         keys.append(f"{role}.strategy_args.strategy_config.zero_optimization.stage={saved.zero_stage}")
     if saved.world_size:
         keys.append(f"{role}.world_size={saved.world_size}")
+    if _dtype_changes(saved, wanted):
+        keys.append(f"{role}.model_args.dtype={saved.dtype}")
     return " ".join(keys)
+
+
+def _dtype_changes(saved: TrainerShape, wanted: TrainerShape) -> bool:
+    return saved.dtype is not None and saved.dtype != wanted.dtype
 
 
 def decide(role: str, saved: TrainerShape, wanted: TrainerShape) -> ResumeAction:
@@ -161,7 +176,9 @@ def decide(role: str, saved: TrainerShape, wanted: TrainerShape) -> ResumeAction
         return ResumeAction(role, kind, saved, wanted, how, mode)
 
     def refuse(why: str) -> ResumeAction:
-        return act("refused", f"{why}; resume with the shape it was written with ({_same_as_saved(role, saved)})")
+        note = f"; {AUTO_DTYPE_NOTE}" if _dtype_changes(saved, wanted) else ""
+        return act("refused", f"{why}; resume with the shape it was written with "
+                              f"({_same_as_saved(role, saved, wanted)}){note}")
 
     same_ranks = saved.world_size is None or saved.world_size == wanted.world_size
     if saved.lora != wanted.lora:
@@ -184,7 +201,7 @@ def decide(role: str, saved: TrainerShape, wanted: TrainerShape) -> ResumeAction
         return refuse("a LoRA checkpoint (adapter only, frozen weights left out) is not converted between stages or "
                       "engines")
     if wanted.engine == "deepspeed" and wanted.zero_stage == saved.zero_stage and same_ranks:
-        if saved.dtype is not None and wanted.dtype != saved.dtype:
+        if _dtype_changes(saved, wanted):
             if saved.zero_stage == 0:
                 return refuse(f"a ZeRO-0 checkpoint in {saved.dtype} does not load in {wanted.dtype}")
             return act("converted", _UNIVERSAL_HOW + " (the fp32 master weights carry over; the new dtype computes)",
@@ -192,6 +209,8 @@ def decide(role: str, saved: TrainerShape, wanted: TrainerShape) -> ResumeAction
         return act("exact", "")
     if saved.zero_stage == 0 or (wanted.engine == "deepspeed" and wanted.zero_stage == 0):
         if wanted.engine == "deepspeed" and saved.zero_stage == wanted.zero_stage == 0:
+            if _dtype_changes(saved, wanted):  # on other ranks too: no conversion between precisions
+                return refuse(f"a ZeRO-0 checkpoint in {saved.dtype} does not load in {wanted.dtype}")
             if saved.dtype in (None, "fp32") and wanted.dtype == "fp32":
                 return act("resharded", "a ZeRO-0 fp32 checkpoint holds whole weights and a whole optimizer state, "
                                         "loaded as they are on any number of ranks")
