@@ -506,3 +506,23 @@ def test_bf16_rollout_engine_shows_the_gap_and_the_correction(tmp_path, tiny_mod
         assert 0 < record["rollout_correction/masked_fraction"] < 1
         assert record["rollout_correction/weight_max"] <= 1.001 + 1e-6
         assert math.isfinite(record["actor/pg_loss"])
+
+
+@pytest.mark.parametrize("engine_key", ["kv_cache_dtype: fp8", "quantization: fp8",
+                                        "logits_processors: ['my_pkg.processors:NoRepeat']"])
+def test_engine_keys_that_change_numerics_make_the_rollout_logprobs_inexact(tmp_path, engine_key):
+    """Issue 52 item 6: fp32 on both sides is not enough; an fp8 KV cache, quantized weights or a
+    logits processor change what vLLM computes, so `auto` keeps the trainer's pass (named why)."""
+    key = engine_key.split(":")[0]
+    corrected = load(tmp_path, f"""\
+train_infer_correction: {{is_weight: {{enabled: true, weight_type: geometric}}}}
+actor_infer: {{strategy_args: {{strategy_config: {{{engine_key}}}}}}}
+""")
+    choice = choose_old_logprob_source(corrected)
+    assert choice.source == "trainer", choice.reason
+    token = load(tmp_path, f"""\
+importance_sampling: token
+actor_infer: {{strategy_args: {{strategy_config: {{{engine_key}}}}}}}
+""")
+    choice = choose_old_logprob_source(token)
+    assert choice.source == "trainer" and key in choice.reason, choice.reason

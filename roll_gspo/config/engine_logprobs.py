@@ -18,7 +18,7 @@ temperature, 1 when greedy). What the engine reports depends on it:
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 
@@ -71,12 +71,38 @@ def rollout_logprobs_bias(cfg: PipelineConfig) -> Optional[str]:
     return None
 
 
+# vLLM engine keys (actor_infer.strategy_args.strategy_config) that change what the engine computes,
+# so its log-probs are not the trainer's even in fp32: a value other than the harmless one listed.
+NUMERICS_KEYS = {
+    "kv_cache_dtype": ("auto", None),  # fp8 KV: attention reads rounded keys and values
+    "quantization": (None,),  # quantized weights
+    "logits_processors": (None, [], ()),  # a processor reshapes the distribution sampled from
+    "speculative_config": (None, {}),  # draft-model proposals; vLLM's log-probs under it are not the target's alone
+    "hf_overrides": (None, {}),  # the model's own config changed (rope, head sizes, ...)
+    "calculate_kv_scales": (None, False),  # fp8 KV scales
+}
+
+
+def engine_numerics_changes(cfg: PipelineConfig) -> List[str]:
+    """`strategy_config` keys of a vLLM actor_infer that make its numerics differ from the trainer's,
+    as `key = value` strings (empty when none)."""
+    if cfg.actor_infer.strategy_args.strategy_name != "vllm":
+        return []
+    config = cfg.actor_infer.strategy_args.strategy_config
+    return [f"{key} = {config[key]!r}" for key, harmless in NUMERICS_KEYS.items()
+            if key in config and config[key] not in harmless]
+
+
 def rollout_logprobs_are_exact(cfg: PipelineConfig) -> Tuple[bool, str]:
     """(True, "") when actor_infer's log-probs are the trainer's old log-probs up to float32
     kernel differences (~1e-5 per token); else (False, the reason)."""
     bias = rollout_logprobs_bias(cfg)
     if bias:
         return False, bias
+    changes = engine_numerics_changes(cfg)
+    if changes:
+        return False, (f"actor_infer.strategy_args.strategy_config {', '.join(changes)} changes the engine's "
+                       f"numerics: its log-probs are not the trainer's")
     infer_dtype = cfg.actor_infer.model_args.dtype
     engine_dtype = cfg.actor_infer.strategy_args.strategy_config.get("dtype")
     if cfg.actor_infer.strategy_args.strategy_name == "vllm" and engine_dtype is not None:

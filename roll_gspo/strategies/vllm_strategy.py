@@ -184,7 +184,7 @@ class VllmStrategy(TabledEngine):
         self._refuse_in_flight("load_adapter")
         self.sleeper.wake_all()
         self.lora.load(self.llm, named_tensors, config)
-        self.llm.reset_prefix_cache()
+        self._drop_old_kv("load_adapter")
         if version is not None:
             self.weight_version = version
 
@@ -239,17 +239,25 @@ class VllmStrategy(TabledEngine):
 
     def finish_weight_update(self, version: Optional[int] = None) -> None:
         """Close the session; tokens sampled from now on carry `version`. Requests in flight go on
-        under the new weights (their cached KV stays the old weights': the prefix cache is reset
-        only where nothing runs)."""
+        under the new weights, their KV recomputed with them (`_drop_old_kv`)."""
         self.llm.collective_rpc("roll_gspo_finish_weight_update")
         if self.tensor_parallel_size > 1:  # its workers mapped the buckets' segments themselves
             self.llm.collective_rpc("roll_gspo_close_shared_bucket")
             self.relay.close()
         self.sleeper.weights_loaded()
         self.sleeper.wake_all()
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self._drop_old_kv("finish_weight_update")
         if version is not None:
             self.weight_version = version
+
+    def _drop_old_kv(self, after: str) -> None:
+        """No KV computed with the old weights may be read again: not a cached prefix, not a running
+        request's own. vLLM refuses a plain reset while a request holds blocks (it returns False),
+        so running requests are preempted first and recomputed under the new weights; a reset that
+        still fails is raised, never ignored."""
+        if not self.llm.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError(f"{after}: vLLM did not reset its prefix cache, so requests would read KV "
+                               f"computed with the previous weights")
 
     # -- device routes of the weight sync ----------------------------------------------------------
     def weight_receivers(self) -> int:
