@@ -12,6 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from roll_gspo.agentic.episodes import trajectory_metrics
 from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
@@ -201,6 +202,35 @@ def test_an_episode_that_never_started_is_outside_its_group_baseline():
     trajectories[3].prompt_ids = [0]  # as EpisodeSource._play leaves it
     pipeline = _pipeline(False, reward_normalization={"grouping": "traj_group_id", "method": "mean_std"})
     batch = pipeline.samples(trajectories, step=1)
+    advantages, metrics = pipeline.advantages(batch)
+    assert float(advantages.abs().max()) == 0.0  # three equal winners: no signal (not +0.577 each)
+    assert metrics["critic/unstarted_samples"] == 1
+
+
+class _LongOpening(ScriptedEnv):
+    def reset(self, seed=None):
+        return "a long opening " * 40, {}
+
+
+def test_an_episode_whose_opening_does_not_fit_is_outside_its_group_baseline(caplog):
+    """Issue 52, item 8: an opening longer than sequence_length (the env answered, no token was
+    generated) is treated as an episode that never started: in no baseline, counted, logged."""
+    tok = build_tokenizer()
+    config = CustomEnvConfig(env_type="scripted", max_steps=1, max_tokens_per_step=4, agent_system_template="",
+                             agent_template="{observation}:", env_step_timeout_s=2.0)
+    setups = {"ok": EnvSetup("ok", config, lambda seed: ScriptedEnv(), -1.0),
+              "long": EnvSetup("long", config, lambda seed: _LongOpening(), -1.0)}
+    runner = EpisodeRunner(ChatStitcher(tok), setups, sequence_length=64, max_new_tokens=4)
+    specs = [EpisodeSpec(tag, 3, "g0", i) for i, tag in enumerate(["ok", "ok", "ok", "long"])]
+    with caplog.at_level(logging.WARNING, logger="roll_gspo.agentic"):
+        trajectories = runner.run(specs, _engine(tok), lambda i, n: n)
+    long = trajectories[3]
+    assert long.stop_reason == "max_length" and not any(long.agent_mask) and not long.opened
+    assert "sequence_length" in caplog.text and "long" in caplog.text
+    assert trajectory_metrics(trajectories, "traj")["traj/opening_too_long"] == 1
+    pipeline = _pipeline(False, reward_normalization={"grouping": "traj_group_id", "method": "mean_std"})
+    batch = pipeline.samples(pipeline._sampleable(trajectories), step=1)
+    assert batch["input_ids"].shape[1] <= 64  # the unplayable opening is an empty sample, not a row past the budget
     advantages, metrics = pipeline.advantages(batch)
     assert float(advantages.abs().max()) == 0.0  # three equal winners: no signal (not +0.577 each)
     assert metrics["critic/unstarted_samples"] == 1

@@ -94,6 +94,7 @@ def _summary(trajectories: List[Trajectory], prefix: str) -> Dict[str, float]:
         f"{prefix}/num_turns_mean": turns / n,
         f"{prefix}/length_mean": sum(t.length for t in trajectories) / n,
         f"{prefix}/agent_tokens_mean": sum(sum(t.agent_mask) for t in trajectories) / n,
+        f"{prefix}/opening_too_long": float(sum(t.opening_too_long for t in trajectories)),
         f"{env}/errors": float(sum(t.stop_reason == "env_error" for t in trajectories)),
         f"{env}/timeouts": float(sum(t.stop_reason == "env_timeout" for t in trajectories)),
         f"{env}/invalid_actions": float(sum(t.invalid_actions for t in trajectories)),

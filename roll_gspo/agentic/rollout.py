@@ -361,6 +361,8 @@ class EpisodeRunner:
             if not t.prompt_ids and t.turns == 0 and not t.messages:
                 observation, info = _check_reset(result)
                 self._open(t, observation, info or {})
+                if t.done:  # its opening does not fit: it never starts
+                    envs.pop(t.spec.index, None)
                 return
             observation, reward, terminated, truncated, info = _check_step(result)
         except BaseException as exc:  # noqa: BLE001 - the episode ends; the run goes on
@@ -395,7 +397,6 @@ class EpisodeRunner:
         t.append_context(ids)
 
     def _open(self, t: Trajectory, observation: str, info: dict) -> None:
-        t.opened = True
         setup = self.setups[t.spec.tag]
         first = self._user_turn(t, observation, info)
         instruction = info.get("env_instruction")
@@ -405,7 +406,25 @@ class EpisodeRunner:
         t.messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": first}]
         t.prompt_ids = self.stitcher.initial_ids(t.messages)
         if len(t.prompt_ids) >= self.sequence_length:
-            t.stop_reason = "max_length"
+            self._never_starts(t, setup)
+            return
+        t.opened = True
+
+    def _never_starts(self, t: Trajectory, setup: EnvSetup) -> None:
+        """An opening of `sequence_length` tokens or more leaves no room for a generated token: the
+        episode is treated as one whose reset failed (ROLL would fail on its empty response mask), so
+        that its reward 0 moves no baseline of its group. Its ids are dropped (an empty sample, not a
+        row past the budget); its messages stay for the transcript."""
+        opening = len(t.prompt_ids)
+        t.stop_reason, t.prompt_ids = "max_length", []
+        key = (t.spec.tag, "opening_too_long")
+        if key not in self.errors_logged:  # once per tag: traj/opening_too_long counts the rest
+            self.errors_logged.add(key)
+            logger.warning("env %r (%s): the opening of episode %s is %d tokens, sequence_length is %d: no token "
+                           "can be generated, so the episode never starts (in no baseline, trains nothing; "
+                           "counted in traj/opening_too_long); raise sequence_length or shorten the env's "
+                           "observation and templates", t.spec.tag, setup.config.env_type, t.spec.group_id, opening,
+                           self.sequence_length)
 
     def _user_turn(self, t: Trajectory, observation: str, info: dict) -> str:
         config = self.setups[t.spec.tag].config

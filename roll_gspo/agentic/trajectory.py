@@ -41,7 +41,12 @@ class Trajectory:
     weight_version: int = 0  # the oldest generated turn's version (`turn_versions`)
     turn_versions: List[int] = dataclasses.field(default_factory=list)  # per generated turn: the weights' version
     error: Optional[str] = None  # the env's exception or timeout, when it ended the episode
-    opened: bool = False  # the env's reset gave an opening (False: it raised or timed out)
+    opened: bool = False  # the episode started: its env's reset gave an opening that fits sequence_length
+
+    @property
+    def opening_too_long(self) -> bool:
+        """Its env answered the reset, but the opening left no room for a token (never started)."""
+        return not self.opened and self.stop_reason == "max_length"
 
     @property
     def turns(self) -> int:
