@@ -62,6 +62,80 @@ def test_accuracy_does_not_need_the_rewarded_format():
     assert (float(tagged), float(plain), float(wrong)) == (1.25, 1.0, 0.25)  # the format term is the only gap
 
 
+# ------------------------------------------------------------------ near misses earn nothing (issue 52 item 5)
+SMOLLM2_TASKS = ["products", "arithmetic", "lcm"]  # keys of examples/example_gspo_smollm2.yaml's tasks
+
+
+def smollm2_task(key, **fields):
+    """One of the SmolLM2 example's tasks (products, basic_arithmetic, lcm) as its YAML configures it."""
+    import yaml
+
+    with open(os.path.join(REPO, "examples", "example_gspo_smollm2.yaml")) as fh:
+        task = yaml.safe_load(fh)["tasks"][key]
+    return TaskSpec(key, name=task["name"], config=task["config"], train_size=1, val_size=40, **fields).resolved()
+
+
+def near_misses(gold):
+    """Wrong answers that hold the gold answer: reasoning-gym pays len(gold) / len(answer) for them."""
+    return {"negated": f"-{gold}", "digit slip": gold + gold[-1],
+            "hedged list": f"{int(gold) + 1}, {gold}, {int(gold) - 1}"}
+
+
+def positive_golds(spec):
+    return [row for row in task_rows(spec, "val") if row["answer"].isdigit() and int(row["answer"]) > 0][:8]
+
+
+@pytest.mark.parametrize("key", SMOLLM2_TASKS)
+def test_near_misses_earn_nothing_by_default(key):
+    """A negated answer, a digit slip, a hedged list of three guesses: wrong, so 0 reward (the
+    format term alone, separate) and not accurate; group normalisation would make a paid near miss
+    a positive advantage."""
+    spec = smollm2_task(key, format_weight=0.1)
+    for row in positive_golds(spec):
+        for kind, answer in near_misses(row["answer"]).items():
+            scored = score_reply("", f"The answer is <answer>{answer}</answer>.", row["ground_truth"])
+            assert (float(scored), scored.metrics["accuracy"]) == (0.1, 0.0), (spec.name, kind, answer, row["answer"])
+            assert 0 < scored.metrics["answer_score"] < 1  # reasoning-gym's own score, still reported
+
+
+@pytest.mark.parametrize("key", SMOLLM2_TASKS)
+def test_partial_credit_gives_reasoning_gyms_leniency_back(key):
+    spec = smollm2_task(key, partial_credit=True)
+    for row in positive_golds(spec):
+        gold = row["answer"]
+        for kind, answer in near_misses(gold).items():
+            scored = score_reply("", f"<answer>{answer}</answer>", row["ground_truth"])
+            assert 0 < float(scored) == scored.metrics["answer_score"] < 1, (spec.name, kind, answer)
+            assert scored.metrics["accuracy"] == 0.0  # still not correct
+        assert float(score_reply("", f"<answer>{gold}</answer>", row["ground_truth"])) == 1.0
+
+
+@pytest.mark.parametrize("key", SMOLLM2_TASKS)
+def test_a_correct_number_written_another_way_is_correct(key):
+    """basic_arithmetic and lcm compare strings ("7.0" earns 2/3 there); products compares
+    numbers. Without partial credit a correct number written another way must not fall to 0."""
+    spec = smollm2_task(key)
+    for row in positive_golds(spec):
+        gold = row["answer"]
+        for answer in (gold, f"+{gold}", f"0{gold}", f"{gold}.0"):
+            scored = score_reply("", f"<answer>{answer}</answer>", row["ground_truth"])
+            assert (float(scored), scored.metrics["accuracy"]) == (1.0, 1.0), (spec.name, answer, gold)
+
+
+def test_partial_credit_is_a_task_key(tmp_path):
+    from roll_gspo.config.task_checks import task_specs
+
+    cfg = load_tasks_run(tmp_path, overrides=["tasks.sums.partial_credit=true"])
+    specs = {s.key: s.resolved() for s in task_specs(cfg)}
+    assert (specs["sums"].partial_credit, specs["arith"].partial_credit) == (True, False)
+    truth = json.loads(task_rows(specs["sums"], "val")[0]["ground_truth"])
+    assert truth["partial_credit"] is True
+    from roll_gspo.config import load_config  # and in the SmolLM2 example, per task
+
+    example = load_config(os.path.join(REPO, "examples", "example_gspo_smollm2.yaml"), ["tasks.lcm.partial_credit=true"])
+    assert {s.key: s.partial_credit for s in task_specs(example)} == {"products": False, "arithmetic": False, "lcm": True}
+
+
 # ------------------------------------------------------------------ pass@k, maj@k
 def test_pass_at_k_is_the_unbiased_estimator():
     for n, c, k in [(5, 2, 1), (5, 2, 3), (6, 0, 2), (6, 6, 6), (8, 3, 4), (7, 1, 7)]:

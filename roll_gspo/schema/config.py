@@ -612,6 +612,11 @@ class TaskConfig(SchemaBlock):
         0.0, "Added to the reward of a reply that writes exactly one `<answer>...</answer>`. Accuracy never "
              "needs the format: the answer is the tagged one if present, else `\\boxed{}`, an 'answer is' "
              "phrase, or the last number.")
+    partial_credit: bool = _f(
+        False, "false: the answer term of the reward is 1 for a correct answer, else 0 (also the accuracy). "
+               "true: the task's own score, e.g. reasoning-gym's len(gold)/len(answer) for any answer holding "
+               "the gold string (a negated answer, a digit slip, a list of guesses), which group normalisation "
+               "turns into positive advantages for near misses. The format term is added either way.")
     reward: str = _f("tasks", "The `rewards` block that scores this task's rows; its worker_cls must be "
                               "`roll_gspo.workers.rewards.TaskRewardWorker` (or a subclass).")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import re
+from decimal import Decimal
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 # What a task's system prompt asks for when the task names none: the rewarded format.
@@ -39,8 +41,14 @@ class TaskSource:
         raise NotImplementedError
 
     def score(self, answer: str, truth: Dict[str, Any]) -> float:
-        """The answer's score in [0, 1] (1: correct)."""
+        """The answer's score in [0, 1] by the task's own rule (1: correct; a source may pay part of
+        it for a near miss, which a task's reward uses only with `partial_credit`)."""
         raise NotImplementedError
+
+    def is_correct(self, answer: str, truth: Dict[str, Any], score: float) -> bool:
+        """Whether `answer` (scored `score`) is right: the training reward without partial credit
+        and the accuracy. A full score, unless the source knows more."""
+        return score >= 1.0
 
 
 class ReasoningGymSource(TaskSource):
@@ -48,7 +56,12 @@ class ReasoningGymSource(TaskSource):
     Entry i of a data set is drawn from `seed + i` (most generators), so train rows
     (`seed .. seed+train_size-1`) and validation rows (from `val_seed`) never share a seed when the
     ranges do not overlap. A truth names the generator, its config, seed, size and the entry's index:
-    the scorer regenerates the entry and calls the generator's own `score_answer`."""
+    the scorer regenerates the entry and calls the generator's own `score_answer`.
+
+    `score_answer` pays `len(gold) / len(answer)` for any answer holding the gold string (a negated
+    answer, a digit slip, a list of guesses), so correct is its full score only, or the gold number
+    written another way (`+7`, `07`, `7.0`: generators such as basic_arithmetic and lcm compare
+    strings, products compares numbers)."""
 
     name = "reasoning_gym"
     default_system_prompt = ANSWER_TAG_SYSTEM_PROMPT
@@ -80,6 +93,19 @@ class ReasoningGymSource(TaskSource):
         dataset = _rg_dataset(truth["name"], config_json, truth["seed"], truth["size"])
         entry = _rg_entry(truth["name"], config_json, truth["seed"], truth["size"], truth["index"])
         return float(dataset.score_answer(answer, entry))
+
+    def is_correct(self, answer, truth, score):
+        return score >= 1.0 or _same_decimal(answer, str(truth["answer"]))
+
+
+_DECIMAL = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def _same_decimal(answer: str, gold: str) -> bool:
+    """Both are plain decimal numbers of one value: a correct number whatever its sign, leading
+    zeros or trailing decimals (`+07.0` for `7`)."""
+    answer, gold = answer.strip().replace("\u2212", "-"), gold.strip()
+    return bool(_DECIMAL.fullmatch(answer) and _DECIMAL.fullmatch(gold)) and Decimal(answer) == Decimal(gold)
 
 
 @functools.lru_cache(maxsize=64)

@@ -38,6 +38,7 @@ class TaskSpec:
     val_seed: Optional[int] = None
     system_prompt: Optional[str] = None
     format_weight: float = 0.0
+    partial_credit: bool = False
     reward: str = "tasks"
 
     def resolved(self) -> "TaskSpec":
@@ -51,7 +52,7 @@ class TaskSpec:
 
 def task_rows(spec: TaskSpec, split: str) -> List[dict]:
     """The rows of one split ("train" or "val") of a resolved spec: `{messages, ground_truth,
-    domain, answer}`, `ground_truth` a JSON string `{task, source, format_weight, ...truth}`."""
+    domain, answer}`, `ground_truth` a JSON string `{task, source, format_weight, partial_credit, ...truth}`."""
     source = SOURCES[spec.source]
     pairs = source.generate(spec.name, dict(spec.config), split=split,
                             seeds={"train": spec.seed, "val": spec.val_seed},
@@ -60,25 +61,32 @@ def task_rows(spec: TaskSpec, split: str) -> List[dict]:
     for question, truth in pairs:
         messages = ([{"role": "system", "content": spec.system_prompt}] if spec.system_prompt else []) + [
             {"role": "user", "content": question}]
-        full = {"task": spec.key, "source": spec.source, "format_weight": spec.format_weight, **truth}
+        full = {"task": spec.key, "source": spec.source, "format_weight": spec.format_weight,
+                "partial_credit": spec.partial_credit, **truth}
         rows.append({"messages": messages, "ground_truth": json.dumps(full, sort_keys=True), "domain": spec.key,
                      "answer": truth["answer"]})
     return rows
 
 
 def score_reply(prompt: str, response: str, ground_truth: str, **_) -> ScoreWithMetrics:
-    """A task's reward for one reply: the task's own score of the extracted answer
-    (`extract_answer`, no format needed), plus `format_weight` when the reply wrote the rewarded
-    `<answer>` format. Carries per-reply metrics: `accuracy` (1 when the task scores the answer
-    1), `format_rate` (the format was written) and `answer_score` (the task's score).
+    """A task's reward for one reply: 1 when the extracted answer (`extract_answer`, no format
+    needed) is correct, else 0, plus `format_weight` when the reply wrote the rewarded `<answer>`
+    format. Near misses earn nothing: group normalisation would turn a part-paid wrong answer into
+    a positive advantage. With `partial_credit` the answer term is the task's own score instead
+    (reasoning-gym pays part of it for an answer holding the gold string). Carries per-reply
+    metrics: `accuracy` (correct), `format_rate` (the format was written) and `answer_score`
+    (the task's own score, partial credit included).
 
     ground_truth: a row's JSON (`task_rows`). A reward function (`fn(prompt, response, truth)`)."""
     truth = json.loads(ground_truth)
     answer = extract_answer(response)
-    score = SOURCES[truth["source"]].score(answer, truth) if answer else 0.0
+    source = SOURCES[truth["source"]]
+    score = source.score(answer, truth) if answer else 0.0
+    correct = float(bool(answer) and source.is_correct(answer, truth, score))
+    earned = max(score, correct) if truth.get("partial_credit", False) else correct
     formatted = float(has_answer_format(response))
-    return ScoreWithMetrics(score + float(truth.get("format_weight", 0.0)) * formatted,
-                            {"accuracy": float(score >= 1.0), "format_rate": formatted, "answer_score": score})
+    return ScoreWithMetrics(earned + float(truth.get("format_weight", 0.0)) * formatted,
+                            {"accuracy": correct, "format_rate": formatted, "answer_score": score})
 
 
 def write_task_data(specs: Sequence[TaskSpec], split: str, cache_dir: Optional[str] = None) -> str:

@@ -8,11 +8,13 @@ from roll_gspo.workers.rewards.base import RewardWorker
 
 
 class TaskRewardWorker(RewardWorker):
-    """Scores a task's row with `roll_gspo.tasks.score_reply`: the task's own `score_answer`
-    (reasoning-gym's, or the built-in rule) on the reply's extracted answer (no format needed),
-    plus `tasks.<key>.format_weight` when the reply wrote one `<answer>...</answer>`. A reply
-    counts as correct (`val/<task>/accuracy`) when the task scores its answer 1, format or not;
-    each reply reports `accuracy`, `format_rate`, `answer_score` and `truncated` (`reward/<task>/...`).
+    """Scores a task's row with `roll_gspo.tasks.score_reply`: 1 when the reply's extracted answer
+    (no format needed) is correct by the task's own `score_answer` (reasoning-gym's, or the
+    built-in rule), else 0, plus `tasks.<key>.format_weight` when the reply wrote one
+    `<answer>...</answer>`. reasoning-gym's part payment for a near miss counts only with
+    `tasks.<key>.partial_credit`. A reply counts as correct (`val/<task>/accuracy`) by the same
+    verdict, format or not; each reply reports `accuracy`, `format_rate`, `answer_score` (the
+    task's own score) and `truncated` (`reward/<task>/...`).
 
     A reply cut at `response_length` (no end-of-sequence token) is scored like any other, by the
     task's own rule on what it wrote (reasoning-gym scores a missing or partial answer itself); its
