@@ -148,7 +148,8 @@ def _auto_resume_from(cfg, exc: BaseException, used: int) -> Optional[str]:
 
 def _report_failure(exc: Exception) -> int:
     """Exit code 1 with one line for a failed run (nothing started, a checkpoint that could not be
-    written, a worker killed for memory or raising); `exc` is raised again when it is none of those."""
+    written, an error the user caused (`USER_CAUSED`), a worker killed for memory or raising); `exc`
+    is raised again when it is none of those."""
     from roll_gspo.distributed.cluster import describe_memory_kill, describe_worker_error, is_memory_kill, known_rank_pids
     from roll_gspo.lifecycle.checkpoint import CheckpointError
     from roll_gspo.placement.device_mapping import PlacementError
@@ -162,15 +163,28 @@ def _report_failure(exc: Exception) -> int:
     # An exception raised in a rank's method: one line naming the rank and the log file that holds
     # its trace (Ray's 100-line remote traceback goes to the driver's log file, not the console).
     message = describe_worker_error(exc)
+    if message is None and isinstance(exc, USER_CAUSED):  # the driver's own: its message says what to do
+        message = str(exc)
     if message is None:
         raise exc
+    _trace_to_log_file(exc)
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+# Errors a user causes with what the run reads (an output_dir already holding checkpoints, a missing
+# or unreadable file, data that does not fit the config): one console line, the trace to the log
+# file. A ValueError is a value out of range or a shape that does not fit, by Python's convention;
+# programming errors (TypeError, KeyError, AttributeError, ...) keep their traceback.
+USER_CAUSED = (FileExistsError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, ValueError)
+
+
+def _trace_to_log_file(exc: BaseException) -> None:
     import traceback
 
     from roll_gspo.utils.logging import trace_to_log_file
 
     trace_to_log_file("".join(traceback.format_exception(exc)).rstrip())
-    print(f"error: {message}", file=sys.stderr)
-    return 1
 
 
 def _resume_fits(cfg) -> bool:

@@ -208,9 +208,11 @@ def test_both_strategies_implement_the_contract():
 
 
 def test_the_rollout_worker_never_probes_its_strategy():
-    """actor_infer.py reaches its engine through the contract: no hasattr / getattr on it."""
+    """actor_infer.py reaches its engine through the contract and knows its own state (`set_up`):
+    no hasattr / getattr at all (issue 52: `getattr(self, "strategy", None)` and a probe for the
+    engine's `progress` slipped past a check that looked at `strategy` arguments only)."""
     tree = ast.parse((ROOT / "roll_gspo" / "workers" / "actor_infer.py").read_text())
     probes = [node.lineno for node in ast.walk(tree)
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("hasattr", "getattr") and node.args and "strategy" in ast.unparse(node.args[0])]
+              and node.func.id in ("hasattr", "getattr")]
     assert probes == []

@@ -59,17 +59,28 @@ def error_penalty(env_cfg: CustomEnvConfig) -> float:
 
 
 def manager_generating_args(cfg: PipelineConfig, manager: EnvManagerConfig) -> GeneratingArgs:
-    """The manager's sampling, filled (fill_agentic_defaults has run)."""
+    """The manager's sampling, filled (fill_agentic_defaults has run). The training manager's
+    temperature / top_p / top_k are actor_infer's (`training_sampling_problems`)."""
     return manager.generating_args or cfg.actor_infer.generating_args
 
 
+# The keys that shape the sampling distribution. The trainer, the reference, vLLM's logprobs_mode,
+# the exactness of the rollout log-probs and the async checks all read actor_infer's; the training
+# episodes sample with train_env_manager's. So the two must be one set (ROLL's AgenticConfig makes
+# them so; it drops the manager's silently when actor_infer writes its own).
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
 @check("derive", keys=("num_return_sequences_in_group", "rewards", "train_env_manager.generating_args",
-                       "val_env_manager.generating_args", "loss_norm_length", "response_length"),
+                       "val_env_manager.generating_args", "actor_infer.generating_args", "loss_norm_length",
+                       "response_length"),
        doc="agentic: one sample per request (groups come from group_size), no reward workers, the managers' "
-           "sampling and lengths from actor_infer's and sequence_length", name="agentic.defaults")
+           "sampling and lengths from actor_infer's and sequence_length; sampling keys written for the training "
+           "episodes only are actor_infer's too (said in a notice)", name="agentic.defaults")
 def _agentic_defaults(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     if cfg.pipeline == "agentic":
         fill_agentic_defaults(cfg)
+        return share_training_sampling(cfg, yaml_keys)
     return []
 
 
@@ -91,6 +102,60 @@ def fill_agentic_defaults(cfg: PipelineConfig) -> None:
     if cfg.loss_norm_length is None:
         cfg.loss_norm_length = cfg.sequence_length
     cfg.response_length = min(cfg.response_length, cfg.sequence_length)  # read by length checks only
+
+
+def share_training_sampling(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]]) -> List[Finding]:
+    """In place: make the training episodes' sampling keys and actor_infer's one set. A key the
+    YAML writes on one side only is copied to the other (ROLL: actor_infer takes the manager's
+    when it has none); one written on both sides with two values is refused by
+    `training_sampling_problems`. Without the YAML's keys (a config built in code) nothing is
+    copied. Returns the notice naming what actor_infer took."""
+    if yaml_keys is None:
+        return []
+    infer, train = cfg.actor_infer.generating_args, cfg.train_env_manager.generating_args
+    taken = []
+    for key in SAMPLING_KEYS:
+        by_manager = writes_leaf(f"train_env_manager.generating_args.{key}", yaml_keys)
+        by_infer = writes_leaf(f"actor_infer.generating_args.{key}", yaml_keys)
+        if by_manager and not by_infer and getattr(infer, key) != getattr(train, key):
+            setattr(infer, key, getattr(train, key))
+            taken.append(f"{key} = {getattr(train, key)}")
+        elif by_infer and not by_manager:
+            setattr(train, key, getattr(infer, key))
+    if not taken:
+        return []
+    return [notice("actor_infer.generating_args", f"actor_infer.generating_args takes train_env_manager's "
+                                                  f"{', '.join(taken)}: the trainer, the reference and the rollout's "
+                                                  f"log-probs must use the sampling the episodes are played with")]
+
+
+def writes_leaf(path: str, yaml_keys: AbstractSet[str]) -> bool:
+    """True when the YAML writes `path` itself, or a block above it as one value (an
+    interpolation such as `generating_args: ${actor_infer.generating_args}`); a block written key by
+    key does not write the keys it leaves out (`is_written` counts those too)."""
+    parts = path.split(".")
+    for depth in range(1, len(parts)):
+        block = ".".join(parts[:depth])
+        if block in yaml_keys and not any(key.startswith(block + ".") for key in yaml_keys):
+            return True
+    return path in yaml_keys
+
+
+@check("check", keys=("train_env_manager.generating_args", "actor_infer.generating_args"),
+       doc="agentic: the training episodes' temperature / top_p / top_k differ from actor_infer's (the trainer would "
+           "score other probabilities than the episodes sampled)", name="agentic.sampling")
+def training_sampling_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    """A difference left after `share_training_sampling` was written on both sides: refused (ROLL
+    keeps actor_infer's and drops the manager's without a word)."""
+    if cfg.pipeline != "agentic" or cfg.train_env_manager.generating_args is None:
+        return []
+    infer, train = cfg.actor_infer.generating_args, cfg.train_env_manager.generating_args
+    return [error(f"train_env_manager.generating_args.{key}",
+                  f"train_env_manager.generating_args.{key} = {getattr(train, key)} differs from "
+                  f"actor_infer.generating_args.{key} = {getattr(infer, key)}: the episodes would be sampled with "
+                  f"one and scored (trainer, reference, rollout log-probs) with the other, so every ratio starts "
+                  f"off 1. Write it once (either block) or give both the same value")
+            for key in SAMPLING_KEYS if getattr(train, key) != getattr(infer, key)]
 
 
 @check("derive", keys=("importance_sampling",), doc="agentic `step_reinforce` on whole-trajectory samples with "

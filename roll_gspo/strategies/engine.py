@@ -108,6 +108,10 @@ class RolloutEngine(Protocol):
     def unfinished(self) -> List[str]:
         """Ids of the requests submitted and not yet finished."""
 
+    def progress(self) -> Tuple[int, int]:
+        """(engine steps so far, requests in flight), safe to read from another thread: what a
+        health probe compares over time (a hung engine holds requests and takes no step)."""
+
     def wait(self, request_ids: Sequence[str]) -> List[RequestOutput]:
         """Step until these requests have finished; returns (and releases) their outputs, in order."""
 

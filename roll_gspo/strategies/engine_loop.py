@@ -39,6 +39,7 @@ class EngineLoop:
         self._aborts: List[str] = []
         self._futures: Dict[str, Future] = {}  # submitted to the engine, not yet resolved
         self._pause_requests = 0
+        self._drain_requests = 0  # drained(): step what is live, admit nothing, park once it is done
         self._paused = False  # the loop thread is parked at a step boundary for a pause
         self._closed = False
         # Figures: engine steps, seconds inside `engine.step` (busy), seconds since start.
@@ -91,6 +92,22 @@ class EngineLoop:
                 self._pause_requests -= 1
                 self._cond.notify_all()
 
+    @contextlib.contextmanager
+    def drained(self) -> Iterator[RolloutEngine]:
+        """`paused()`, but only once the requests in flight have finished: the loop keeps stepping
+        them and admits no new one (those queue and join after the block). For what cannot run
+        beside a live request at all, e.g. swapping the adapter they sample with."""
+        with self._cond:
+            self._drain_requests += 1
+            self._cond.notify_all()
+        try:
+            with self.paused() as engine:
+                yield engine
+        finally:
+            with self._cond:
+                self._drain_requests -= 1
+                self._cond.notify_all()
+
     def pause(self) -> None:
         """`paused()` entered without a block: until `resume`."""
         self._held = self.paused()
@@ -121,17 +138,24 @@ class EngineLoop:
         self._thread.join(timeout_s)
 
     # -- the loop thread ------------------------------------------------------------------------------
+    def _parks(self) -> bool:
+        """At a step boundary: park for a pause (a drain parks once nothing is in flight)."""
+        return bool(self._pause_requests) and (not self._drain_requests or not self._futures)
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._pause_requests or (not self._closed and not self._submits and not self._aborts
-                                               and not self._futures):
-                    if self._pause_requests:
+                while self._parks() or (not self._closed and not self._aborts and not self._futures
+                                        and (not self._submits or self._drain_requests)):
+                    if self._parks():
                         self._paused = True
                         self._cond.notify_all()
                     self._cond.wait()
                 self._paused = False
-                submits, self._submits = self._submits, []
+                if self._drain_requests and not self._closed:  # new requests wait for the drain's block to end
+                    submits = []
+                else:
+                    submits, self._submits = self._submits, []
                 aborts, self._aborts = self._aborts, []
                 closing = self._closed
             for request_id, prompt, sampling, seed, group, future in submits:
@@ -251,6 +275,12 @@ class LoopedEngine:
             session, self._session = self._session, None
             if session is not None:
                 session.__exit__(None, None, None)
+
+    def load_adapter(self, *args, **kwargs) -> None:
+        """The adapter swap, once the requests sampling with the old adapter have finished (their
+        tokens keep the old version); requests submitted meanwhile run with the new one."""
+        with self.loop.drained() as engine:
+            engine.load_adapter(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.engine, name)

@@ -33,11 +33,12 @@ class ActorInferWorker(RankWorker):
         self.plan = plan if plan is not None else build_run_plan(cfg)  # the pipeline's; built here when used alone
         self.shared_weights = SharedSegmentReader()
         self.pool: Any = None  # the request pool of partial rollouts (k >= 2), made at the first advance
+        self.set_up = False  # `strategy` and `tokenizer` exist (setup ran)
 
     def setup(self) -> None:
         from transformers import AutoTokenizer
 
-        if getattr(self, "strategy", None) is not None:  # set up already (a replaced rank's call sent again)
+        if self.set_up:  # a replaced rank's setup call sent again
             return
         cfg = self.cfg
         role = cfg.actor_infer
@@ -55,6 +56,7 @@ class ActorInferWorker(RankWorker):
 
             self.strategy = HfInferStrategy(role, seed=seed)
         self.tokenizer = AutoTokenizer.from_pretrained(role.model_args.model_name_or_path)
+        self.set_up = True
 
     @ray.method(concurrency_group="health")
     def health(self) -> Tuple[int, int]:
@@ -63,9 +65,7 @@ class ActorInferWorker(RankWorker):
         the engine loop running: the loop's own counts (asking the engine would pause the loop)."""
         if self.engine_loop is not None:
             return self.engine_loop.steps, self.engine_loop.in_flight()
-        engine = getattr(self, "strategy", None)
-        progress = getattr(engine, "progress", None)
-        return progress() if progress is not None else (0, 0)
+        return self.strategy.progress() if self.set_up else (0, 0)
 
     def generate(self, prompts: Batch, gen: GeneratingArgs) -> Batch:
         """prompts: one row per prompt (meta prompt_ids, ground_truth, ...). Returns one row per
