@@ -6,7 +6,7 @@ import logging
 from typing import Optional
 
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.endpoint import serves_endpoint
+from roll_gspo.config.endpoint import serves_endpoint, uses_agent
 
 from pipelines.setup import RunClusters
 
@@ -24,6 +24,13 @@ def endpoint_sampling(cfg: PipelineConfig):
     return Sampling.of(gen, max_new_tokens=gen.max_new_tokens or cfg.response_length)
 
 
+def episode_bounds(cfg: PipelineConfig) -> dict:
+    """What the endpoint records: only an agent run trains on (and takes) its episodes, so only it
+    keeps them; its live records are the step's episodes (verifiers: a few traces each), bounded
+    with room to spare so a client's stray ids are evicted, never the step's."""
+    return {"keep_records": uses_agent(cfg), "max_episodes": max(1024, 4 * cfg.rollout_batch_size)}
+
+
 def start_endpoint(cfg: PipelineConfig, clusters: RunClusters, tokenizer):
     """The endpoint over every rollout rank (each now runs its engine loop), started; None when the
     run serves none. Prints `rollout endpoint: http://HOST:PORT/v1`."""
@@ -37,7 +44,8 @@ def start_endpoint(cfg: PipelineConfig, clusters: RunClusters, tokenizer):
     server = RolloutServer([RayRankBackend(w) for w in clusters.actor_infer.workers], tokenizer,
                            model_name=ep.model_name, sampling=endpoint_sampling(cfg),
                            sequence_length=cfg.max_sequence_tokens(), template=cfg.actor_train.data_args.template,
-                           host=ep.host, port=ep.port, token=ep.token, tool_parser=ep.tool_parser)
+                           host=ep.host, port=ep.port, token=ep.token, tool_parser=ep.tool_parser,
+                           **episode_bounds(cfg))
     address = server.start()
     logger.info("rollout endpoint: %s (model %r, %d rollout rank%s)", address, ep.model_name,
                 clusters.actor_infer.world_size, "" if clusters.actor_infer.world_size == 1 else "s")

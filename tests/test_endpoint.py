@@ -56,11 +56,10 @@ def test_models_and_a_multi_turn_episode_reuse_the_recorded_ids(served):
     assert [m.id for m in c.models.list().data] == ["tiny"]
     messages = [{"role": "system", "content": "play"}, {"role": "user", "content": "go"}]
     sent, sampled = [], []
-    episode = None
+    episode = "ep-three-turns"
     for turn in range(3):
-        extra = {"extra_headers": {"X-Episode-Id": episode}} if episode else {}
-        resp = c.chat.completions.create(model="tiny", messages=messages, max_tokens=12, seed=turn, **extra)
-        episode = episode or resp.episode_id
+        resp = c.chat.completions.create(model="tiny", messages=messages, max_tokens=12, seed=turn,
+                                         extra_headers={"X-Episode-Id": episode})
         assert resp.episode_id == episode and resp.usage.completion_tokens <= 12
         sent.append(resp.prompt_token_ids)
         sampled.append(resp.choices[0].token_ids)

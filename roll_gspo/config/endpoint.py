@@ -178,4 +178,4 @@ def _endpoint_notice(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] 
         return []
     return [notice(KEY, f"{KEY}: the run serves an OpenAI-compatible endpoint on {cfg.rollout_endpoint.host} and prints "
                         f"its address once the workers are up; requests are sampled at the rollout's generating_args "
-                        f"beside the run's own generation and are not trained on (docs/endpoint.md)")]
+                        f"beside the run's own generation and are neither trained on nor recorded (docs/endpoint.md)")]

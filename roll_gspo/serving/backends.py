@@ -5,12 +5,12 @@ engine's `RequestOutput` (ids, log-probs, weight versions) out, awaited on the s
 `RayRankBackend`: an `ActorInferWorker` rank (`serve_generate` / `serve_abort`, which submit to the
 rank's engine loop from Ray's `serve` concurrency group).
 `Router`: least requests in flight for a new episode, then sticky: an episode's turns go to the rank
-that holds its prefix in cache.
+that holds its prefix in cache (the rank is pinned on the episode's record, so it goes with it).
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from roll_gspo.strategies.engine import RequestOutput, Sampling
 
@@ -42,20 +42,16 @@ class RayRankBackend:
 
 
 class Router:
-    """Picks a rank per episode: the least busy for its first request, then the same one."""
+    """Picks a rank per request: the episode's pinned one, else the least busy. It keeps no state
+    per episode: the pin lives on the episode's record and is freed with it."""
 
     def __init__(self, backends: List):
         if not backends:
             raise ValueError("the endpoint needs at least one rollout rank")
         self.backends = backends
-        self.sticky: Dict[str, int] = {}
 
-    def pick(self, episode_id: str) -> int:
-        rank = self.sticky.get(episode_id)
-        if rank is None:
-            rank = min(range(len(self.backends)), key=lambda r: self.backends[r].in_flight)
-            self.sticky[episode_id] = rank
-        return rank
-
-    def forget(self, episode_id: str) -> None:
-        self.sticky.pop(episode_id, None)
+    def pick(self, pinned: Optional[int]) -> int:
+        """`pinned`: the rank of the episode's earlier requests (its prefix in cache), or None."""
+        if pinned is not None:
+            return pinned
+        return min(range(len(self.backends)), key=lambda r: self.backends[r].in_flight)

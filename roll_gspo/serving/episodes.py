@@ -16,19 +16,28 @@ mismatch: ids are never spliced onto a history they do not belong to.
 
 `/v1/completions` requests match on text: a prompt that begins with a segment's prompt text plus
 the completion text returned continues it, the rest tokenised once.
+
+The store is bounded (`max_episodes`): opening a record past the bound evicts the least recently
+used record no request holds, counted. A record taken (`take`) or evicted is closed: an answer
+landing after that (its agent timed out meanwhile) is counted and logged, never written into the
+trajectories already handed to training.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Sequence
 
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
 
+logger = logging.getLogger("roll_gspo.serving")
 Message = Dict[str, Any]
 
 
@@ -44,7 +53,8 @@ def message_text(content: Any) -> str:
     return str(content)
 
 
-def _arguments(raw: Any) -> Any:
+def tool_arguments(raw: Any) -> Any:
+    """A tool call's arguments as parsed JSON (the text itself when it is not JSON)."""
     if isinstance(raw, str):
         try:
             return json.loads(raw)
@@ -55,7 +65,7 @@ def _arguments(raw: Any) -> Any:
 
 def message_key(message: Message) -> str:
     """What a message is for matching: role, text, tool calls (name, parsed arguments), tool call id."""
-    calls = [(c.get("function", {}).get("name"), _arguments(c.get("function", {}).get("arguments")))
+    calls = [(c.get("function", {}).get("name"), tool_arguments(c.get("function", {}).get("arguments")))
              for c in message.get("tool_calls") or []]
     return json.dumps([message.get("role"), message_text(message.get("content")), calls,
                        message.get("tool_call_id"), message.get("name") if message.get("role") == "tool" else None],
@@ -82,9 +92,20 @@ class EpisodeRecord:
     mismatches: int = 0  # requests that opened a new segment after the first
     failures: int = 0  # requests that failed (client gone, engine error)
     errors: List[str] = dataclasses.field(default_factory=list)
-    rank: Optional[int] = None  # the rollout rank it is pinned to
+    rank: Optional[int] = None  # the rollout rank it is pinned to (its prefix in cache); freed with the record
     created: float = dataclasses.field(default_factory=time.time)
     reward: Optional[float] = None
+    kept: bool = True  # False: a scratch record of a request nothing trains on (planned, never recorded)
+    closed: bool = False  # taken or evicted: later answers are counted, not recorded
+    users: int = 0  # requests holding it (EpisodeStore.open): never evicted meanwhile
+    # The episode's requests run one at a time (their ids cannot interleave); freed with the record.
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
+
+    @classmethod
+    def scratch(cls, episode_id: str = "") -> "EpisodeRecord":
+        """A record for one request that nothing will train on (no episode id, or a run that trains
+        on no endpoint episode): the request is planned on it, its answer is not recorded."""
+        return cls(episode_id, kept=False)
 
     def trajectories(self, reward: Optional[float] = None, group_id: Optional[str] = None,
                      index: int = 0) -> List[Trajectory]:
@@ -114,31 +135,65 @@ class TurnPlan:
 
 
 class EpisodeStore:
-    """The run's episodes by id (in memory, this process only: nothing serves them over HTTP, so
-    another run or client cannot read them). Thread-safe."""
+    """The run's episodes by id, least recently used first (in memory, this process only: nothing
+    serves them over HTTP, so another run or client cannot read them). At most `max_episodes`
+    records no request holds: a client sending new ids cannot grow it without bound. Thread-safe."""
 
-    def __init__(self, stitcher: ChatStitcher, render):
+    def __init__(self, stitcher: ChatStitcher, render, max_episodes: int = 1024):
         """`render(messages, tools) -> text`: the run's chat template (with the tools, when given)."""
+        if max_episodes < 1:
+            raise ValueError(f"max_episodes must be at least 1, got {max_episodes}")
         self.stitcher = stitcher
         self.render = render
-        self.episodes: Dict[str, EpisodeRecord] = {}
+        self.max_episodes = max_episodes
+        self.episodes: "OrderedDict[str, EpisodeRecord]" = OrderedDict()
+        self.evicted = 0  # records dropped at the bound before anything took them
+        self.late_turns = 0  # answers that landed after their record was taken or evicted
         self.lock = threading.Lock()
 
     @staticmethod
     def new_id() -> str:
         return f"ep-{uuid.uuid4().hex}"
 
-    def get(self, episode_id: str) -> EpisodeRecord:
+    def open(self, episode_id: str) -> EpisodeRecord:
+        """The episode's record for a request (created if new), held until `release`. A new record
+        past `max_episodes` evicts the least recently used ones no request holds."""
         with self.lock:
             record = self.episodes.get(episode_id)
             if record is None:
                 record = self.episodes[episode_id] = EpisodeRecord(episode_id)
+            record.users += 1
+            self.episodes.move_to_end(episode_id)
+            self._evict()
             return record
 
-    def take(self, episode_id: str) -> Optional[EpisodeRecord]:
-        """Remove and return an episode's record (the trainer side, once the episode is over)."""
+    def release(self, record: EpisodeRecord) -> None:
+        """The request that opened `record` is done with it: it may be evicted again."""
         with self.lock:
-            return self.episodes.pop(episode_id, None)
+            record.users -= 1
+
+    def _evict(self) -> None:
+        """Drop idle records, oldest use first, down to the bound (held ones stay: their requests
+        would otherwise record into a record nothing can take). Called with the lock held."""
+        excess = len(self.episodes) - self.max_episodes
+        if excess <= 0:
+            return
+        idle = [eid for eid, r in self.episodes.items() if r.users == 0][:excess]
+        for eid in idle:
+            self.episodes.pop(eid).closed = True
+        self.evicted += len(idle)
+        if idle:
+            logger.warning("rollout endpoint: %d episode record(s) evicted at the bound of %d (%d in all); "
+                           "nothing had taken them", len(idle), self.max_episodes, self.evicted)
+
+    def take(self, episode_id: str) -> Optional[EpisodeRecord]:
+        """Remove and return an episode's record (the trainer side, once the episode is over),
+        closed: a request of it still at the engine no longer writes into what was handed out."""
+        with self.lock:
+            record = self.episodes.pop(episode_id, None)
+            if record is not None:
+                record.closed = True
+            return record
 
     # -- planning a request ---------------------------------------------------------------------------
     def plan_chat(self, record: EpisodeRecord, messages: Sequence[Message], tools: Optional[list]) -> TurnPlan:
@@ -170,10 +225,16 @@ class EpisodeStore:
     def record(self, plan: TurnPlan, token_ids: List[int], log_probs: List[float], weight_versions: List[int],
                returned: Optional[Message] = None, completion_text: str = "") -> None:
         """The engine's answer to `plan`: ids kept verbatim. `returned`: the assistant message as
-        sent to the client (chat); `completion_text`: the text sent (completions)."""
+        sent to the client (chat); `completion_text`: the text sent (completions). Nothing for a
+        scratch record; a closed one (taken or evicted while the request ran) counts a late turn."""
         record, segment = plan.record, plan.segment
         t = segment.trajectory
         with self.lock:
+            if not record.kept:
+                return
+            if record.closed:
+                self._late(record)
+                return
             record.requests += 1
             if plan.new_segment:
                 if record.segments:
@@ -197,15 +258,26 @@ class EpisodeStore:
             if plan.text is not None:
                 segment.text = plan.text + completion_text
 
+    def _late(self, record: EpisodeRecord) -> None:
+        """An answer for a record already taken or evicted: counted and logged, not recorded (the
+        record's trajectories may be in training). Called with the lock held."""
+        self.late_turns += 1
+        logger.warning("rollout endpoint: an answer of episode %s landed after its record was taken or evicted "
+                       "(its agent timed out?); not recorded (%d late turns in all)", record.episode_id,
+                       self.late_turns)
+
     def fail(self, record: EpisodeRecord, reason: str) -> None:
+        """A failed request of the episode, on its record (not on one already handed out)."""
         with self.lock:
-            record.failures += 1
-            record.errors.append(reason)
+            if record.kept and not record.closed:
+                record.failures += 1
+                record.errors.append(reason)
 
     def counters(self) -> Dict[str, float]:
         with self.lock:
             records = list(self.episodes.values())
-        return {"episodes": float(len(records)),
+            evicted, late = self.evicted, self.late_turns
+        return {"episodes": float(len(records)), "evicted": float(evicted), "late_turns": float(late),
                 "requests": float(sum(r.requests for r in records)),
                 "reused_turns": float(sum(r.reused_turns for r in records)),
                 "mismatches": float(sum(r.mismatches for r in records)),
@@ -217,7 +289,7 @@ def _for_template(message: Message) -> Dict[str, str]:
     hermes form, as a model trained on them writes them)."""
     parts = [message_text(message.get("content"))]
     parts += ["<tool_call>\n" + json.dumps({"name": c.get("function", {}).get("name"),
-                                            "arguments": _arguments(c.get("function", {}).get("arguments"))},
+                                            "arguments": tool_arguments(c.get("function", {}).get("arguments"))},
                                            ensure_ascii=False) + "\n</tool_call>"
               for c in message.get("tool_calls") or []]
     return {"role": str(message.get("role", "user")), "content": "\n".join(p for p in parts if p)}

@@ -10,28 +10,39 @@ are ignored), a request's `max_tokens` capped by the run's `max_new_tokens` and 
 
 Security: it listens on 127.0.0.1 unless told otherwise; any other address needs a token, then
 required on every request (`Authorization: Bearer <token>`, the `openai` client's `api_key`). A
-request body over `max_request_bytes`, malformed JSON, an invalid request, an unknown model, a
-prompt longer than `sequence_length` get a 4xx; a client that disconnects while its request runs
-has the request aborted on the rank and counted as its episode's failure; an engine error is a 500
-and a counted failure; neither stops the server or a rank.
+browser page must not drive it (a cross-origin `text/plain` POST needs no preflight; a DNS-rebound
+name makes a page same-origin): a request with an `Origin` header or a `Host` that is not the bound
+address is a 403, a body that is not `application/json` a 415, token or not. A request body over
+`max_request_bytes` (counted while it streams: never read whole first), malformed JSON, an invalid
+request, an unknown model, a prompt longer than `sequence_length` get a 4xx; a client that
+disconnects while its request runs has the request aborted on the rank and counted as its
+episode's failure; an engine error is a 500 and a counted failure; neither stops the server or a
+rank.
+
+Memory: only requests with an episode id, on a server that keeps records (`keep_records`: a run
+trains on them), are recorded, in a bounded store (roll_gspo.serving.episodes); the episode's
+lock and its rank pin live on its record and go with it.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import json
 import logging
 import socket
 import threading
 import time
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, FrozenSet, List, Optional, Tuple
 
 from starlette.requests import Request  # at module level: FastAPI resolves the handlers' annotations here
 
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.data.chat_templates import render_chat
 from roll_gspo.serving.backends import Router
-from roll_gspo.serving.episodes import EpisodeRecord, EpisodeStore, TurnPlan, template_messages, with_tools
+from roll_gspo.serving.episodes import (EpisodeRecord, EpisodeStore, TurnPlan, message_text, template_messages,
+                                       tool_arguments, with_tools)
 from roll_gspo.strategies.engine import RequestOutput, Sampling
 from roll_gspo.utils.net import is_loopback
 
@@ -40,6 +51,7 @@ EPISODE_HEADER = "X-Episode-Id"
 # verifiers' per-rollout header (the trace id, the same on every turn of a rollout): an episode key
 # when X-Episode-Id is absent, so a verifiers trace's turns land in one record.
 SESSION_HEADER = "X-Session-ID"
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 class HttpError(Exception):
@@ -50,12 +62,15 @@ class HttpError(Exception):
 
 class RolloutServer:
     """The endpoint of one run. `backends`: one per rollout rank (roll_gspo.serving.backends);
-    `sampling`: the run's rollout sampling; `start()` returns the address (http://HOST:PORT/v1)."""
+    `sampling`: the run's rollout sampling; `start()` returns the address (http://HOST:PORT/v1).
+    `keep_records`: record episodes (something takes them: an agent run), at most `max_episodes`
+    not in a request; False: record none (nothing would ever free them)."""
 
     def __init__(self, backends: List, tokenizer, *, model_name: str, sampling: Sampling, sequence_length: int,
                  template: Optional[str] = None, host: str = "127.0.0.1", port: int = 0,
                  token: Optional[str] = None, tool_parser: Optional[str] = "hermes",
-                 max_request_bytes: Optional[int] = None, model_aliases: Tuple[str, ...] = ()):
+                 max_request_bytes: Optional[int] = None, model_aliases: Tuple[str, ...] = (),
+                 keep_records: bool = True, max_episodes: int = 1024):
         if not is_loopback(host) and not token:
             raise ValueError(f"the rollout endpoint listens on {host!r}, not a loopback address: give it a token "
                              f"(clients then send it as their api_key)")
@@ -69,16 +84,17 @@ class RolloutServer:
         self.sequence_length = sequence_length
         self.template = template or "native"
         self.stitcher = ChatStitcher(tokenizer, self.template)
-        self.store = EpisodeStore(self.stitcher, self.render)
+        self.store = EpisodeStore(self.stitcher, self.render, max_episodes)
+        self.keep_records = keep_records
         self.host, self.port, self.token = host, port, token
+        self.host_names = own_host_names(host)
         self.tool_parser = tool_parser
         # JSON of a full-length conversation: ~16 bytes a token is generous for text, plus headroom.
         self.max_request_bytes = max_request_bytes or (65536 + 16 * sequence_length * 4)
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.counters: Dict[str, float] = {"requests": 0, "bad_requests": 0, "client_disconnects": 0,
                                            "engine_failures": 0, "generated_tokens": 0, "server_s": 0.0,
-                                           "engine_s": 0.0}
-        self._episode_locks: Dict[str, asyncio.Lock] = {}
+                                           "engine_s": 0.0, "unrecorded_requests": 0}
         self._server = None
         self._thread: Optional[threading.Thread] = None
         self.app = self._build_app()
@@ -126,9 +142,8 @@ class RolloutServer:
             self._server = None
 
     def take_episode(self, episode_id: str) -> Optional[EpisodeRecord]:
-        """The record of a finished episode (removed from the server)."""
-        self.router.forget(episode_id)
-        self._episode_locks.pop(episode_id, None)
+        """The record of a finished episode (removed from the server with its lock and rank pin,
+        and closed: an answer still in flight is counted, not added to it)."""
         return self.store.take(episode_id)
 
     def metrics(self) -> Dict[str, float]:
@@ -154,6 +169,7 @@ class RolloutServer:
         async def guarded(request: Request, handler):
             start = time.perf_counter()
             try:
+                self._refuse_browsers(request)
                 self._authorise(request)
                 return await handler(request)
             except HttpError as exc:
@@ -185,6 +201,21 @@ class RolloutServer:
 
         return app
 
+    def _refuse_browsers(self, request) -> None:
+        """A page in a browser can reach a loopback server: a simple cross-origin POST needs no
+        preflight, and a DNS-rebound name makes the page same-origin. Browsers send `Origin` on
+        such requests and the page's name as `Host`; an API client sends no `Origin` and the
+        address it connects to as `Host`, so the two tell them apart."""
+        if "origin" in request.headers:
+            raise HttpError(403, "requests with an Origin header (a web page) are refused", "permission_error")
+        host = request.headers.get("host", "")
+        local = request.scope.get("server")
+        names = self.host_names | ({local[0].lower()} if local and is_unspecified(self.host) else set())
+        name, port = split_host(host)
+        if name not in names or port != self.port:
+            raise HttpError(403, f"Host {host!r} is not this endpoint's address ({self.host}:{self.port})",
+                            "permission_error")
+
     def _authorise(self, request) -> None:
         if self.token is None:
             return
@@ -194,13 +225,25 @@ class RolloutServer:
         if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
             raise HttpError(401, "a valid token is required (Authorization: Bearer <token>)", "authentication_error")
 
-    async def _parse(self, request, model_cls):
+    async def _read_body(self, request) -> bytes:
+        """The JSON body, counted while it streams: refused at the limit, never read whole first
+        (a chunked body declares no length)."""
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            raise HttpError(415, f"Content-Type must be application/json, got {media or 'none'!r}")
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_request_bytes:
             raise HttpError(413, f"request body of {length} bytes is over the endpoint's {self.max_request_bytes}")
-        body = await request.body()
-        if len(body) > self.max_request_bytes:
-            raise HttpError(413, f"request body of {len(body)} bytes is over the endpoint's {self.max_request_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_request_bytes:
+                raise HttpError(413, f"request body over the endpoint's {self.max_request_bytes} bytes")
+        return bytes(body)
+
+    async def _parse(self, request, model_cls):
+        """The request's model and its episode id (None: the request names no episode)."""
+        body = await self._read_body(request)
         try:
             data = json.loads(body)
         except ValueError as exc:
@@ -219,8 +262,8 @@ class RolloutServer:
         if getattr(parsed, "use_beam_search", False):
             raise HttpError(400, "beam search is not a rollout")
         episode = (request.headers.get(EPISODE_HEADER) or request.headers.get(SESSION_HEADER)
-                   or getattr(parsed, "user", None) or EpisodeStore.new_id())
-        if len(episode) > 256:
+                   or getattr(parsed, "user", None) or None)
+        if episode is not None and len(episode) > 256:
             raise HttpError(400, "episode ids are at most 256 characters")
         return parsed, episode
 
@@ -233,10 +276,9 @@ class RolloutServer:
             raise HttpError(400, "max_tokens must be at least 1")
         return min(requested or self.sampling.max_new_tokens, self.sampling.max_new_tokens, room)
 
-    async def _run(self, request, episode: str, plan: TurnPlan, max_tokens: int, seed: Optional[int]) -> RequestOutput:
+    async def _run(self, request, plan: TurnPlan, max_tokens: int, seed: Optional[int]) -> RequestOutput:
         """Sample on the episode's rank; a client gone meanwhile aborts it (counted, HttpError 499)."""
-        rank = self.router.pick(episode)
-        plan.record.rank = rank
+        rank = plan.record.rank = self.router.pick(plan.record.rank)
         backend = self.router.backends[rank]
         request_id = f"srv-{uuid.uuid4().hex}"
         sampling = Sampling(max_new_tokens=max_tokens, temperature=self.sampling.temperature,
@@ -271,8 +313,21 @@ class RolloutServer:
         body = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
         return self.tokenizer.decode(body, skip_special_tokens=not keep_special)
 
-    def _lock(self, episode: str) -> asyncio.Lock:
-        return self._episode_locks.setdefault(episode, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _episode(self, episode: Optional[str]) -> AsyncIterator[EpisodeRecord]:
+        """The record a request plays into, the episode's requests one at a time. A scratch record
+        (nothing kept) for a request without an episode id, which nothing could take, and on a
+        server that keeps no records."""
+        if episode is None or not self.keep_records:
+            self.counters["unrecorded_requests"] += 1
+            yield EpisodeRecord.scratch(episode or "")
+            return
+        record = self.store.open(episode)
+        try:
+            async with record.lock:
+                yield record
+        finally:
+            self.store.release(record)
 
     # -- /v1/chat/completions -------------------------------------------------------------------------
     async def _chat(self, request, JSONResponse, StreamingResponse, Response):
@@ -288,11 +343,10 @@ class RolloutServer:
         tools = [t.model_dump(exclude_none=True) for t in parsed.tools] if parsed.tools else None
         if tools and parsed.tool_choice == "none":
             tools = None
-        async with self._lock(episode):
-            record = self.store.get(episode)
+        async with self._episode(episode) as record:
             plan = self.store.plan_chat(record, messages, tools)
             max_tokens = self._cap(plan.prompt_ids, parsed.max_completion_tokens or parsed.max_tokens)
-            output = await self._run(request, episode, plan, max_tokens, parsed.seed)
+            output = await self._run(request, plan, max_tokens, parsed.seed)
             text = self._text(output.token_ids, keep_special=bool(tools))
             content, tool_calls = text, []
             if tools and self.tool_parser:
@@ -320,7 +374,7 @@ class RolloutServer:
         payload = body.model_dump(exclude_none=True)
         payload["episode_id"] = episode
         payload["weight_versions"] = list(output.weight_versions)
-        headers = {EPISODE_HEADER: episode}
+        headers = {EPISODE_HEADER: episode} if episode else {}
         if parsed.stream:
             return StreamingResponse(_chat_stream(payload, parsed), media_type="text/event-stream", headers=headers)
         return JSONResponse(payload, headers=headers)
@@ -337,11 +391,10 @@ class RolloutServer:
             prompt = prompt[0]
         if not isinstance(prompt, str) or not prompt:
             raise HttpError(400, "prompt must be one non-empty string")
-        async with self._lock(episode):
-            record = self.store.get(episode)
+        async with self._episode(episode) as record:
             plan = self.store.plan_completion(record, prompt)
             max_tokens = self._cap(plan.prompt_ids, parsed.max_tokens)
-            output = await self._run(request, episode, plan, max_tokens, parsed.seed)
+            output = await self._run(request, plan, max_tokens, parsed.seed)
             text = self._text(output.token_ids, keep_special=False)
             self.store.record(plan, output.token_ids, output.log_probs, output.weight_versions, completion_text=text)
         logprobs = None
@@ -355,23 +408,52 @@ class RolloutServer:
                           total_tokens=len(plan.prompt_ids) + len(output.token_ids))
         payload = CompletionResponse(model=self.model_name, choices=[choice], usage=usage).model_dump(exclude_none=True)
         payload["episode_id"] = episode
-        headers = {EPISODE_HEADER: episode}
+        headers = {EPISODE_HEADER: episode} if episode else {}
         if parsed.stream:
             return StreamingResponse(_completion_stream(payload), media_type="text/event-stream", headers=headers)
         return JSONResponse(payload, headers=headers)
 
 
+def own_host_names(host: str) -> FrozenSet[str]:
+    """The `Host` names that address a server bound to `host`: the address itself, the loopback
+    names for a loopback bind, this machine's names for any other (a wildcard bind also takes the
+    address each connection arrived on: `RolloutServer._refuse_browsers`)."""
+    names = {host.strip("[]").lower()}
+    if is_loopback(host):
+        return frozenset(names | LOOPBACK_NAMES)
+    return frozenset(names | {socket.gethostname().lower(), socket.getfqdn().lower()})
+
+
+def is_unspecified(host: str) -> bool:
+    """A wildcard bind (0.0.0.0, ::): every address of the machine."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def split_host(value: str) -> Tuple[str, int]:
+    """A `Host` header's lower-case name and port (80 when it names none, -1 when it is not a number)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else rest
+    else:
+        name, _, port = value.partition(":")
+    if not port:
+        return name, 80
+    return name, int(port) if port.isdigit() else -1
+
+
 def _native_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Messages for a tokenizer's own template: text content, tool-call arguments as objects."""
-    from roll_gspo.serving.episodes import _arguments, message_text
-
     out = []
     for m in messages:
         m = dict(m)
         m["content"] = message_text(m.get("content"))
         if m.get("tool_calls"):
             m["tool_calls"] = [{**c, "function": {**c.get("function", {}),
-                                                  "arguments": _arguments(c.get("function", {}).get("arguments"))}}
+                                                  "arguments": tool_arguments(c.get("function", {}).get("arguments"))}}
                                for c in m["tool_calls"]]
         out.append(m)
     return out
