@@ -105,7 +105,7 @@ def test_turn_allowed_is_decided_by_what_groups_have_played():
     playing = lambda n, order: GroupRounds(n, False, order)  # noqa: E731
 
     def b_turn(a, b, quota, r, last_chance=(), must=0):  # group b's (order 1) turn of round r
-        return turn_allowed({"a": a, "b": b}, quota, set(last_chance), must, r, 1)
+        return turn_allowed({"a": a, "b": b}, quota, [(set(last_chance), must)], r, 1)
 
     # quota 1: a may still end within 1 round, so b's 2nd turn waits; once a has, it is out.
     assert b_turn(playing(1, 0), playing(3, 1), 1, 2) is None
@@ -114,14 +114,14 @@ def test_turn_allowed_is_decided_by_what_groups_have_played():
     # Within a round the group that joined first comes first: a ending at round 2 cuts b's 2nd turn,
     # while a's own 2nd turn never waits for b.
     assert b_turn(playing(2, 0), playing(3, 1), 1, 2) is None and b_turn(done(2, 0), playing(3, 1), 1, 2) is False
-    assert turn_allowed({"a": playing(2, 0), "b": playing(2, 1)}, 1, set(), 0, 2, 0) is True
+    assert turn_allowed({"a": playing(2, 0), "b": playing(2, 1)}, 1, [], 2, 0) is True
     # quota 2: both must end; the first ending early does not cut the other.
     assert b_turn(done(1, 0), playing(3, 1), 2, 3) is True
     # A group at its last chance keeps the advance going after the quota's groups are complete ...
     assert b_turn(done(1, 0), playing(3, 1), 1, 3, {"b"}, 1) is True
     assert b_turn(done(1, 0), done(3, 1), 1, 4, {"b"}, 1) is False
     # ... and a later group's turns wait while the last-chance one might still end before them.
-    assert turn_allowed({"a": done(1, 0), "b": playing(2, 1), "c": playing(3, 2)}, 1, {"b"}, 1, 3, 2) is None
+    assert turn_allowed({"a": done(1, 0), "b": playing(2, 1), "c": playing(3, 2)}, 1, [({"b"}, 1)], 3, 2) is None
     progress = {0: EpisodeProgress(2, "ready"), 1: EpisodeProgress(1, "ended"), 2: EpisodeProgress(1, "busy"),
                 3: EpisodeProgress(1, "ended")}
     a, b = (EpisodeGroup(key, order, [], []) for key, order in (("a", 0), ("b", 1)))
@@ -320,3 +320,27 @@ def test_an_episode_whose_env_fails_at_reset_is_an_empty_sample_of_the_newest_ve
     assert rollout.metrics["env/errors"] == 4 and len(failed) == 4 and rollout.trainable
     for row in failed:
         assert rollout.batch["loss_mask"][row].sum() == 0 and rollout.batch["weight_version"][row] == 3
+
+
+# -- issue 52, item 9: larger pools drop no group at its last chance ---------------------------------
+def test_a_heavy_tailed_pool_of_k_batches_drops_no_group(tok):
+    """A pool of k = 5 batches (more than k is refused by the config) of one-turn and nine-turn
+    episodes: however many held groups near their bound together, and however long their
+    episodes, each is finished and trained within the bound; none is dropped (three were, with
+    the last-chance rule that waited for a quota of them at most)."""
+    tail = {"one": 1, "long": 9}
+    setups = {tag: EnvSetup(tag, CustomEnvConfig(env_type="countdown", max_steps=10, max_tokens_per_step=4,
+                                                 agent_system_template="", agent_template="{observation}:"),
+                            lambda seed, n=turns: CountdownEnv(n)) for tag, turns in tail.items()}
+    pool = EpisodePool(EpisodeRunner(ChatStitcher(tok), setups, sequence_length=400, max_new_tokens=4))
+    engine, quota, k, dropped, long_trained = ScriptedEngine(), 2, 5, 0, 0
+    for step in range(1, 21):
+        engine.version = max(step - 2, 0)
+        manager = EnvManagerConfig(tags=list(tail), num_env_groups=k * quota - len(pool.held), group_size=1)
+        specs = episode_specs(manager, manager.num_env_groups, 7, step, "train")
+        taken, counts = pool.advance(specs, turn_seed_bases(7, step, len(specs), "train"), 1, quota, step, k,
+                                     engine.submit)
+        assert len(taken) == quota and all((step - 1) - g.oldest_version() <= k for g in taken)
+        dropped += counts.dropped_past_bound
+        long_trained += sum(t.spec.tag == "long" for g in taken for t in g.episodes)
+    assert dropped == 0 and long_trained > 0

@@ -298,3 +298,59 @@ def test_a_long_response_is_finished_at_its_last_chance_not_dropped():
     (long,) = taken[0].requests
     assert len(long.token_ids) == 10 and long.weight_versions == [0] + [1] * 9 and long.finish_reason == "stop"
     assert sorted(g.meta["prompt_ids"][0] for g in pool.held) == [4, 5] and all(g.complete for g in pool.held)
+
+
+class HeavyTailEngine(LengthEngine):
+    """`LengthEngine` with the length in the prompt: [L, 0] gets min(L, cap) response tokens in all,
+    one per engine step, every request in flight advancing together (as vLLM's continuous batch)."""
+
+    def submit(self, request_id, prompt_ids, sampling, seed=None, group=None):
+        self.requests.add(request_id, self.weight_version)
+        self.left[request_id] = min(prompt_ids[0] - (len(prompt_ids) - 2), sampling.max_new_tokens)
+
+
+def heavy_tailed_run(pool_batches: float, k: int, steps: int = 40, quota: int = 4, n: int = 2):
+    """A scripted run as the RLVR source drives a rank's pool: each step tops the pool up to
+    pool_batches * quota groups of heavy-tailed lengths (Pareto, cut at 64 tokens), advances it with
+    the weights of step - 2 (generation one step ahead) and takes `quota` groups. Returns the groups
+    dropped past the bound, the groups trained and their lengths, checking on the way that each
+    taken group is complete and within the bound."""
+    import math
+    import random
+
+    rng, engine, sampling = random.Random(7), HeavyTailEngine(), Sampling(max_new_tokens=64)
+    pool, dropped, trained = RequestPool(engine), 0, []
+    for step in range(1, steps + 1):
+        engine.weight_version = max(0, step - 2)
+        new = math.ceil(pool_batches * quota) - len(pool.held)
+        rows = [{"prompt_ids": [max(1, int(2 * rng.paretovariate(1.1))), 0], "sample_seed": 100 * step + i}
+                for i in range(new)]
+        taken, counts = pool.advance(rows, quota, step, k, sampling, n)
+        assert len(taken) == quota and all(g.complete for g in taken) and not engine.unfinished()
+        assert all((step - 1) - g.oldest_version() <= k for g in taken)  # trained by version step - 1
+        dropped += counts.dropped_past_bound
+        trained += [min(g.meta["prompt_ids"][0], 64) for g in taken]
+    return dropped, trained
+
+
+@pytest.mark.parametrize("pool_batches, k", [(4, 4), (3, 3), (4, 5), (2, 2)])
+def test_a_heavy_tailed_run_drops_no_group_at_its_last_chance(pool_batches, k):
+    """Issue 52, item 9: with async_pool_batches up to k (more is refused: more groups than the
+    steps can take would reach their bound together), every held group is finished and trained
+    before its bound, the long ones included, however many reach it in the same advance."""
+    dropped, trained = heavy_tailed_run(pool_batches, k)
+    assert dropped == 0
+    assert max(trained) == 64  # the longest responses are trained too
+
+
+def test_more_pool_batches_than_k_are_refused():
+    """Issue 52, item 9: pool 4 at k = 2 cannot train every group in time (the scripted run drops
+    hundreds of groups whatever the cut waits for), so the config refuses it, naming the key; up to
+    k is accepted."""
+    from roll_gspo.config import ConfigError, load_config
+
+    assert heavy_tailed_run(4, 2, steps=12)[0] > 0  # what the refusal spares
+    with pytest.raises(ConfigError) as info:
+        load_config("example_gspo.yaml", ["async_generation_ratio=2", "async_pool_batches=4"])
+    assert "async_pool_batches = 4 with async_generation_ratio = 2 is refused: at most 2" in str(info.value)
+    assert load_config("example_gspo.yaml", ["async_generation_ratio=4", "async_pool_batches=4"]).async_pool_batches == 4

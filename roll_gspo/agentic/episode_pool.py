@@ -13,11 +13,14 @@ the episode runner (roll_gspo.agentic.rollout) and a turn submitter; no Ray.
    the episode's turns within the advance (its 1st, 2nd, ... turn of this advance), and groups are
    ordered as they joined. A group completes at the slot (R_g, its order), R_g the most turns one
    of its episodes plays in the advance before it ends (0 for a group complete before). The advance
-   plays the turns up to T* = the `quota`-th smallest completion slot, and at least up to the m-th
-   smallest of the groups at their last chance (held, incomplete, and past the bound if still
-   incomplete at this cut; m = min(their number, quota)), so a long episode gets k advances and is
-   then finished rather than dropped for its length. So the first `quota` groups to complete, in
-   rounds of turns and then in the order they joined, complete; the others stop between two turns.
+   plays the turns up to T* = the `quota`-th smallest completion slot, and at least as far as the
+   staleness bound needs (`bound_demands`): up to the completion of every group at its last chance
+   (held, and past the bound if still incomplete at this cut), however many, and for each later
+   advance j up to the m_j-th completion among the groups due by then, so that at most j * `quota`
+   of them are left for the j advances that follow. So a long episode gets k advances and is then
+   finished rather than dropped for its length, and with at most k * `quota` groups in the pool
+   none is dropped. So the first `quota` groups to complete, in rounds of turns and then in the
+   order they joined, complete; the others stop between two turns.
    A turn starts only once it is certain to be within the cut (`turn_allowed`, from what every
    group has played so far), so which turns an advance plays depends on the episodes alone, never
    on timing: env latencies and the engine's batching change when a turn runs, not whether. No
@@ -40,7 +43,7 @@ refuses an env whose rewards do not come back as recorded (not deterministic).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from roll_gspo.agentic.episodes import turn_seed
 from roll_gspo.agentic.rollout import EpisodeProgress, EpisodeRunner, SubmitFn, TurnGate
@@ -106,28 +109,47 @@ def group_rounds(progress: Dict[int, EpisodeProgress], group_of: Dict[int, Episo
     return {key: GroupRounds(lower[key], complete[key], order[key]) for key in lower}
 
 
-def turn_allowed(groups: Dict[str, GroupRounds], quota: int, last_chance: Set[str], must: int,
-                 r: int, order: int) -> Optional[bool]:
-    """Whether the turn of slot (round `r`, group order `order`) is within the cut T* = max(T_Q,
-    T_L) (see the module): True when certain, False when certainly not, None while the groups'
-    play so far leaves it open. T_Q >= (r, order) iff fewer than `quota` groups complete at a slot
-    before it; T_L likewise over `last_chance` with `must` (0: no last-chance term)."""
+Demands = Sequence[Tuple[AbstractSet[str], int]]  # (group keys, m): at least m of them complete
+
+
+def bound_demands(groups: Sequence[EpisodeGroup], step: int, bound: int, quota: int) -> List[Tuple[Set[str], int]]:
+    """What the cut of `step` waits for so that the bound drops no group for its length (as the
+    request pool's, roll_gspo.strategies.request_pool.bound_demands). A group of oldest version v
+    is due j advances on: held past the cut of step + j it is dropped once step + j - v > bound (a
+    group without a turn has nothing to age). Due now (its last chance): all of them complete,
+    whatever their number. Due within j >= 1 advances: the j later advances take j * quota (the
+    oldest first), so enough complete now that no more are left (at most `quota`). Earliest
+    deadline first: with no more than (j + 1) * quota groups due within j advances, for every j,
+    none is ever dropped."""
+    due: Dict[str, int] = {}
+    for group in groups:
+        oldest = group.oldest_version()
+        if oldest is not None:
+            due[group.key] = max(0, bound + 1 - (step - oldest))
+    demands = []
+    for j in sorted(set(due.values())):
+        keys = {key for key, d in due.items() if d <= j}
+        must = len(keys) if j == 0 else min(quota, len(keys) - j * quota)
+        if must > 0:
+            demands.append((keys, must))
+    return demands
+
+
+def turn_allowed(groups: Dict[str, GroupRounds], quota: int, demands: Demands, r: int, order: int) -> Optional[bool]:
+    """Whether the turn of slot (round `r`, group order `order`) is within the cut T* = the latest
+    of T_Q and each demand's T_d (see the module): True when certain, False when certainly not,
+    None while the groups' play so far leaves it open. T_Q >= (r, order) iff fewer than `quota`
+    groups complete at a slot before it; T_d likewise over a demand's keys and its m."""
     def before(keys) -> Tuple[int, int]:  # groups (possibly, certainly) complete at a slot before (r, order)
         slots = [groups[key] for key in keys]
         possibly = [g for g in slots if g.lower < r or (g.lower == r and g.order < order)]
         return len(possibly), sum(g.complete for g in possibly)
 
-    possibly, certainly = before(groups)
-    if possibly < quota:
+    terms = [(groups.keys(), quota)] + [(keys & groups.keys(), must) for keys, must in demands if must]
+    counted = [(before(keys), must) for keys, must in terms]
+    if any(possibly < must for (possibly, _), must in counted):
         return True
-    if must:
-        possibly_last, certainly_last = before(last_chance & groups.keys())
-        if possibly_last < must:
-            return True
-        if certainly >= quota and certainly_last >= must:
-            return False
-        return None
-    return False if certainly >= quota else None
+    return False if all(certainly >= must for (_, certainly), must in counted) else None
 
 
 class EpisodePool:
@@ -161,10 +183,9 @@ class EpisodePool:
         continued = [t for t in trajectories if not t.done and t.turn_versions]  # held after a turn
         counts.continuations = len(continued)
         counts.reprefill_tokens = sum(t.length for t in continued)
-        last_chance = {g.key for g in groups if not g.complete and _past(g, step, bound)}
         seeds = {t.spec.index: base for g in groups for t, base in zip(g.episodes, g.seed_bases)}
         played = self.runner.play(trajectories, self.envs, submit, lambda index, turn: turn_seed(seeds[index], turn),
-                                  gate=self._gate(groups, quota, last_chance, min(len(last_chance), quota)))
+                                  gate=self._gate(groups, quota, bound_demands(groups, step, bound, quota)))
         counts.turns = sum(played.values())
         counts.rounds = max(played.values(), default=0)
         complete = sorted((g for g in groups if g.complete), key=lambda g: (_oldest_or_new(g), g.order))
@@ -186,13 +207,13 @@ class EpisodePool:
         return taken, counts
 
     @staticmethod
-    def _gate(groups: List[EpisodeGroup], quota: int, last_chance: Set[str], must: int) -> TurnGate:
+    def _gate(groups: List[EpisodeGroup], quota: int, demands: Demands) -> TurnGate:
         """`EpisodeRunner.play`'s gate: a turn is played once it is certainly within the cut."""
         group_of = {t.spec.index: g for g in groups for t in g.episodes}
 
         def gate(progress: Dict[int, EpisodeProgress]) -> Callable[[int, int], Optional[bool]]:
             rounds = group_rounds(progress, group_of)
-            return lambda index, r: turn_allowed(rounds, quota, last_chance, must, r, group_of[index].order)
+            return lambda index, r: turn_allowed(rounds, quota, demands, r, group_of[index].order)
 
         return gate
 

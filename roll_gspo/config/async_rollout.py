@@ -66,7 +66,7 @@ def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
     if not ratio:
         return []
     if ratio >= 2:
-        return _bounded_problems(cfg, int(ratio))
+        return _pool_bound(cfg, int(ratio)) + _bounded_problems(cfg, int(ratio))
     problems = []
     if cfg.old_logprob_source == "trainer" or cfg.router_replay:
         problems.append(error(KEY, f"{KEY}: 1 needs the rollout engine's old log-probs (old_logprob_source: rollout "
@@ -109,6 +109,18 @@ def _agent_problems(cfg: PipelineConfig, setting: str) -> List[Finding]:
     return [error(KEY, f"{setting} with an agent's episodes ({agent}) is not built: they are the user's own code "
                        f"calling the rollout endpoint, which the pipeline cannot pause between turns at a weight "
                        f"sync, nor replay from a checkpoint (custom_envs' episodes it can); use {KEY}: 0")]
+
+
+def _pool_bound(cfg: PipelineConfig, k: int) -> List[Finding]:
+    """More than k batches in a pool: the groups that start in one advance outnumber what the k
+    steps before their bound can take, so some would be dropped whatever the cut waits for."""
+    if cfg.async_pool_batches <= k:
+        return []
+    return [error(POOL_KEY, f"{POOL_KEY} = {cfg.async_pool_batches:g} with {KEY} = {k} is refused: at most {k}. A "
+                            f"step takes one rollout batch of groups and a group may live {k} steps before the "
+                            f"staleness bound drops it, so more than {k} batches in flight are more groups than the "
+                            f"steps can train in time: the surplus would be generated and dropped "
+                            f"(rollout/dropped_past_bound). Lower {POOL_KEY}, or raise {KEY}")]
 
 
 def _bounded_problems(cfg: PipelineConfig, k: int) -> List[Finding]:

@@ -10,9 +10,12 @@ bound. Pure Python over the `RolloutEngine` contract (roll_gspo.strategies.engin
    random numbers); then the new prompt groups, n requests each (seed sample_seed + j);
 2. the engine is stepped until `quota` groups have all n responses finished (a group finishes
    with its last response; groups finishing on one engine step count in submission order) and
-   the held groups at their last chance (incomplete at this cut, they would be past the bound;
-   at most `quota` of them) have finished too: a long response gets k advances and is then
-   waited for, never dropped for its length (dropping would train the short responses only);
+   what the staleness bound needs has finished too (`bound_demands`): every held group at its
+   last chance (incomplete at this cut, it would be past the bound), however many, and for each
+   later advance j enough of the groups due by then that at most j * `quota` of them are left
+   (each advance takes `quota`, the oldest first). A long response thus gets k advances and is
+   then waited for, never dropped for its length (dropping would train the short responses
+   only); with at most k * `quota` groups in the pool (`async_pool_batches` <= k) none is dropped;
 3. the cut: every request still in flight is aborted (the engine returns its tokens, log-probs and
    per-token weight versions) and held; held groups whose oldest token can no longer be trained
    within the bound are dropped: they would be trained at step + 1 or later, by a trainer holding
@@ -28,7 +31,7 @@ cache of the old weights), so each token's log-prob is exactly its own version's
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -163,13 +166,8 @@ class RequestPool:
                 owner[request_id] = (group, request)
                 waiting[group.key] = waiting.get(group.key, 0) + 1
         complete = [group for group in groups if group.complete]  # finished before (beyond an earlier quota)
-        # Groups at their last advance: incomplete at this cut, they would be past the bound. The
-        # advance waits for them too (at most `quota`), so that a long response is finished in its
-        # k-th advance instead of being dropped there: dropping would train short responses only.
-        last_chance = {group.key for group in groups if not group.complete and _past(group, step, bound)}
-        must_finish = min(len(last_chance), quota)
-        finished_last_chance = 0
-        while len(complete) < quota or finished_last_chance < must_finish:
+        demands = bound_demands(groups, step, bound, quota)
+        while not _cut_reached(complete, quota, demands):
             if not self.engine.unfinished():
                 raise RuntimeError(f"the engine ran out of requests with {len(complete)} of {quota} groups complete")
             finished_now = []
@@ -179,7 +177,6 @@ class RequestPool:
                     waiting[group.key] -= 1
                     if not waiting[group.key]:
                         finished_now.append(group)
-                        finished_last_chance += group.key in last_chance
             complete.extend(sorted(finished_now, key=lambda g: order[g.key]))
         # The cut: everything comes back, finished or aborted with its tokens so far.
         for out in self.engine.abort(list(owner)):
@@ -212,6 +209,36 @@ class RequestPool:
         self.added = int(state["added"])
         self.held = [PoolGroup(g["key"], dict(g["meta"]), [PoolRequest(**r) for r in g["requests"]])
                      for g in state["held"]]
+
+
+def bound_demands(groups: Sequence[PoolGroup], step: int, bound: int, quota: int) -> List[Tuple[Set[str], int]]:
+    """What the cut of `step` waits for so that the bound drops no group for its length: pairs
+    (keys, m), at least m of the groups `keys` complete. A group of oldest version v is due j
+    advances on: held past the cut of step + j it is dropped once step + j - v > bound (one
+    without tokens has nothing to age; sampled now, it is due k - 1 advances on at the soonest,
+    which the quota alone covers). Due now (its last chance): all of them, so a long one is
+    finished, not dropped, whatever their number. Due within j >= 1 advances: the j later
+    advances take j * quota (the oldest first), so enough must complete now that no more are
+    left; that demand is at most `quota`, the groups taken here. Earliest deadline first: with no
+    more than (j + 1) * quota groups due within j advances, for every j, none is ever dropped."""
+    due: Dict[str, int] = {}
+    for group in groups:
+        oldest = group.oldest_version()
+        if oldest is not None:
+            due[group.key] = max(0, bound + 1 - (step - oldest))
+    demands = []
+    for j in sorted(set(due.values())):
+        keys = {key for key, d in due.items() if d <= j}
+        must = len(keys) if j == 0 else min(quota, len(keys) - j * quota)
+        if must > 0:
+            demands.append((keys, must))
+    return demands
+
+
+def _cut_reached(complete: List[PoolGroup], quota: int, demands: List[Tuple[Set[str], int]]) -> bool:
+    """`quota` groups complete, and every demand of `bound_demands` met."""
+    keys = {group.key for group in complete}
+    return len(keys) >= quota and all(len(keys & due) >= must for due, must in demands)
 
 
 def _past(group: PoolGroup, step: int, bound: int) -> bool:
