@@ -848,8 +848,10 @@ class RolloutEndpointConfig(SchemaBlock):
                "front of the run's rollout ranks for the whole run (`pipeline: rlvr` or `agentic`); the run prints "
                "its address (`rollout endpoint: http://127.0.0.1:PORT/v1`) once the workers are up and stops it "
                "with the run. The ranks then run continuous batching (their own batch calls share the running "
-               "batch); weight syncs pause it, requests wait. Each request's tokens are recorded per episode "
-               "(docs/endpoint.md). Turned on by `agent`.")
+               "batch); weight syncs pause it, requests wait. In agent runs each request's tokens are recorded per "
+               "episode (an `X-Episode-Id` or `X-Session-ID` header) for training; a request without one, "
+               "or any request of a run without an agent, is answered and not kept (docs/endpoint.md). "
+               "Requests must be `application/json` to the bound host, with no `Origin`. Turned on by `agent`.")
     host: str = _f("127.0.0.1", "Address it listens on. Anything but a loopback address needs `token`.")
     port: int = _f(0, "Port (0: a free one, printed at start).")
     token: Optional[str] = _f(

@@ -1,0 +1,37 @@
+"""scripts/compare_seeded_runs.py (issue 52): the step-by-step comparison of two seeded runs'
+metrics.jsonl that a change meant to move nothing is checked with."""
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location(
+    "compare_seeded_runs", Path(__file__).resolve().parents[1] / "scripts" / "compare_seeded_runs.py")
+compare = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = compare  # its dataclass looks its module up
+spec.loader.exec_module(compare)
+
+RUN = [{"step": 1, "reward/mean": 0.5, "loss": 0.1, "time/step_s": 1.0},
+       {"step": 2, "reward/mean": 0.6, "loss": 0.2, "time/step_s": 1.1}]
+
+
+def test_identical_runs_and_wall_clock_figures_do_not_count():
+    other = [dict(row, **{"time/step_s": 9.0}) for row in RUN]
+    assert compare.compare_metrics(RUN, other) == []
+
+
+def test_a_moved_value_is_reported_at_its_first_step_with_its_largest_gap():
+    moved = [dict(RUN[0]), dict(RUN[1], loss=0.5)]
+    moved[0]["loss"] = 0.1 + 1e-9
+    (difference,) = compare.compare_metrics(RUN, moved)
+    assert (difference.key, difference.first_step) == ("loss", 1)
+    assert math.isclose(difference.largest_gap, 0.3)
+    assert compare.compare_metrics(RUN, [moved[0], RUN[1]], tolerance=1e-6) == []
+
+
+def test_a_missing_step_or_key_is_a_difference():
+    assert [d.key for d in compare.compare_metrics(RUN, RUN[:1])] == ["loss", "reward/mean"]
+    extra = [dict(row, **{"val/accuracy": 0.3}) for row in RUN]
+    assert [d.key for d in compare.compare_metrics(RUN, extra)] == ["val/accuracy"]
+    nan = [dict(row, loss=float("nan")) for row in RUN]
+    assert compare.compare_metrics(nan, nan) == []
