@@ -166,9 +166,11 @@ class PromptGroupSource(RolloutSource):
         cfg = self.cfg
         held = self.pool_held or [0] * self.actor_infer.world_size
         if refill is None:
-            sizes = self._shares(math.ceil(cfg.async_pool_batches * cfg.rollout_batch_size))
-            new = [max(0, size - count) for size, count in zip(sizes, held)]
             quotas = self._shares(cfg.rollout_batch_size)
+            # Each rank's pool is async_pool_batches of its own quota: split apart, an uneven split
+            # could give a rank more than k quotas, which the staleness bound then drops.
+            sizes = [math.ceil(cfg.async_pool_batches * quota) for quota in quotas]
+            new = [max(0, size - count) for size, count in zip(sizes, held)]
             items = self.sampler.next_batch(size=sum(new)) if sum(new) else []
         else:
             new = quotas = self._shares(len(refill))

@@ -137,3 +137,26 @@ def test_filtered_pools_are_deterministic():
 def test_query_filter_is_accepted_with_k2():
     cfg = load_config("example_gspo.yaml", K2_FILTERED)
     assert cfg.rewards["math_rule"].query_filter_config.type == "std_filter" and cfg.async_generation_ratio == 2
+
+
+def test_each_ranks_pool_is_k_quotas_of_its_own_at_an_uneven_split():
+    """rollout_batch_size 5 on 2 rollout ranks: quotas 3 and 2, pools of 2 batches each 2 x its own
+    quota (6 and 4; split apart they were 5 and 5, rank 1 holding 2.5 quotas, past the bound)."""
+    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.sources import RewardFuture
+    from roll_gspo.builtin.tokenizer import build_tokenizer
+
+    cfg = load_config("example_gspo.yaml", ["async_generation_ratio=2", "rollout_batch_size=5",
+                                            "num_return_sequences_in_group=2", "response_length=8",
+                                            "actor_train.training_args.per_device_train_batch_size=5"])
+    tokenizer = build_tokenizer()
+    source = PromptGroupSource(cfg, tokenizer)
+    cluster = FakeCluster([FakeRank(tokenizer, cfg) for _ in range(2)])
+    advanced = []
+    call = cluster.call_async
+    cluster.call_async = lambda rank, method, prompts, quota, *a, **k: (
+        advanced.append((rank, len(prompts), quota)) or call(rank, method, prompts, quota, *a, **k))
+    source.actor_infer = cluster
+    source.scorer = types.SimpleNamespace(future=lambda batch: RewardFuture.ready())
+    source.produce(1, {})
+    assert advanced == [(0, 6, 3), (1, 4, 2)]

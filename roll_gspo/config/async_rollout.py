@@ -52,7 +52,7 @@ def staleness_bound(cfg: PipelineConfig) -> Optional[int]:
            "sampling, the rollout correction, an agent's episodes (agent.agent_func, agent.verifiers_env); with "
            "k >= 2: `old_logprob_source: trainer` without a rollout correction, Routing Replay, biased rollout "
            "log-probs, the engine asleep between phases, model_update_frequency > 1, an agent's episodes, the "
-           "rollout endpoint; `async_pool_batches` below 1", name="async.problems", rollout_only=True)
+           "rollout endpoint; `async_pool_batches` below 1, or above k with k >= 2", name="async.problems", rollout_only=True)
 def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     ratio = cfg.async_generation_ratio
     pool = cfg.async_pool_batches

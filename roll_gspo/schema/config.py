@@ -1221,8 +1221,8 @@ class PipelineConfig(SchemaBlock):
         2.0, "`async_generation_ratio` k >= 2: how many rollout batches of prompt groups the rollout ranks keep "
              "(agentic runs: of episode groups the driver keeps) in flight at each advance (over-sampling, as slime's APRIL): a step takes the first "
              "rollout_batch_size complete groups and the rest continue into later steps; 1 = no over-sampling, "
-             "then only the responses cut at the step's end carry over. At least 1; no effect (a warning) below "
-             "k = 2.")
+             "then only the responses cut at the step's end carry over. At least 1 and at most k (a pool of more "
+             "batches than k holds groups the staleness bound must drop); no effect (a warning) below k = 2.")
     is_num_return_sequences_expand: bool = _refused_unless(
         False, "ROLL scheduler detail (G copies of a prompt instead of one request with n = G).",
         "vLLM samples num_return_sequences_in_group responses per prompt in one request here; "
