@@ -50,6 +50,7 @@ from roll_gspo.lifecycle.seeding import rollout_seeds
 from roll_gspo.strategies.engine import Sampling
 
 from pipelines.common import timed
+from pipelines.rollout_records import episode_meta, episode_validation_records
 from pipelines.setup import RunClusters
 from pipelines.sources import RewardFuture, Rollout, RolloutSource
 from pipelines.trainer_loop import run_loop
@@ -241,6 +242,7 @@ class EpisodeSource(RolloutSource):
             batch["token_weight_versions"] = [token_versions[i][s.start:s.end] for s, (_, i) in zip(samples, rows)]
         batch["weight_version"] = [min(v, default=newest) for v in batch["token_weight_versions"]]
         batch["finished"] = [t.stop_reason in ("terminated", "truncated", "max_turns") for t, _ in rows]
+        batch["episode"] = episode_meta([t for t, _ in rows])  # the rollout files' turns
         return batch
 
     # -- advantages, metrics ------------------------------------------------------------------------
@@ -283,6 +285,7 @@ class EpisodeSource(RolloutSource):
                 for t in trajectories:
                     f.write(json.dumps(transcript(t)) + "\n")
         metrics = trajectory_metrics(trajectories, "val")
+        self.validation_records = episode_validation_records(trajectories, step)
         return {**metrics, "val/samples": float(len(trajectories)), "time/validation_s": time.perf_counter() - start}
 
     # -- checkpoints --------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from roll_gspo.lifecycle.seeding import rollout_seeds
 from pipelines.common import timed
 from pipelines.critic import gae_advantages_and_returns
 from pipelines.reward_scoring import RewardScorer, accuracies, sample_metrics
+from pipelines.rollout_records import validation_records
 from pipelines.setup import RunClusters, check_domains, load_prompts, reward_routes
 from pipelines.sources import RewardFuture, Rollout, RolloutSource, add_sequence_tensors
 from pipelines.trainer_loop import run_loop
@@ -357,6 +358,7 @@ class PromptGroupSource(RolloutSource):
                    if not k.endswith("/std")}
         metrics.update(accuracies(batch["domain"], batch["reward_correct"]))
         metrics.update(sample_metrics(batch, self.cfg.validation.generating_args.num_return_sequences))
+        self.validation_records = validation_records(batch, step)
         return {**metrics, "val/samples": float(len(batch)), "time/validation_s": time.perf_counter() - start}
 
     def state_dict(self) -> Dict[str, object]:

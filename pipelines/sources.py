@@ -110,7 +110,10 @@ class RolloutSource(abc.ABC):
 
     @abc.abstractmethod
     def validate(self, step: int) -> Dict[str, float]:
-        """The `val/*` metrics at `step` (empty when the run has no validation)."""
+        """The `val/*` metrics at `step` (empty when the run has no validation); its samples as
+        rollout-file records in `validation_records` (pipelines.rollout_records)."""
+
+    validation_records: List[Dict[str, Any]] = []  # the last validate's samples (read by the loop's writer)
 
     def pool_states(self) -> Optional[List[Any]]:
         """What the rollout ranks hold in flight between steps (`async_generation_ratio` k >= 2: each

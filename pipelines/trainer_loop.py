@@ -35,6 +35,7 @@ from roll_gspo.lifecycle.checkpoint import resolve_resume
 from roll_gspo.lifecycle.reshape import prepare_resume, resume_actions
 from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
+from roll_gspo.metrics.rollouts import RolloutWriter
 from roll_gspo.models.moe_routing import folder_is_moe
 from roll_gspo.sync.broadcast import RECEIVER_LOST
 
@@ -44,6 +45,7 @@ from pipelines.common import prepare_models, progress_bar, timed
 from pipelines.critic import actor_trains, collect_values, critic_view, start_values
 from pipelines.endpoint import start_endpoint, stop_endpoint
 from pipelines.rollout_buffer import RolloutBuffer
+from pipelines.rollout_records import train_records
 from pipelines.setup import log_colocation, start_clusters
 from pipelines.sources import RewardFuture, Rollout, RolloutSource, add_sequence_tensors
 
@@ -75,6 +77,8 @@ class TrainerLoop:
         self.source = make_source(cfg, self.tokenizer)  # its data (or environments), before any worker starts
         self.buffer = RolloutBuffer(self.source, depth=1 if generates_ahead(cfg) else 0, last_step=cfg.max_steps)
         self.bound = staleness_bound(cfg)  # k >= 2: the most versions a trained sample may lag; None otherwise
+        self.rollout_files = RolloutWriter(cfg.rollout_dump_dir if cfg.rollout_dump_samples else None,
+                                           cfg.validation_data_dir)
         self.start_step = self.trained_step = 0  # trained_step: the step of the trainer's weights
         self.stopped_by = None  # the signal that stopped run() early, if one did
         self.offload = log_colocation(cfg, self.plan)
@@ -134,7 +138,10 @@ class TrainerLoop:
         with timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self.source.advantages(batch)
         train_metrics, sync_metrics = self._train_and_sync(step, batch, timings)
-        return {**reward_metrics, **metrics, **adv_metrics, **train_metrics, **sync_metrics,
+        with timed(timings, "record"):  # the rollout file: what the model said (docs/rollouts.md)
+            record_metrics = self.rollout_files.write("train", step, train_records(
+                batch, step, self.cfg.rollout_dump_samples, self.cfg.num_return_sequences_in_group))
+        return {**reward_metrics, **metrics, **adv_metrics, **train_metrics, **sync_metrics, **record_metrics,
                 **self._step_metrics(step, rollout, timings)}
 
     # -- the step's phases --------------------------------------------------------------------------
@@ -336,14 +343,14 @@ class TrainerLoop:
         try:
             with GracefulStop() as stop:
                 if cfg.eval_steps and self.start_step == 0:
-                    first = self.source.validate(0)
+                    first = self.validate(0)
                     tracker.log(0, first)
                     logger.info(MetricsTracker.console_line(0, cfg.max_steps, first))
                 with progress_bar(range(self.start_step + 1, cfg.max_steps + 1), cfg.exp_name) as steps:
                     for step in steps:
                         metrics = self.step(step)
                         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
-                            metrics.update(self.source.validate(step))
+                            metrics.update(self.validate(step))
                         tracker.log(step, metrics)
                         if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                             logger.info(MetricsTracker.console_line(step, cfg.max_steps, metrics))
@@ -360,6 +367,12 @@ class TrainerLoop:
             tracker.close()
         plot_metrics(tracker.path, os.path.join(cfg.output_dir, "metrics.png"), cfg.exp_name)
         return last
+
+    def validate(self, step: int) -> Dict[str, float]:
+        """The source's validation at `step`, its samples written to validation_data_dir."""
+        metrics = self.source.validate(step)
+        metrics.update(self.rollout_files.write("val", step, self.source.validation_records))
+        return metrics
 
     def shutdown(self) -> None:
         """The rollout endpoint, every cluster's ranks, then the GPU reservation."""

@@ -114,6 +114,32 @@ def test_seed_004_keys_zero2_vllm_with_kl_and_validation(seed_004_run, tiny_mode
     assert all(r["rollout/old_logprobs_from_rollout"] == 1.0 and "time/old_log_probs_s" not in r for r in steps)
     checkpoints = sorted(os.listdir(os.path.join(cfg.output_dir, "checkpoints")))
     assert checkpoints == ["step_1", "step_2"]
+    check_rollout_files(cfg, records)
+
+
+def check_rollout_files(cfg, records):
+    """Issue 53: every trained step's samples and every validation's prompts in the rollout files,
+    readable: texts, reward and its parts, advantages, versions (docs/rollouts.md)."""
+    from roll_gspo.metrics.rollouts import read_step, step_files
+
+    train = step_files(cfg.rollout_dump_dir)
+    assert [step for step, _ in train] == [r["step"] for r in records if "actor/pg_loss" in r]
+    samples = read_step(train[-1][1])
+    assert len(samples) == records[-1]["rollouts/train_samples"] == cfg.rollout_batch_size * cfg.num_return_sequences_in_group
+    first = samples[0]
+    assert first["prompt"] and isinstance(first["response"], str) and first["finish_reason"] in ("stop", "length")
+    assert first["response_tokens"] >= 1 and first["task"] and first["ground_truth"] is not None
+    assert isinstance(first["reward"], float) and isinstance(first["reward_parts"], dict)
+    assert [s["group"] for s in samples[:2 * cfg.num_return_sequences_in_group]] == \
+        [0] * cfg.num_return_sequences_in_group + [1] * cfg.num_return_sequences_in_group
+    assert all(s["advantage"] is not None and s["weight_version"] == train[-1][0] - 1 and s["staleness"] == 0
+               for s in samples)
+    validation = step_files(cfg.validation_data_dir)
+    assert [step for step, _ in validation] == [r["step"] for r in records if "val/accuracy" in r]
+    answers = read_step(validation[-1][1])
+    assert {"prompt", "response", "answer", "correct", "ground_truth"} <= set(answers[0])
+    accuracy = sum(bool(a["correct"]) for a in answers) / len(answers)
+    assert accuracy == pytest.approx(records[-1]["val/accuracy"])
 
 
 # ZeRO-3 with token-level ratios; its weight sync by Ray's object store in many small buckets, with
@@ -240,6 +266,9 @@ def test_resume_continues_and_fresh_start_is_refused(resumed_run):
     assert [r["step"] for r in records if "actor/pg_loss" in r] == [1, 2, 3, 4]  # steps 1-2 logged before, 3-4 now
     # step_1..step_4 written, the oldest deleted (save_total_limit: 2)
     assert [os.path.basename(p) for p in complete_checkpoints(resumed.output_dir)] == ["step_3", "step_4"]
+    from roll_gspo.metrics.rollouts import step_files  # one rollout file a step, none twice or missing
+
+    assert [step for step, _ in step_files(resumed.rollout_dump_dir)] == [1, 2, 3, 4]
 
 
 def test_eval_reads_a_checkpoint_as_the_model_it_holds(resumed_run, tiny_model, tmp_path, monkeypatch):

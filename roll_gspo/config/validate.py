@@ -30,9 +30,9 @@ MANY_OPTIMIZER_STEPS_PER_ROLLOUT = 16
 
 @check("derive", keys=("<role>.model_args.model_name_or_path", "<role>.generating_args.max_new_tokens",
                        "<role>.generating_args.num_return_sequences", "logging_dir", "loss_norm_length",
-                       "validation.data_args.template"),
+                       "validation.data_args.template", "rollout_dump_dir", "validation_data_dir"),
        doc="the schema's null defaults: models follow `pretrain` / `reward_pretrain`, lengths `response_length`, "
-           "validation prompts actor_train's template", name="validate.defaults",
+           "validation prompts actor_train's template, rollout files under output_dir", name="validate.defaults",
        after=("agentic.defaults",))  # the agentic lengths come from sequence_length first
 def _fill_derived(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     """Turn the schema's null defaults into their documented values, in place."""
@@ -46,6 +46,8 @@ def _fill_derived(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = N
     val_gen.max_new_tokens = _default_if_none(val_gen.max_new_tokens, cfg.response_length)
     val_gen.num_return_sequences = _default_if_none(val_gen.num_return_sequences, 1)
     cfg.logging_dir = cfg.logging_dir or os.path.join(cfg.output_dir, "tensorboard")
+    cfg.rollout_dump_dir = cfg.rollout_dump_dir or os.path.join(cfg.output_dir, "rollouts")
+    cfg.validation_data_dir = cfg.validation_data_dir or os.path.join(cfg.rollout_dump_dir, "val")
     cfg.loss_norm_length = _default_if_none(cfg.loss_norm_length, cfg.response_length)
     # ROLL: validation prompts are templated like the training prompts unless they name their own.
     if cfg.validation.data_args.template is None:
@@ -77,9 +79,11 @@ def _generating_problems(gen: GeneratingArgs, key: str) -> List[Finding]:
     return problems
 
 
-@check("check", keys=("kl_loss_coef", "init_kl_coef", "weight_sync_bucket_mb", "weight_sync_timeout_s",
+@check("check", keys=("rollout_dump_samples", "kl_loss_coef", "init_kl_coef", "weight_sync_bucket_mb",
+                      "weight_sync_timeout_s",
                       "loss_norm_length", "actor_train.training_args", "<role>.generating_args"),
-       doc="ranges: negative `kl_loss_coef`, `init_kl_coef`, learning rate, `warmup_steps`, `max_grad_norm`, "
+       doc="ranges: `rollout_dump_samples` below -1, negative `kl_loss_coef`, `init_kl_coef`, learning rate, "
+           "`warmup_steps`, `max_grad_norm`, "
            "`weight_decay`; `adam_beta1/2` outside [0, 1); weight-sync bucket or timeout <= 0; `temperature` < 0, "
            "`top_p` outside (0, 1], `top_k` < -1; an explicit 0 for `max_new_tokens`, `num_return_sequences` or "
            "`loss_norm_length` (only null means the default)", name="validate.ranges")
@@ -90,6 +94,9 @@ def _range_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
         if getattr(cfg, key) < 0:
             problems.append(error(key, f"{key}: must be >= 0 (a negative coefficient rewards moving away from the "
                                        f"reference), got {getattr(cfg, key)}"))
+    if cfg.rollout_dump_samples < -1:
+        problems.append(error("rollout_dump_samples", f"rollout_dump_samples: must be >= -1 (-1: every sample, 0: "
+                                                      f"none), got {cfg.rollout_dump_samples}"))
     if cfg.weight_sync_bucket_mb <= 0:
         problems.append(error("weight_sync_bucket_mb",
                               f"weight_sync_bucket_mb: must be > 0, got {cfg.weight_sync_bucket_mb}"))

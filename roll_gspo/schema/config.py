@@ -912,6 +912,20 @@ class PipelineConfig(SchemaBlock):
                                                  "model go here. Never suffixed with a timestamp, "
                                                  "so a resume finds it.")
     logging_dir: Optional[str] = _f(None, "TensorBoard event files. Null: `<output_dir>/tensorboard`.")
+    rollout_dump_dir: Optional[str] = _f(
+        None, "Each step's trained samples as `step_<N>.jsonl.gz` (prompt, response, reward and its parts, "
+              "advantage, log-prob gap, weight version; agentic episodes turn by turn; docs/rollouts.md). "
+              "Null: `<output_dir>/rollouts`. ROLL's key (its agentic pipeline dumps validation there).")
+    rollout_data_dir: Optional[str] = field(default=None, metadata={
+        "help": "verl's name (`trainer.rollout_data_dir`) for `rollout_dump_dir`.", "alias_of": "rollout_dump_dir",
+        "alias_invert": False})
+    validation_data_dir: Optional[str] = _f(
+        None, "Every validation prompt's reply, extracted answer and correctness as `step_<N>.jsonl.gz` "
+              "(verl's `trainer.validation_data_dir`). Null: `<rollout_dump_dir>/val`.")
+    rollout_dump_samples: int = _f(
+        64, "Trained samples written per step (the batch's first rows, so whole groups; -1: all, 0: no "
+            "training samples written). Validation writes every prompt. Costs under 2 % of a step on the "
+            "examples (docs/rollouts.md).")
     max_steps: int = _f(100, "Pipeline steps (one rollout batch each).")
     query_filter_max_rounds: int = _f(
         4, "With a rewards.<domain>.query_filter_config: generations per step at most, the first "

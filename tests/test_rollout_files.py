@@ -1,0 +1,93 @@
+"""Rollout files (issue 53 item 1; docs/rollouts.md): the records built from a step's batch and the
+files they go to. The files of a real run are checked in tests/test_pipeline_e2e.py (check_rollout_files)."""
+import gzip
+import os
+
+import pytest
+import torch
+
+from pipelines.rollout_records import rows_to_write, train_records, validation_records
+from roll_gspo.config import ConfigError, load_config
+from roll_gspo.distributed.batch import Batch
+from roll_gspo.metrics.rollouts import RolloutWriter, read_step, step_files, write_step
+
+
+def scored_batch(rows=4, trainer_pass=True):
+    """Two groups of two responses, scored, with advantages and both log-probs."""
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.float32)[:rows]
+    rollout = torch.full((rows, 3), -1.0)
+    batch = Batch({"response_mask": mask, "rollout_log_probs": rollout,
+                   "old_log_probs": rollout - 0.5 if trainer_pass else rollout,
+                   "advantages": torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0], [0.5, 0, 0], [-0.5, -0.5, 0]])[:rows],
+                   "scores": torch.tensor([1.1, 0.1, 0.0, 1.0])[:rows]})
+    batch["prompt_text"] = ["2+2=", "2+2=", "3*3=", "3*3="][:rows]
+    batch["prompt_ids"] = [[1, 2, 3]] * rows
+    batch["response_text"] = ["<answer>4</answer>", "5", "", "<answer>9</answer>"][:rows]
+    batch["response_ids"] = [[4, 5], [6, 7, 8], [9], [4, 5]][:rows]
+    batch["finished"] = [True, False, True, True][:rows]
+    batch["domain"] = ["arith"] * rows
+    batch["ground_truth"] = ["4", "4", "9", {"answer": 9}][:rows]
+    batch["reward_correct"] = [True, False, False, True][:rows]
+    batch["reward_status"] = ["ok"] * rows
+    batch["reward_metrics"] = [{"correct": 1.0, "format": 0.1}, {"correct": 0.0, "format": 0.1}, None,
+                               {"correct": 1.0}][:rows]
+    batch["weight_version"] = [6, 6, 5, 5][:rows]
+    return batch
+
+
+def test_train_records_carry_what_a_reader_needs():
+    records = train_records(scored_batch(), step=7, limit=-1, group_size=2)
+    first, second = records[0], records[1]
+    assert (first["prompt"], first["response"], first["answer"], first["task"]) == ("2+2=", "<answer>4</answer>", "4",
+                                                                                   "arith")
+    assert (first["finish_reason"], second["finish_reason"]) == ("stop", "length")
+    assert (first["prompt_tokens"], first["response_tokens"]) == (3, 2)
+    assert first["reward"] == pytest.approx(1.1) and first["reward_parts"] == {"correct": 1.0, "format": 0.1}
+    assert first["correct"] is True and second["correct"] is False
+    assert first["advantage"] == pytest.approx(1.0) and second["advantage"] == pytest.approx(-1.0)
+    assert first["logprob_gap"] == pytest.approx(-0.5)
+    assert [r["group"] for r in records] == [0, 0, 1, 1]
+    assert [(r["weight_version"], r["staleness"]) for r in records] == [(6, 0), (6, 0), (5, 1), (5, 1)]
+    assert records[3]["ground_truth"] == '{"answer": 9}'
+
+
+def test_no_gap_where_the_old_log_probs_are_the_engines():
+    assert {r["logprob_gap"] for r in train_records(scored_batch(trainer_pass=False), 1, -1, 2)} == {None}
+
+
+def test_the_sample_bound_takes_whole_groups_first():
+    assert list(rows_to_write(10, 4)) == [0, 1, 2, 3] and list(rows_to_write(10, -1)) == list(range(10))
+    assert list(rows_to_write(10, 0)) == [] and list(rows_to_write(3, 64)) == [0, 1, 2]
+    assert [r["index"] for r in train_records(scored_batch(), 1, 2, 2)] == [0, 1]
+
+
+def test_validation_records_hold_every_prompt():
+    records = validation_records(scored_batch(), step=10)
+    assert len(records) == 4 and records[3]["answer"] == "9" and records[3]["correct"] is True
+
+
+def test_files_replace_a_step_written_before_and_read_back(tmp_path):
+    folder = str(tmp_path / "rollouts")
+    write_step(folder, 3, [{"a": 1}])
+    write_step(folder, 12, [{"a": 2}])
+    path, size = write_step(folder, 3, [{"a": 3}, {"a": 4}])  # the step again, after a resume
+    assert [s for s, _ in step_files(folder)] == [3, 12] and size == os.path.getsize(path)
+    assert read_step(path) == [{"a": 3}, {"a": 4}]
+    assert sorted(os.listdir(folder)) == ["step_000003.jsonl.gz", "step_000012.jsonl.gz"]  # no temporary left
+    with gzip.open(path, "rt") as f:
+        assert f.readline().strip() == '{"a": 3}'
+
+
+def test_the_writer_reports_bytes_and_samples_and_writes_nothing_when_off(tmp_path):
+    writer = RolloutWriter(None, str(tmp_path / "val"))
+    assert writer.write("train", 1, [{"a": 1}]) == {}
+    metrics = writer.write("val", 1, [{"a": 1}])
+    assert metrics["rollouts/val_samples"] == 1.0 and metrics["rollouts/val_bytes"] > 0
+
+
+def test_keys_load_with_roll_and_verl_names():
+    cfg = load_config("example_gspo.yaml", ["rollout_data_dir=/tmp/r"])
+    assert (cfg.rollout_dump_dir, cfg.validation_data_dir) == ("/tmp/r", "/tmp/r/val")
+    assert load_config("example_gspo.yaml").rollout_dump_dir.endswith("example_gspo/rollouts")
+    with pytest.raises(ConfigError, match="rollout_dump_samples"):
+        load_config("example_gspo.yaml", ["rollout_dump_samples=-2"])
