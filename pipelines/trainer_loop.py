@@ -36,6 +36,7 @@ from roll_gspo.lifecycle.reshape import prepare_resume, resume_actions
 from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 from roll_gspo.metrics.rollouts import RolloutWriter
+from roll_gspo.metrics.stalls import StallWatch
 from roll_gspo.models.moe_routing import folder_is_moe
 from roll_gspo.sync.broadcast import RECEIVER_LOST
 
@@ -77,6 +78,7 @@ class TrainerLoop:
         self.source = make_source(cfg, self.tokenizer)  # its data (or environments), before any worker starts
         self.buffer = RolloutBuffer(self.source, depth=1 if generates_ahead(cfg) else 0, last_step=cfg.max_steps)
         self.bound = staleness_bound(cfg)  # k >= 2: the most versions a trained sample may lag; None otherwise
+        self.stalls = StallWatch()  # a phase far above its median, throughput collapsing: one line each
         self.rollout_files = RolloutWriter(cfg.rollout_dump_dir if cfg.rollout_dump_samples else None,
                                            cfg.validation_data_dir)
         self.start_step = self.trained_step = 0  # trained_step: the step of the trainer's weights
@@ -351,6 +353,7 @@ class TrainerLoop:
                         metrics = self.step(step)
                         if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
                             metrics.update(self.validate(step))
+                        metrics.update(self._flag_stalls(step, metrics))
                         tracker.log(step, metrics)
                         if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                             logger.info(MetricsTracker.console_line(step, cfg.max_steps, metrics))
@@ -367,6 +370,13 @@ class TrainerLoop:
             tracker.close()
         plot_metrics(tracker.path, os.path.join(cfg.output_dir, "metrics.png"), cfg.exp_name)
         return last
+
+    def _flag_stalls(self, step: int, metrics: Dict[str, float]) -> Dict[str, float]:
+        """One console line per stall of this step (roll_gspo.metrics.stalls); its `stall/*` metrics."""
+        stalls = self.stalls.observe(step, metrics)
+        for stall in stalls:
+            logger.warning(stall.line())
+        return self.stalls.metrics(stalls)
 
     def validate(self, step: int) -> Dict[str, float]:
         """The source's validation at `step`, its samples written to validation_data_dir."""

@@ -7,9 +7,10 @@
 Each revision runs `run_pipeline.py --config CONFIG max_steps=STEPS` (plus the overrides) in a
 checkout of its own (`git worktree`, removed afterwards; the working tree itself for `--after
 .`) with this environment's Python, into a folder of its own. Then each step's metrics.jsonl
-records are compared key by key: wall-clock and memory figures (`time/`, `memory/`, `perf/`,
-`throughput/`) are skipped, every other number must agree within `--tolerance` (absolute;
-default 0: a seeded run on one machine repeats itself exactly). Prints one line per differing key
+records are compared key by key: wall-clock, memory and stall figures (`time/`, `memory/`, `perf/`,
+`throughput/`, `stall/`, `*_s`, `*seconds`, `*_gb`) are skipped, keys one run logs and the other
+does not are listed apart (a metric the change added or removed), every other number must agree
+within `--tolerance` (absolute; default 0: a seeded run on one machine repeats itself exactly). Prints one line per differing key
 (first step, both values, largest gap) and a verdict; exit 0 when nothing moved, 1 when something
 did, 2 when a run failed. docs/contributing.md asks for it after any change meant to move nothing.
 """
@@ -24,10 +25,11 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UNSEEDED_PREFIXES = ("time/", "memory/", "perf/", "throughput/")
+UNSEEDED_PREFIXES = ("time/", "memory/", "perf/", "throughput/", "stall/")
+UNSEEDED_SUFFIXES = ("_s", "seconds", "_gb", "_per_s")  # wall-clock and memory figures under other names
 
 
 @dataclass
@@ -48,17 +50,29 @@ def read_metrics(path: str) -> List[Dict[str, Optional[float]]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def compare_metrics(before: Sequence[Dict], after: Sequence[Dict], tolerance: float = 0.0,
-                    skip: Sequence[str] = UNSEEDED_PREFIXES) -> List[Difference]:
-    """The keys whose values differ by more than `tolerance` at some step (a key present on one
-    side only, or a step missing, counts as a difference), each with its first differing step."""
+def seeded(key: str) -> bool:
+    """False for wall-clock, memory and stall figures, which no seed repeats."""
+    return key != "step" and not key.startswith(UNSEEDED_PREFIXES) and not key.endswith(UNSEEDED_SUFFIXES)
+
+
+def keys_of_one_side(before: Sequence[Dict], after: Sequence[Dict]) -> Tuple[List[str], List[str]]:
+    """(seeded keys only the first run logs, only the second logs): a metric a change removed or added."""
+    old = {k for row in before for k in row if seeded(k)}
+    new = {k for row in after for k in row if seeded(k)}
+    return sorted(old - new), sorted(new - old)
+
+
+def compare_metrics(before: Sequence[Dict], after: Sequence[Dict], tolerance: float = 0.0) -> List[Difference]:
+    """The seeded keys both runs log whose values differ by more than `tolerance` at some step (a
+    step logged by one run only counts), each with its first differing step."""
     by_step_before = {row["step"]: row for row in before}
     by_step_after = {row["step"]: row for row in after}
+    removed, added = keys_of_one_side(before, after)
     found: Dict[str, Difference] = {}
     for step in sorted(set(by_step_before) | set(by_step_after)):
         old, new = by_step_before.get(step, {}), by_step_after.get(step, {})
-        for key in sorted((set(old) | set(new)) - {"step"}):
-            if key.startswith(tuple(skip)):
+        for key in sorted((set(old) | set(new))):
+            if not seeded(key) or key in removed or key in added:
                 continue
             a, b = old.get(key), new.get(key)
             gap = _gap(a, b)
@@ -128,7 +142,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     differences = compare_metrics(before, after, args.tolerance)
     for difference in differences:
         print(difference.line())
-    keys = len({k for row in before for k in row if k != "step" and not k.startswith(UNSEEDED_PREFIXES)})
+    removed, added = keys_of_one_side(before, after)
+    for label, keys_listed in (("only before", removed), ("only after", added)):
+        if keys_listed:
+            print(f"{label} (not compared): {', '.join(keys_listed)}")
+    keys = len({k for row in before for k in row if seeded(k)} - set(removed))
     verdict = "moved" if differences else "unchanged"
     print(f"{verdict}: {len(differences)} of {keys} seeded keys differ over {len(before)} / {len(after)} steps "
           f"({args.before} -> {args.after}, {args.config}, tolerance {args.tolerance:g})")

@@ -29,9 +29,10 @@ def test_a_moved_value_is_reported_at_its_first_step_with_its_largest_gap():
     assert compare.compare_metrics(RUN, [moved[0], RUN[1]], tolerance=1e-6) == []
 
 
-def test_a_missing_step_or_key_is_a_difference():
+def test_a_missing_step_is_a_difference_and_a_new_key_is_listed_apart():
     assert [d.key for d in compare.compare_metrics(RUN, RUN[:1])] == ["loss", "reward/mean"]
-    extra = [dict(row, **{"val/accuracy": 0.3}) for row in RUN]
-    assert [d.key for d in compare.compare_metrics(RUN, extra)] == ["val/accuracy"]
+    extra = [dict(row, **{"val/accuracy": 0.3, "sync/seconds": 0.1}) for row in RUN]
+    assert compare.compare_metrics(RUN, extra) == []
+    assert compare.keys_of_one_side(RUN, extra) == ([], ["val/accuracy"])  # sync/seconds: wall-clock
     nan = [dict(row, loss=float("nan")) for row in RUN]
     assert compare.compare_metrics(nan, nan) == []
