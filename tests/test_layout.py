@@ -19,9 +19,10 @@ LAYERS: List[Set[str]] = [
     # schema: the config's dataclasses (and their read-only mode), named by every layer above
     {"roll_gspo.schema"},
     {"roll_gspo.algorithms", "roll_gspo.builtin", "roll_gspo.distributed", "roll_gspo.lifecycle",
-     "roll_gspo.metrics", "roll_gspo.placement", "roll_gspo.rewards",
-     # report: the run report page, built from a run folder's files alone (no torch, no Ray)
-     "roll_gspo.report"},
+     "roll_gspo.metrics", "roll_gspo.placement", "roll_gspo.rewards"},
+    # report: the run report page, built from a run folder's files alone (no torch, no Ray); just above
+    # metrics, whose stall rule (metrics/stalls.py) marks its timeline
+    {"roll_gspo.report"},
     # Agentic environments and tools: config's --dry-run checks env declarations with them.
     {"roll_gspo.envs", "roll_gspo.tasks"},  # tasks: prompts plus their rule reward (reasoning-gym, built-in)
     {"roll_gspo.config", "roll_gspo.data", "roll_gspo.models", "roll_gspo.sync"},

@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from report_fixtures import KNOWN_RESPONSE, STALL_STEP, make_run, write_jsonl_gz  # noqa: E402
 
+from roll_gspo.metrics.stalls import find_stalls as metric_stalls  # noqa: E402
 from roll_gspo.report import NotARunFolder, find_stalls, report_data, run_warnings, write_report  # noqa: E402
 from roll_gspo.report.checks import (dominant_answer, logprob_gap_warning, paid_without_correctness,  # noqa: E402
                                      reward_without_correctness_warnings, truncated_shares, truncation_warning)
@@ -32,25 +33,33 @@ def rows_with(phase_values, **extra):
 
 
 def test_a_phase_over_three_times_its_median_and_a_second_above_is_a_stall():
-    stalls = find_stalls(rows_with([5.0, 5.2, 4.9, 20.0, 5.1]))
-    assert [(s["step"], s["phase"]) for s in stalls] == [(4, "generate")]
-    assert stalls[0]["median"] == 5.1 and stalls[0]["seconds"] == 20.0
+    stalls = find_stalls(rows_with([5.0, 5.2, 4.9, 5.1, 20.0, 5.1]))
+    assert [(s["step"], s["kind"], s["phase"], s["role"]) for s in stalls] == [(5, "phase", "generate", "actor_infer")]
+    assert stalls[0]["median"] == 5.05 and stalls[0]["seconds"] == 20.0
+    assert stalls[0]["line"].startswith("stall: step 5 generate (actor_infer) took 20.0 s")
 
 
 def test_a_short_phase_tripling_by_under_a_second_is_not_a_stall():
-    assert find_stalls(rows_with([0.1, 0.1, 0.1, 0.9, 0.1])) == []  # 9x, but 0.8 s above
+    assert find_stalls(rows_with([0.1, 0.1, 0.1, 0.1, 0.9, 0.1])) == []  # 9x, but 0.8 s above
 
 
 def test_a_phase_under_three_times_its_median_is_not_a_stall():
-    assert find_stalls(rows_with([5.0, 5.0, 5.0, 14.9, 5.0])) == []
+    assert find_stalls(rows_with([5.0, 5.0, 5.0, 5.0, 14.9, 5.0])) == []
 
 
-def test_stalls_skip_missing_values_and_the_step_total():
-    rows = rows_with([5.0, None, 5.0, 40.0])
+def test_the_report_marks_what_the_console_flagged():
+    # one rule (roll_gspo.metrics.stalls): the first steps set the median, a missing value is no step
+    rows = rows_with([40.0, 5.0, None, 5.0, 5.0, 40.0])
     for row in rows:
-        row["time/step_s"] = 100.0 if row["step"] == 2 else 5.0  # the step's sum is no phase
-    assert [(s["step"], s["phase"]) for s in find_stalls(rows)] == [(4, "generate")]
-    assert find_stalls([{"step": 1, "time/generate_s": 50.0}]) == []  # one value: its own median
+        row["time/step_s"] = 100.0 if row["step"] == 3 else 5.0  # the step's sum is no phase
+    assert [(s["step"], s["phase"]) for s in find_stalls(rows)] == [(6, "generate")]
+    assert [(s.step, s.phase) for s in metric_stalls(rows)] == [(6, "generate")]
+
+
+def test_throughput_collapsing_is_marked_too():
+    rows = [{"step": s, "throughput/tokens_per_s": 500.0 if s < 5 else 100.0} for s in range(1, 6)]
+    assert [(s["step"], s["kind"]) for s in find_stalls(rows)] == [(5, "throughput")]
+    assert run_warnings(rows, {}, {})[0]["message"].endswith("under a third of its median 500")
 
 
 # -- reward paid without correctness --------------------------------------------------------------
@@ -197,14 +206,17 @@ def test_unreadable_step_files_and_lines_are_skipped_and_counted(tmp_path):
     open(os.path.join(rollouts, "step_000002.jsonl.gz"), "w").write("not gzip at all")
     whole = gzip.compress(b'{"step": 3, "response": "x"}\n' * 50)
     open(os.path.join(rollouts, "step_000003.jsonl.gz"), "wb").write(whole[:len(whole) // 2])  # cut short
+    flipped = bytearray(gzip.compress(b'{"step": 4, "response": "x"}\n' * 50))
+    flipped[20:30] = b"\xff" * 10  # bad bytes inside the deflate stream
+    open(os.path.join(rollouts, "step_000004.jsonl.gz"), "wb").write(bytes(flipped))
     with gzip.open(os.path.join(rollouts, "val", "step_000005.jsonl.gz"), "wt") as handle:
         handle.write('{"step": 5}\n{torn\n')
     with open(os.path.join(run, "metrics.jsonl"), "a") as handle:
         handle.write('{"step": 7, "reward/me')  # a line torn by a crash
     data = report_data(run)
-    assert sorted(data["samples"]["train"]) == ["1", "4", "5", "6"] and data["samples"]["val"] == {}
+    assert sorted(data["samples"]["train"]) == ["1", "5", "6"] and data["samples"]["val"] == {}
     [skipped] = [n for n in data["notes"] if "unreadable rollout file" in n]
-    assert skipped.startswith("run: 3 unreadable rollout file(s) skipped")
+    assert skipped.startswith("run: 4 unreadable rollout file(s) skipped")
     assert "rollouts/step_000002.jsonl.gz" in skipped and "rollouts/val/step_000005.jsonl.gz" in skipped
     assert any("1 unreadable line(s) of metrics.jsonl" in n for n in data["notes"])
 

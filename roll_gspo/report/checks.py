@@ -6,12 +6,13 @@ Thresholds are constants here and stated in docs/report.md."""
 from __future__ import annotations
 
 import json
-import statistics
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-STALL_RATIO = 3.0  # a phase over 3x its own median over the run ...
-STALL_MIN_EXCESS_S = 1.0  # ... and at least 1 s above it: a 0.1 s phase taking 0.4 s is noise
+from roll_gspo.metrics.stalls import FACTOR as STALL_RATIO
+from roll_gspo.metrics.stalls import MIN_EXCESS_S as STALL_MIN_EXCESS_S
+from roll_gspo.metrics.stalls import find_stalls as metric_stalls
+
 DOMINANT_SHARE = 0.5  # one answer over half of a task's responses in a step
 DOMINANT_MIN_RESPONSES = 4  # fewer responses say nothing about a task's spread
 TRUNCATED_SHARE = 0.2  # over a fifth of a step's responses cut at the length cap
@@ -20,7 +21,7 @@ GAP_FLOOR = 1e-3  # ... and above 1e-3 (below it, fp32 noise doubling is nothing
 GAP_MIN_POINTS = 6  # three thirds of at least two points each
 PAID_EPSILON = 1e-9
 
-# A step's phases are `time/<phase>_s`; these two are not phases of the step's sum.
+# A step's phases are `time/<phase>_s`; the step's total is not one of them.
 NOT_PHASES = ("time/step_s",)
 
 
@@ -40,21 +41,15 @@ def phase_name(key: str) -> str:
 
 
 def find_stalls(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """Steps where one phase took far longer than it usually does: over `STALL_RATIO` times its own
-    median over the run and at least `STALL_MIN_EXCESS_S` above it. Each phase is measured against
-    itself because a phase's normal length differs by orders of magnitude between phases (sync is
-    seconds, generate minutes). Returns `{step, phase, seconds, median, ratio}` by step."""
-    stalls = []
-    for key in phase_keys(rows):
-        values = [(row["step"], float(row[key])) for row in rows if _finite(row.get(key))]
-        if len(values) < 2:
-            continue
-        median = statistics.median(v for _, v in values)
-        for step, seconds in values:
-            if seconds > STALL_RATIO * median and seconds - median >= STALL_MIN_EXCESS_S:
-                stalls.append({"step": step, "phase": phase_name(key), "seconds": seconds, "median": median,
-                               "ratio": seconds / median if median > 0 else None})
-    return sorted(stalls, key=lambda s: (s["step"], s["phase"]))
+    """The stalls of a run's metrics rows by the running pipeline's own rule
+    (`roll_gspo.metrics.stalls`: a phase over 3x its median over the steps before it and 1 s
+    above it, throughput under a third of its median, the trainer idle against its usual share), so
+    the report marks exactly the steps the console flagged. Returns `{step, kind, phase, role,
+    seconds, median, ratio}` by step (for throughput `seconds` is tokens/s; for idle, a share)."""
+    rows = [dict(row) for row in rows]
+    return sorted(({"step": s.step, "kind": s.kind, "phase": s.phase, "role": s.role, "seconds": s.seconds,
+                    "median": s.median, "ratio": s.seconds / s.median if s.median > 0 else None, "line": s.line()}
+                   for s in metric_stalls(rows)), key=lambda s: (s["step"], s["phase"]))
 
 
 def _finite(value: Any) -> bool:
@@ -226,13 +221,14 @@ def logprob_gap_warning(rows: Sequence[Mapping[str, Any]], key: str = "rollout/l
 
 
 def stall_warning(stalls: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """The stalls as one warning naming the worst."""
+    """The stalls as one warning naming the worst phase stall (or the first other one)."""
     if not stalls:
         return []
-    worst = max(stalls, key=lambda s: s["seconds"] - s["median"])
-    return [warning("stall", f"{len(stalls)} stalled phase(s) (over {STALL_RATIO:g}x their median and "
-                             f"{STALL_MIN_EXCESS_S:g} s above it); worst: {worst['phase']} at step {worst['step']} took "
-                             f"{worst['seconds']:.1f} s, median {worst['median']:.1f} s", [s["step"] for s in stalls])]
+    phases = [s for s in stalls if s["kind"] == "phase"]
+    worst = max(phases, key=lambda s: s["seconds"] - s["median"]) if phases else stalls[0]
+    return [warning("stall", f"{len(stalls)} stall(s) (a phase over {STALL_RATIO:g}x its median and "
+                             f"{STALL_MIN_EXCESS_S:g} s above it, throughput collapsing, the trainer idle); worst: "
+                             f"{worst['line'].removeprefix('stall: ')}", [s["step"] for s in stalls])]
 
 
 def run_warnings(rows: Sequence[Mapping[str, Any]], train: Mapping[int, Sequence[Mapping[str, Any]]],

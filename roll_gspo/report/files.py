@@ -6,15 +6,15 @@ counted, so the page can say how much it is missing instead of failing on one ba
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 import os
-import re
+import zlib
 from typing import Any, Dict, List, Optional
+
+from roll_gspo.metrics.rollouts import read_step, step_files
 
 METRICS_FILE = "metrics.jsonl"
 ROLLOUTS_DIR = "rollouts"
-STEP_FILE = re.compile(r"^step_(\d+)\.jsonl\.gz$")
 
 
 class NotARunFolder(ValueError):
@@ -104,33 +104,17 @@ def read_rollouts(folder: str) -> Rollouts:
         for step, path in step_files(sub):
             try:
                 target[step] = read_step_file(path)
-            except (OSError, EOFError, ValueError, UnicodeDecodeError) as error:
+            except (OSError, EOFError, ValueError, zlib.error) as error:  # not gzip, cut short, bad bytes, not JSON
                 found.skipped.append(SkippedFile(os.path.relpath(path, folder), describe_error(error)))
     return found
 
 
-def step_files(folder: str) -> List[tuple]:
-    """(step, path) of the step files directly in `folder`, by step."""
-    if not os.path.isdir(folder):
-        return []
-    out = []
-    for name in os.listdir(folder):
-        match = STEP_FILE.match(name)
-        if match:
-            out.append((int(match.group(1)), os.path.join(folder, name)))
-    return sorted(out)
-
-
 def read_step_file(path: str) -> List[Dict[str, Any]]:
-    """A step file's records (JSON objects only); raises on anything unreadable."""
-    records = []
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                record = json.loads(line)
-                if not isinstance(record, dict):
-                    raise ValueError(f"a line holds {type(record).__name__}, not a record")
-                records.append(record)
+    """A step file's records; raises on anything unreadable, a line that is not an object included."""
+    records = read_step(path)
+    for record in records:
+        if not isinstance(record, dict):
+            raise ValueError(f"a line holds {type(record).__name__}, not a record")
     return records
 
 

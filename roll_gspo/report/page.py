@@ -37,6 +37,7 @@ CHART_GROUPS = (
     ("Response length (tokens)", (r"^response/length_mean$", r"^response/length_max$")),
     ("Responses cut at the length cap", (r"^response/truncated_frac$",)),
     ("Log-prob gap (trainer vs engine)", (r"^rollout/logprob_gap$", r"^rollout/logprob_gap/lag\d+$")),
+    ("Throughput (tokens/s)", (r"^throughput/tokens_per_s$", r"^throughput/agent_tokens_per_s$")),
     ("Staleness (steps)", (r"^rollout/staleness$", r"^rollout/staleness_mean$", r"^rollout/staleness_max$")),
 )
 
