@@ -16,7 +16,8 @@ from roll_gspo.metrics.stalls import find_stalls as metric_stalls  # noqa: E402
 from roll_gspo.report import NotARunFolder, find_stalls, report_data, run_warnings, write_report  # noqa: E402
 from roll_gspo.report.checks import (dominant_answer, logprob_gap_warning, paid_without_correctness,  # noqa: E402
                                      reward_without_correctness_warnings, truncated_shares, truncation_warning)
-from roll_gspo.report.page import MAX_TRAIN_SAMPLES_PER_STEP, chart_groups, embed_json  # noqa: E402
+from roll_gspo.report.page import (MAX_STEPS_EMBEDDED, MAX_TRAIN_SAMPLES_PER_STEP, chart_groups,  # noqa: E402
+                                   embed_json, spaced_steps)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -248,3 +249,22 @@ def test_the_report_imports_neither_torch_nor_ray():
             "print([m for m in ('torch', 'ray', 'vllm') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_rollouts_moved_by_the_config_are_read_from_where_they_are(tmp_path):
+    source = make_run(str(tmp_path / "src"), steps=5, train_per_step=4)
+    run = make_run(str(tmp_path / "run"), steps=5, rollouts=False)
+    data = report_data(run, train_dir=os.path.join(source, "rollouts"), val_dir=os.path.join(source, "rollouts", "val"))
+    assert sorted(data["samples"]["train"]) == ["1", "2", "3", "4", "5"] and list(data["samples"]["val"]) == ["5"]
+    assert data["has_rollouts"] and data["notes"] == []
+
+
+def test_a_long_run_embeds_evenly_spaced_steps_and_says_so(tmp_path):
+    assert spaced_steps(range(1, 11), 4) == [1, 4, 7, 10]
+    assert spaced_steps(range(1, 11), 4, wanted=[5, 99]) == [1, 4, 5, 7, 10]
+    assert spaced_steps([3, 1, 2], 5) == [1, 2, 3]
+    steps = MAX_STEPS_EMBEDDED + 10
+    data = report_data(make_run(str(tmp_path / "long"), steps=steps, train_per_step=2))
+    train = sorted(map(int, data["samples"]["train"]))
+    assert len(train) == MAX_STEPS_EMBEDDED and train[0] == 1 and train[-1] == steps
+    assert any(f"samples of {MAX_STEPS_EMBEDDED} evenly spaced training steps of {steps}" in n for n in data["notes"])

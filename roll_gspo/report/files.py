@@ -92,15 +92,17 @@ def _is_number_or_null(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
-def read_rollouts(folder: str) -> Rollouts:
+def read_rollouts(folder: str, train_dir: Optional[str] = None, val_dir: Optional[str] = None) -> Rollouts:
     """The train files `rollouts/step_N.jsonl.gz` and validation files
-    `rollouts/val/step_N.jsonl.gz`; a file that is not readable gzip'd JSON lines is skipped whole
-    (its records cannot be trusted) and listed with its reason."""
-    root = os.path.join(folder, ROLLOUTS_DIR)
-    if not os.path.isdir(root):
+    `rollouts/val/step_N.jsonl.gz` (or those of a run's own `rollout_dump_dir` / `validation_data_dir`);
+    a file that is not readable gzip'd JSON lines is skipped whole (its records cannot be trusted) and
+    listed with its reason."""
+    root = train_dir or os.path.join(folder, ROLLOUTS_DIR)
+    val_root = val_dir or os.path.join(root, "val")
+    if not os.path.isdir(root) and not os.path.isdir(val_root):
         return Rollouts(present=False)
     found = Rollouts(present=True)
-    for target, sub in ((found.train, root), (found.val, os.path.join(root, "val"))):
+    for target, sub in ((found.train, root), (found.val, val_root)):
         for step, path in step_files(sub):
             try:
                 target[step] = read_step_file(path)

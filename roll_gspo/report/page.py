@@ -21,6 +21,7 @@ DATA_PLACEHOLDER = "__REPORT_DATA__"
 # of each step and every validation sample (up to a cap); the page says what it left out.
 MAX_TRAIN_SAMPLES_PER_STEP = 64
 MAX_VAL_SAMPLES_PER_STEP = 512
+MAX_STEPS_EMBEDDED = 50  # per split; a longer run embeds evenly spaced steps, its first and last included
 TEXT_LIMIT = 6000  # characters of one prompt, response or turn kept in the page
 GROUND_TRUTH_LIMIT = 400
 MAX_TURNS = 64
@@ -104,15 +105,29 @@ def compact_sample(record: Mapping[str, Any], prompt_ids: Dict[str, int], prompt
     return sample
 
 
-def embedded_samples(rollouts: Rollouts) -> Dict[str, Any]:
-    """The part of the rollouts the page embeds, with a count of what each step left out."""
+def spaced_steps(steps: Sequence[int], limit: int, wanted: Sequence[int] = ()) -> List[int]:
+    """At most `limit` of `steps` (plus those `wanted`, e.g. a warning's example), evenly spaced with
+    the first and last: a long run's page shows its whole course in a bounded size."""
+    steps = sorted(steps)
+    if len(steps) <= limit:
+        return steps
+    picked = {steps[round(i * (len(steps) - 1) / (limit - 1))] for i in range(limit)} if limit > 1 else {steps[-1]}
+    return sorted(picked | (set(wanted) & set(steps)))
+
+
+def embedded_samples(rollouts: Rollouts, wanted_steps: Sequence[int] = ()) -> Dict[str, Any]:
+    """The part of the rollouts the page embeds, with a count of what each step left out and the
+    steps whose samples were left out whole."""
     prompts: List[str] = []
     prompt_ids: Dict[str, int] = {}
     out: Dict[str, Any] = {"prompts": prompts, "train": {}, "val": {}, "left_out": {"train": {}, "val": {}},
+                           "steps_left_out": {"train": 0, "val": 0},
                            "max_per_step": {"train": MAX_TRAIN_SAMPLES_PER_STEP, "val": MAX_VAL_SAMPLES_PER_STEP}}
     for split, steps, cap in (("train", rollouts.train, MAX_TRAIN_SAMPLES_PER_STEP),
                               ("val", rollouts.val, MAX_VAL_SAMPLES_PER_STEP)):
-        for step in sorted(steps):
+        chosen = spaced_steps(list(steps), MAX_STEPS_EMBEDDED, wanted_steps)
+        out["steps_left_out"][split] = len(steps) - len(chosen)
+        for step in chosen:
             records = steps[step]
             out[split][str(step)] = [compact_sample(r, prompt_ids, prompts) for r in records[:cap]]
             if len(records) > cap:
@@ -153,15 +168,18 @@ def run_data(name: str, metrics: MetricsRows) -> Dict[str, Any]:
             "phase_names": [phase_name(k) for k in phases], "stalls": find_stalls(metrics.rows)}
 
 
-def report_data(output_dir: str, others: Sequence[str] = ()) -> Dict[str, Any]:
+def report_data(output_dir: str, others: Sequence[str] = (), *, train_dir: Optional[str] = None,
+                val_dir: Optional[str] = None) -> Dict[str, Any]:
     """Everything the page shows, as one JSON-able object: every run's curves and timeline, the
-    first run's warnings and samples, the notes on missing or skipped files."""
+    first run's warnings and samples, the notes on missing or skipped files. `train_dir` /
+    `val_dir`: the run's rollout folders when its config moved them (default `<output_dir>/rollouts`
+    and its `val/`)."""
     folders = [output_dir, *others]
     for folder in folders:
         require_run_folder(folder)
     names = run_names(folders)
     metrics = [read_metrics_rows(f) for f in folders]
-    rollouts = read_rollouts(output_dir)
+    rollouts = read_rollouts(output_dir, train_dir, val_dir)
     runs = [run_data(n, m) for n, m in zip(names, metrics)]
     keys = sorted({k for run in runs for k in run["series"]["values"]})
     notes = run_notes(output_dir, metrics[0], rollouts)
@@ -169,10 +187,15 @@ def report_data(output_dir: str, others: Sequence[str] = ()) -> Dict[str, Any]:
         notes += run_notes(folder, rows, None)
     if others:
         notes.append(f"warnings, timeline stalls and samples are {names[0]}'s; the curves overlay {len(folders)} runs")
+    warnings = run_warnings(metrics[0].rows, rollouts.train, rollouts.val)
+    samples = embedded_samples(rollouts, [w["example"]["step"] for w in warnings if "example" in w])
+    for split, name in (("train", "training"), ("val", "validation")):
+        if samples["steps_left_out"][split]:
+            notes.append(f"{names[0]}: the page embeds the samples of {len(samples[split])} evenly spaced {name} steps "
+                         f"of {len(samples[split]) + samples['steps_left_out'][split]} (the rollout files hold them all)")
     return {"title": " vs ".join(names), "generated": datetime.datetime.now().isoformat(timespec="seconds"),
             "runs": runs, "groups": chart_groups(keys), "notes": notes, "has_rollouts": rollouts.present,
-            "warnings": run_warnings(metrics[0].rows, rollouts.train, rollouts.val),
-            "samples": embedded_samples(rollouts)}
+            "warnings": warnings, "samples": samples}
 
 
 def finite_only(value: Any) -> Any:
@@ -199,12 +222,14 @@ def render_page(data: Mapping[str, Any]) -> str:
     return template.replace(DATA_PLACEHOLDER, embed_json(data), 1)
 
 
-def write_report(output_dir: str, others: Sequence[str] = (), path: Optional[str] = None) -> str:
+def write_report(output_dir: str, others: Sequence[str] = (), path: Optional[str] = None, *,
+                 train_dir: Optional[str] = None, val_dir: Optional[str] = None) -> str:
     """Write the run report of `output_dir` (curves overlaid with `others`' runs) to `path`
     (default `<output_dir>/report.html`) and return its path. The file is replaced atomically, so a
-    browser reloading it while a run rewrites it never reads half a page."""
+    browser reloading it while a run rewrites it never reads half a page. `train_dir` / `val_dir`:
+    as `report_data`'s."""
     target = path or os.path.join(output_dir, REPORT_FILE)
-    page = render_page(report_data(output_dir, others))
+    page = render_page(report_data(output_dir, others, train_dir=train_dir, val_dir=val_dir))
     folder = os.path.dirname(os.path.abspath(target))
     os.makedirs(folder, exist_ok=True)
     tmp = f"{target}.tmp.{os.getpid()}"
