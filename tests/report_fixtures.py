@@ -44,7 +44,7 @@ def train_record(step: int, index: int) -> Dict:
               "prompt": f"System: answer in <answer> tags.\nUser: what is 17 + 25? (group {index // 8}, step {step})",
               "response": KNOWN_RESPONSE if correct else f"Maybe <answer>{40 + index % 5}</answer>.",
               "prompt_tokens": 30, "response_tokens": 40 + index, "finish_reason": "stop",
-              "ground_truth": json.dumps({"answer": "42", "task": task}),
+              "ground_truth": json.dumps({"answer": "42", "task": task, "format_weight": 0.1, "partial_credit": True}),
               "reward": 1.1 if correct else 0.1, "correct": correct,
               "reward_parts": {"accuracy": float(correct), "format_rate": 1.0, "answer_score": float(correct)},
               "advantage": 0.5 if correct else -0.5, "logprob_gap": 0.003, "weight_version": step - 1, "staleness": 0}

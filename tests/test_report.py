@@ -77,6 +77,13 @@ def test_throughput_collapsing_is_marked_too():
     ({"correct": False, "reward": 0.0, "reward_parts": {"answer_score": 0.46}}, False),
     ({"correct": False, "reward": float("nan")}, False),
     ({"reward": 0.5}, False),
+    # a task row states its format weight: a near miss (answer_score 0.05) paid 0.1 for its format only
+    ({"correct": False, "reward": 0.1, "reward_parts": {"answer_score": 0.05, "format_rate": 1.0},
+      "ground_truth": json.dumps({"answer": "7", "format_weight": 0.1, "partial_credit": False})}, False),
+    ({"correct": False, "reward": 0.15, "reward_parts": {"answer_score": 0.05, "format_rate": 1.0},
+      "ground_truth": json.dumps({"answer": "7", "format_weight": 0.1, "partial_credit": True})}, True),
+    ({"correct": False, "reward": 0.5, "reward_parts": {"answer_score": 0.5, "format_rate": 0.0},
+      "ground_truth": json.dumps({"answer": "7", "format_weight": 0.0})}, True),
 ])
 def test_paid_without_correctness(record, paid):
     assert paid_without_correctness(record) is paid

@@ -76,19 +76,36 @@ def is_answer_part(name: str) -> bool:
 
 
 def paid_without_correctness(record: Mapping[str, Any]) -> bool:
-    """A training response judged wrong that still earned reward not explained by its format:
-    either an answer part (e.g. reasoning-gym's `answer_score`, partial credit) is in the reward
-    (the reward is at least that part), or the reward is positive with no format part at all.
-    A wrong answer paid only its format weight is the design, not a leak."""
+    """A training response judged wrong that still earned reward not explained by its format.
+    A task row's ground truth states its `format_weight`: then any reward above that weight times
+    the format part is paid for the answer. Otherwise, either an answer part (e.g. reasoning-gym's
+    `answer_score`, partial credit) is in the reward (the reward is at least that part), or the
+    reward is positive with no format part at all. A wrong answer paid only its format weight is
+    the design, not a leak."""
     reward = record.get("reward")
     if record.get("correct") is not False or not _finite(reward) or reward <= PAID_EPSILON:
         return False
     parts = record.get("reward_parts") or {}
     parts = {k: float(v) for k, v in parts.items() if _finite(v)} if isinstance(parts, dict) else {}
+    format_parts = [v for k, v in parts.items() if is_format_part(k)]
+    weight = format_weight(record.get("ground_truth"))
+    if weight is not None and format_parts:
+        return reward - weight * max(format_parts) > PAID_EPSILON
     answer_paid = max((v for k, v in parts.items() if is_answer_part(k)), default=0.0)
     if answer_paid > PAID_EPSILON and reward >= answer_paid - PAID_EPSILON:
         return True
-    return not any(v > PAID_EPSILON for k, v in parts.items() if is_format_part(k))
+    return not any(v > PAID_EPSILON for v in format_parts)
+
+
+def format_weight(ground_truth: Any) -> Optional[float]:
+    """The `format_weight` a task row's JSON ground truth carries (roll_gspo.tasks), else None."""
+    if not isinstance(ground_truth, str) or not ground_truth.startswith("{"):
+        return None
+    try:
+        weight = json.loads(ground_truth).get("format_weight")
+    except (ValueError, AttributeError):
+        return None
+    return float(weight) if _finite(weight) else None
 
 
 def reward_without_correctness_warnings(train: Mapping[int, Sequence[Mapping[str, Any]]]) -> List[Dict[str, Any]]:

@@ -45,7 +45,7 @@ CHART_GROUPS = (
 # The fields of a rollout record the page shows (anything else a writer adds is left out).
 SAMPLE_FIELDS = ("step", "index", "group", "task", "response", "prompt_tokens", "response_tokens", "finish_reason",
                  "ground_truth", "reward", "reward_parts", "correct", "advantage", "logprob_gap", "weight_version",
-                 "staleness", "answer")
+                 "staleness", "answer", "reward_status", "success")
 
 
 def chart_groups(keys: Sequence[str]) -> List[Dict[str, Any]]:
