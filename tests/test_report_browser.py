@@ -134,3 +134,14 @@ def test_a_run_without_rollouts_says_so(browser, tmp_path):
     assert "no rollouts/ folder" in browser.find_element("id", "sample-note").text
     assert browser.execute_script("return document.querySelectorAll('#charts svg path.series').length") > 0
     assert severe(browser) == []
+
+
+def test_a_run_just_started_opens_without_an_error(browser, tmp_path):
+    # metrics.jsonl created but empty, rollouts/ without a step file: the page at a run's first report
+    run = tmp_path / "fresh"
+    (run / "rollouts").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("")
+    open_page(browser, write_report(str(run)))
+    assert "No curve keys" in browser.find_element("id", "charts").text
+    assert "no readable step file" in browser.find_element("id", "sample-note").text
+    assert severe(browser) == []
