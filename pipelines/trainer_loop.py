@@ -37,6 +37,7 @@ from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 from roll_gspo.metrics.rollouts import RolloutWriter
 from roll_gspo.metrics.stalls import StallWatch
+from roll_gspo.report import REPORT_FILE, write_report
 from roll_gspo.models.moe_routing import folder_is_moe
 from roll_gspo.sync.broadcast import RECEIVER_LOST
 
@@ -344,17 +345,23 @@ class TrainerLoop:
         last: Dict[str, float] = {}
         try:
             with GracefulStop() as stop:
+                logger.info("run report: %s (rewritten at each validation and at the end)",
+                            os.path.join(cfg.output_dir, REPORT_FILE))
                 if cfg.eval_steps and self.start_step == 0:
                     first = self.validate(0)
                     tracker.log(0, first)
                     logger.info(MetricsTracker.console_line(0, cfg.max_steps, first))
+                    self._write_report()
                 with progress_bar(range(self.start_step + 1, cfg.max_steps + 1), cfg.exp_name) as steps:
                     for step in steps:
                         metrics = self.step(step)
-                        if cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps):
+                        validated = cfg.eval_steps and (step % cfg.eval_steps == 0 or step == cfg.max_steps)
+                        if validated:
                             metrics.update(self.validate(step))
                         metrics.update(self._flag_stalls(step, metrics))
                         tracker.log(step, metrics)
+                        if validated:
+                            self._write_report()
                         if step % cfg.logging_steps == 0 or step == cfg.max_steps:
                             logger.info(MetricsTracker.console_line(step, cfg.max_steps, metrics))
                         last = metrics
@@ -369,6 +376,7 @@ class TrainerLoop:
         finally:
             tracker.close()
         plot_metrics(tracker.path, os.path.join(cfg.output_dir, "metrics.png"), cfg.exp_name)
+        self._write_report()
         return last
 
     def _flag_stalls(self, step: int, metrics: Dict[str, float]) -> Dict[str, float]:
@@ -377,6 +385,14 @@ class TrainerLoop:
         for stall in stalls:
             logger.warning(stall.line())
         return self.stalls.metrics(stalls)
+
+    def _write_report(self) -> None:
+        """The run report (roll_gspo.report) from the files so far; a report that fails to write
+        is one warning, never the run's end."""
+        try:
+            write_report(self.cfg.output_dir, train_dir=self.cfg.rollout_dump_dir, val_dir=self.cfg.validation_data_dir)
+        except Exception as exc:  # noqa: BLE001 - the run's training matters more than its page
+            logger.warning("run report not written: %s: %s", type(exc).__name__, exc)
 
     def validate(self, step: int) -> Dict[str, float]:
         """The source's validation at `step`, its samples written to validation_data_dir."""

@@ -43,8 +43,8 @@ chmod +x "$3/bin/pip" "$3/bin/python"
 
 @pytest.fixture
 def checkout(tmp_path):
-    """The install script and setup.py in a fresh folder, a fake Python, and `bwrap` on PATH (so the
-    script does not reach for apt)."""
+    """The install script and setup.py in a fresh folder, a fake Python, and `bwrap`, `chromium` and
+    `chromedriver` on PATH (so the script does not reach for apt)."""
     root = tmp_path / "repo"
     (root / "scripts").mkdir(parents=True)
     shutil.copy(REPO / "scripts" / "install.sh", root / "scripts" / "install.sh")
@@ -52,7 +52,8 @@ def checkout(tmp_path):
     shutil.copy(REPO / "Makefile", root / "Makefile")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("python", FAKE_PYTHON), ("bwrap", "#!/bin/sh\nexit 0\n")):
+    for name, text in (("python", FAKE_PYTHON), ("bwrap", "#!/bin/sh\nexit 0\n"), ("chromium", "#!/bin/sh\nexit 0\n"),
+                       ("chromedriver", "#!/bin/sh\nexit 0\n")):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PYTHON": str(bin_dir / "python"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}

@@ -117,6 +117,27 @@ def test_seed_004_keys_zero2_vllm_with_kl_and_validation(seed_004_run, tiny_mode
     check_rollout_files(cfg, records)
 
 
+def test_the_run_report_of_a_real_run_opens_in_a_browser(seed_004_run, tmp_path):
+    """Issue 53 item 4 on a real run (the seed-004 pipeline's own report.html, rewritten at each
+    validation and at the end): Chromium opens it without a console error, draws its curves and
+    timeline, and a response the run wrote is in the sample browser."""
+    from tests.test_report_browser import browser_for, open_page, severe
+    from roll_gspo.metrics.rollouts import read_step, step_files
+
+    cfg, records, _ = seed_004_run
+    report = os.path.join(cfg.output_dir, "report.html")
+    assert os.path.getmtime(report) >= os.path.getmtime(os.path.join(cfg.output_dir, "metrics.jsonl"))
+    last_step_samples = read_step(step_files(cfg.rollout_dump_dir)[-1][1])
+    response = " ".join(max((s["response"] for s in last_step_samples), key=len).split())
+    with browser_for(tmp_path) as browser:
+        open_page(browser, report)
+        assert severe(browser) == []
+        assert browser.execute_script("return document.querySelectorAll('#charts svg path.series').length") > 3
+        assert browser.execute_script("return document.querySelectorAll('.timeline-svg rect').length") >= 2
+        shown = " ".join(browser.find_element("id", "sample-rows").text.split())
+        assert response[:30] in shown, (response, shown[:500])
+
+
 def check_rollout_files(cfg, records):
     """Issue 53: every trained step's samples and every validation's prompts in the rollout files,
     readable: texts, reward and its parts, advantages, versions (docs/rollouts.md)."""

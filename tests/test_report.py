@@ -9,11 +9,9 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from report_fixtures import KNOWN_RESPONSE, STALL_STEP, make_run, write_jsonl_gz  # noqa: E402
-
-from roll_gspo.metrics.stalls import find_stalls as metric_stalls  # noqa: E402
-from roll_gspo.report import NotARunFolder, find_stalls, report_data, run_warnings, write_report  # noqa: E402
+from roll_gspo.metrics.stalls import find_stalls as metric_stalls
+from roll_gspo.report import NotARunFolder, find_stalls, report_data, run_warnings, write_report
+from tests.report_fixtures import KNOWN_RESPONSE, STALL_STEP, make_run, write_jsonl_gz
 from roll_gspo.report.checks import (dominant_answer, logprob_gap_warning, paid_without_correctness,  # noqa: E402
                                      reward_without_correctness_warnings, truncated_shares, truncation_warning)
 from roll_gspo.report.page import (MAX_STEPS_EMBEDDED, MAX_TRAIN_SAMPLES_PER_STEP, chart_groups,  # noqa: E402

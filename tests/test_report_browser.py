@@ -2,18 +2,16 @@
 driven by selenium): the page runs without a console error, draws its charts, its sample browser's
 filters change the rows shown and a known response is on the page. scripts/install.sh installs
 Chromium where it is missing; without it (and no way to install it) the test is skipped, saying so."""
+import contextlib
 import io
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from report_fixtures import KNOWN_RESPONSE, PAID_WRONG_RESPONSE, make_run  # noqa: E402
-
-from roll_gspo.report import write_report  # noqa: E402
+from roll_gspo.report import write_report
+from tests.report_fixtures import KNOWN_RESPONSE, PAID_WRONG_RESPONSE, make_run
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (setup.py's dev extra) is not installed")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -43,19 +41,29 @@ def chromium_or_skip() -> None:
                     "(scripts/install.sh installs them as root with apt-get)")
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+@contextlib.contextmanager
+def browser_for(profile_parent):
+    """Headless Chromium with a fresh profile under `profile_parent`, quit on leaving (skips the
+    calling test where Chromium is missing and cannot be installed)."""
     chromium_or_skip()
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in CHROMIUM_FLAGS:
         options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.add_argument(f"--user-data-dir={os.path.join(str(profile_parent), 'chromium-profile')}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
-    yield driver
-    driver.quit()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with browser_for(tmp_path_factory.mktemp("chromium")) as driver:
+        yield driver
 
 
 @pytest.fixture(scope="module")
