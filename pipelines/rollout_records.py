@@ -39,7 +39,7 @@ def train_records(batch: Batch, step: int, limit: int, group_size: int = 1) -> L
             step=step, index=i,
             group=int(batch["set_id"][i]) if "set_id" in batch else i // max(group_size, 1),
             reward=_number(batch["scores"][i]) if "scores" in batch else None,
-            reward_parts=_parts(batch, i), correct=_meta(batch, "reward_correct", i),
+            reward_parts=_parts(batch, i), correct=_verdict(batch, i),
             reward_status=_meta(batch, "reward_status", i) or None,
             advantage=None if advantages is None else advantages[i],
             logprob_gap=None if gaps is None else gaps[i],
@@ -54,7 +54,7 @@ def validation_records(batch: Batch, step: int) -> List[Dict[str, Any]]:
     for i in range(len(batch)):
         record = _sample_text(batch, i)
         record.update(step=step, index=i, reward=_number(batch["scores"][i]) if "scores" in batch else None,
-                      reward_parts=_parts(batch, i), correct=_meta(batch, "reward_correct", i))
+                      reward_parts=_parts(batch, i), correct=_verdict(batch, i))
         records.append(record)
     return records
 
@@ -99,6 +99,12 @@ def _masked_means(values: torch.Tensor, mask: torch.Tensor) -> List[Optional[flo
 
 def _meta(batch: Batch, key: str, i: int) -> Any:
     return batch.meta[key][i] if key in batch.meta else None
+
+
+def _verdict(batch: Batch, i: int) -> Optional[bool]:
+    """The reward worker's judgement as a bool (workers send 1.0 / 0.0 / None)."""
+    value = _meta(batch, "reward_correct", i)
+    return None if value is None else bool(value)
 
 
 def _parts(batch: Batch, i: int) -> Optional[Dict[str, float]]:

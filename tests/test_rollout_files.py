@@ -27,7 +27,7 @@ def scored_batch(rows=4, trainer_pass=True):
     batch["finished"] = [True, False, True, True][:rows]
     batch["domain"] = ["arith"] * rows
     batch["ground_truth"] = ["4", "4", "9", {"answer": 9}][:rows]
-    batch["reward_correct"] = [True, False, False, True][:rows]
+    batch["reward_correct"] = [1.0, 0.0, None, True][:rows]  # workers send floats
     batch["reward_status"] = ["ok"] * rows
     batch["reward_metrics"] = [{"correct": 1.0, "format": 0.1}, {"correct": 0.0, "format": 0.1}, None,
                                {"correct": 1.0}][:rows]
@@ -43,7 +43,7 @@ def test_train_records_carry_what_a_reader_needs():
     assert (first["finish_reason"], second["finish_reason"]) == ("stop", "length")
     assert (first["prompt_tokens"], first["response_tokens"]) == (3, 2)
     assert first["reward"] == pytest.approx(1.1) and first["reward_parts"] == {"correct": 1.0, "format": 0.1}
-    assert first["correct"] is True and second["correct"] is False
+    assert first["correct"] is True and second["correct"] is False and records[2]["correct"] is None
     assert first["advantage"] == pytest.approx(1.0) and second["advantage"] == pytest.approx(-1.0)
     assert first["logprob_gap"] == pytest.approx(-0.5)
     assert [r["group"] for r in records] == [0, 0, 1, 1]
@@ -64,6 +64,7 @@ def test_the_sample_bound_takes_whole_groups_first():
 def test_validation_records_hold_every_prompt():
     records = validation_records(scored_batch(), step=10)
     assert len(records) == 4 and records[3]["answer"] == "9" and records[3]["correct"] is True
+    assert [r["correct"] for r in records] == [True, False, None, True]
 
 
 def test_files_replace_a_step_written_before_and_read_back(tmp_path):
