@@ -273,3 +273,13 @@ def test_a_long_run_embeds_evenly_spaced_steps_and_says_so(tmp_path):
     train = sorted(map(int, data["samples"]["train"]))
     assert len(train) == MAX_STEPS_EMBEDDED and train[0] == 1 and train[-1] == steps
     assert any(f"samples of {MAX_STEPS_EMBEDDED} evenly spaced training steps of {steps}" in n for n in data["notes"])
+
+
+def test_a_numeric_verdict_of_older_files_reads_as_a_bool(tmp_path):
+    from roll_gspo.metrics.rollouts import write_step
+    from roll_gspo.report.files import read_rollouts
+
+    write_step(str(tmp_path / "rollouts"), 1, [{"step": 1, "correct": 0.0, "reward": 0.5}, {"step": 1, "correct": 1.0}])
+    records = read_rollouts(str(tmp_path)).train[1]
+    assert [r["correct"] for r in records] == [False, True]
+    assert run_warnings([], {1: records}, {})  # the wrong answer paid 0.5 is flagged

@@ -117,6 +117,8 @@ def read_step_file(path: str) -> List[Dict[str, Any]]:
     for record in records:
         if not isinstance(record, dict):
             raise ValueError(f"a line holds {type(record).__name__}, not a record")
+        if isinstance(record.get("correct"), (int, float)) and not isinstance(record["correct"], bool):
+            record["correct"] = bool(record["correct"])  # files written before `correct` was a bool held 1.0 / 0.0
     return records
 
 
