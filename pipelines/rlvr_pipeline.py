@@ -295,19 +295,32 @@ class PromptGroupSource(RolloutSource):
 
     # -- advantages ---------------------------------------------------------------------------------
     def advantages(self, batch: Batch):
-        """(B, T) advantages: per group (`adv_estimator`, optional KL penalty) or, PPO (gae), GAE over
-        the critic's `values` (adds `returns` too); then ROLL's per-response loss weights."""
+        """(B, T) advantages: per group (`adv_estimator`, optional KL penalty; gdpo: from the reward
+        workers' named components, `gdpo_reward_keys`) or, PPO (gae), GAE over the critic's `values`
+        (adds `returns` too); then ROLL's per-response loss weights."""
         cfg = self.cfg
         if cfg.uses_critic():
             metrics = gae_advantages_and_returns(cfg, batch, self.running_stats)
         else:
+            from roll_gspo.algorithms.advantages import reward_component_matrix
+            from roll_gspo.catalog.estimators import ESTIMATORS
+
+            components = None
+            if ESTIMATORS[cfg.adv_estimator].components:
+                components = reward_component_matrix(
+                    batch["reward_metrics"] if "reward_metrics" in batch else [None] * len(batch),
+                    cfg.gdpo_reward_keys, statuses=batch["reward_status"], domains=batch["domain"])
             kl = batch["old_log_probs"] - batch["ref_log_probs"] if cfg.add_token_level_kl else None
             batch["advantages"], metrics = compute_advantages(
                 batch["scores"], batch["response_mask"], group_size=cfg.num_return_sequences_in_group,
                 adv_estimator=cfg.adv_estimator, reward_norm=cfg.reward_norm, reward_shift=cfg.reward_shift,
                 reward_scale=cfg.reward_scale, reward_clip=cfg.reward_clip, running_stats=self.running_stats,
                 kl=kl, kl_coef=cfg.init_kl_coef if kl is not None else 0.0,
-                whiten_advantages=cfg.whiten_advantages, advantage_clip=cfg.advantage_clip)
+                whiten_advantages=cfg.whiten_advantages, advantage_clip=cfg.advantage_clip,
+                reward_components=components, component_weights=cfg.gdpo_reward_weights)
+            if components is not None:
+                metrics.update({f"critic/gdpo/{key}_mean": float(components[:, k].mean())
+                                for k, key in enumerate(cfg.gdpo_reward_keys)})
         metrics.update(self._apply_sample_weights(batch))
         return batch["advantages"], metrics
 

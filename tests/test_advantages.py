@@ -182,7 +182,7 @@ def test_rloo_leave_one_out_baseline():
 
 
 def test_estimator_registry():
-    assert list(ADV_ESTIMATORS) == ["reinforce", "grpo", "rloo"]
+    assert list(ADV_ESTIMATORS) == ["reinforce", "grpo", "rloo", "gdpo"]
     with pytest.raises(ValueError, match="reinforce"):
         get_adv_estimator("gae")
 

@@ -8,7 +8,7 @@ from roll_gspo.config.schema import ADV_ESTIMATORS, PipelineConfig
 
 
 def test_the_schema_reads_its_estimator_choices_from_the_catalog():
-    assert ADV_ESTIMATORS == list(ESTIMATORS) == ["reinforce", "grpo", "rloo", "step_reinforce", "gae"]
+    assert ADV_ESTIMATORS == list(ESTIMATORS) == ["reinforce", "grpo", "rloo", "gdpo", "step_reinforce", "gae"]
     help_text = PipelineConfig.__dataclass_fields__["adv_estimator"].metadata["help"]
     assert all(f"`{name}`" in help_text for name in ESTIMATORS)
 
@@ -26,7 +26,9 @@ def test_estimator_facts():
     assert names(needs_critic=True) == ["gae"]
     assert names("agentic") == ["reinforce", "grpo", "step_reinforce"]
     assert [e.name for e in ESTIMATORS.values() if e.granularity == "turn"] == ["step_reinforce"]
-    assert {n for n, e in ESTIMATORS.items() if e.min_group > 1} == {"grpo", "rloo"}
+    assert {n for n, e in ESTIMATORS.items() if e.min_group > 1} == {"grpo", "rloo", "gdpo"}
+    assert [n for n, e in ESTIMATORS.items() if e.components] == ["gdpo"]
+    assert names("rlvr") == ["reinforce", "grpo", "rloo", "gdpo", "gae"]
 
 
 def test_uses_critic_follows_the_facts():

@@ -18,11 +18,15 @@ its std (``1/eps`` would blow its rewards up to ~1e6 and drown the groups that c
 Centred, its values are exactly 0; scaled only (``reward_scale``), they are left unscaled.
 Statistics are taken in float64 so that equal values give a mean equal to each of them and a std
 of exactly 0.
+
+GDPO (``gdpo_advantages``) is the one exception to the population std: it follows verl's formula,
+whose group std and batch variance are the sample ones (Bessel-corrected), so that it equals verl's
+estimator value for value.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -41,6 +45,8 @@ __all__ = [
     "reinforce_advantages",
     "grpo_advantages",
     "rloo_advantages",
+    "gdpo_advantages",
+    "reward_component_matrix",
     "whiten",
     "compute_advantages",
     "shaped_token_rewards",
@@ -342,8 +348,83 @@ def rloo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, gr
     return _broadcast_over_tokens((scores - baseline).reshape(-1), response_mask)
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Masked z-score over the whole batch: ``(x - mean) / sqrt(var + eps)``, population variance.
+@register_adv_estimator("gdpo")
+def gdpo_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_size: int,
+                    eps: float = 1e-6, *, components: Optional[torch.Tensor] = None,
+                    weights: Optional[Sequence[float]] = None) -> torch.Tensor:
+    """GDPO (Group reward-Decoupled normalisation, arXiv 2601.05242; verl's and NeMo-RL's ``gdpo``):
+    each reward component is z-scored within its group on its own, the z-scores are summed with
+    ``weights``, and the sum is whitened over the batch's valid tokens. Summing first (GRPO) lets the
+    component with the larger spread decide every advantage; here a correctness and a format
+    reward each count by their weight, whatever their scales.
+
+    components: ``(B, K)``, response i's K named reward parts (``reward_component_matrix``);
+    weights: K numbers (None: all 1); response_mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the
+    mask. ``token_rewards`` (the combined score) is not read: the components stand for it.
+
+    As verl: the group std is the sample one, ``(r - mean) / (std + eps)`` per component, and the
+    batch whitening is ``(A - mean) / sqrt(var + 1e-8)`` with the sample variance over valid tokens
+    (a long response weighs more, as there). A component equal across its group gives that group
+    exactly 0 (the module's degenerate-set rule; verl's value there is 0 as well, up to its float32
+    rounding). A batch of one valid token keeps its population variance (verl divides by zero).
+    """
+    _check_rewards_and_mask(token_rewards, response_mask)
+    if components is None:
+        raise ValueError("adv_estimator 'gdpo' needs the responses' reward components (components=(B, K)); "
+                         "a single combined reward has none to normalise apart")
+    if components.dim() != 2 or components.shape[0] != token_rewards.shape[0] or components.shape[1] < 1:
+        raise ValueError(f"components must be (batch, K >= 1), got {tuple(components.shape)} for a batch of "
+                         f"{token_rewards.shape[0]}")
+    if group_size < 2:
+        raise ValueError(f"gdpo needs group_size >= 2 (a group baseline per component), got {group_size}")
+    num_groups = _check_groups(token_rewards.shape[0], group_size)
+    num_parts = components.shape[1]
+    weight = torch.tensor([1.0] * num_parts if weights is None else list(weights), dtype=torch.float64,
+                          device=components.device)
+    if weight.numel() != num_parts:
+        raise ValueError(f"gdpo: {weight.numel()} weights for {num_parts} reward components")
+
+    values = components.to(torch.float64).view(num_groups, group_size, num_parts)
+    mean = values.mean(1, keepdim=True)
+    std = values.std(1, unbiased=True, keepdim=True)
+    zscore = torch.where(std <= eps, torch.zeros_like(values), (values - mean) / (std + eps))
+    combined = (zscore * weight).sum(-1).reshape(-1)  # (B,)
+    dtype = _float_dtype(token_rewards)
+    spread = _broadcast_over_tokens(combined, response_mask)
+    return whiten(spread, response_mask, unbiased=True).to(dtype)
+
+
+def reward_component_matrix(row_metrics: Sequence[Optional[Mapping[str, float]]], keys: Sequence[str], *,
+                            statuses: Optional[Sequence[str]] = None,
+                            domains: Optional[Sequence[str]] = None) -> torch.Tensor:
+    """The ``(B, K)`` GDPO components of a scored batch: ``row_metrics[i][key]`` for each key.
+
+    row_metrics: the reward workers' named numbers per response (``reward_metrics``). A response
+    scored without its worker's scorer (status ``format``, ``error`` or ``timeout``: its score is
+    0 and it carries no numbers) has every component 0. A scored response (``ok``) missing a key is
+    a ValueError naming the key and its domain: its worker does not send that component.
+    """
+    statuses = list(statuses) if statuses is not None else ["ok"] * len(row_metrics)
+    domains = list(domains) if domains is not None else ["?"] * len(row_metrics)
+    rows = []
+    for i, (named, status) in enumerate(zip(row_metrics, statuses)):
+        if named is None and status != "ok":
+            rows.append([0.0] * len(keys))
+            continue
+        values = named or {}
+        missing = [k for k in keys if k not in values]
+        if missing:
+            raise ValueError(f"adv_estimator gdpo: response {i} (domain {domains[i]!r}) has no reward component "
+                             f"{missing} (its worker sent {sorted(values) or 'none'}); gdpo_reward_keys must name "
+                             f"numbers every reward worker reports per response")
+        rows.append([float(values[k]) for k in keys])
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), len(keys))
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, *, unbiased: bool = False) -> torch.Tensor:
+    """Masked z-score over the whole batch: ``(x - mean) / sqrt(var + eps)``, population variance
+    (``unbiased``: the sample variance, n / (n - 1) times it, as verl's ``masked_whiten``; with one
+    valid value it stays the population one).
 
     values, mask: ``(B, T)``. Returns ``(B, T)``, 0 outside the mask. eps sits inside the square
     root and the statistics are float64, so a batch whose valid values are all equal whitens to
@@ -352,6 +433,9 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
     wide = values.to(torch.float64)
     mean = masked_mean(wide, mask)
     var = masked_mean((wide - mean).square(), mask)
+    count = float(_bool_mask(mask).sum())
+    if unbiased and count > 1:
+        var = var * count / (count - 1)
     whitened = ((wide - mean) / torch.sqrt(var + eps)).to(values.dtype)
     return torch.where(_bool_mask(mask), whitened, torch.zeros((), dtype=whitened.dtype,
                                                                device=whitened.device))
@@ -367,6 +451,8 @@ def compute_advantages(scores: torch.Tensor, response_mask: torch.Tensor, *, gro
                        running_stats: Optional[RunningMeanStd] = None,
                        kl: Optional[torch.Tensor] = None, kl_coef: float = 0.0,
                        whiten_advantages: bool = False, advantage_clip: Optional[float] = None,
+                       reward_components: Optional[torch.Tensor] = None,
+                       component_weights: Optional[Sequence[float]] = None,
                        eps: float = 1e-6) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Scores to per-token advantages.
 
@@ -377,7 +463,8 @@ def compute_advantages(scores: torch.Tensor, response_mask: torch.Tensor, *, gro
     ``clip_rewards(reward_clip)`` -> ``token_level_rewards`` (score on the last token, minus
     ``kl_coef * kl`` per token when ``kl`` is given, e.g. ``old_logp - ref_logp``) ->
     ``ADV_ESTIMATORS[adv_estimator]`` -> ``whiten`` (if ``whiten_advantages``) ->
-    ``clip_advantages(advantage_clip)``.
+    ``clip_advantages(advantage_clip)``. An estimator of reward components (``gdpo``) is given
+    ``reward_components`` ``(B, K)`` and ``component_weights`` (K numbers) too.
 
     metrics: ``critic/score_mean|max|min`` (raw), ``critic/rewards_normed_mean`` (after
     normalisation and reward clip), ``critic/advantages_mean|max|min`` (final, valid tokens),
@@ -390,7 +477,8 @@ def compute_advantages(scores: torch.Tensor, response_mask: torch.Tensor, *, gro
         reward_scale=reward_scale, reward_clip=reward_clip, running_stats=running_stats, kl=kl, kl_coef=kl_coef,
         eps=eps)
     mask = _bool_mask(response_mask)
-    advantages = estimator(token_rewards, mask, group_size, eps=eps)
+    extra = {} if reward_components is None else {"components": reward_components, "weights": component_weights}
+    advantages = estimator(token_rewards, mask, group_size, eps=eps, **extra)
     metrics["critic/returns_mean"] = float(masked_mean(advantages, mask))
     return finish_advantages(advantages, mask, metrics, whiten_advantages=whiten_advantages,
                              advantage_clip=advantage_clip)

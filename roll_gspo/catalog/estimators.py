@@ -21,6 +21,8 @@ class Estimator:
     `granularity` is what one advantage value covers: a whole response (or trajectory), a token,
     or one turn of a multi-turn episode. `min_group` is the RLVR group size it needs (a group
     baseline of one response is the response itself). `help` is its sentence in the schema's help.
+    `components`: it reads the reward workers' named parts of each reward (`gdpo_reward_keys`), not
+    only their sum, so every reward block must send them.
     """
     name: str
     needs_critic: bool
@@ -28,6 +30,7 @@ class Estimator:
     granularity: str
     help: str
     min_group: int = 1
+    components: bool = False
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -44,6 +47,12 @@ ESTIMATORS: Dict[str, Estimator] = {e.name: e for e in (
     Estimator("grpo", False, ("rlvr", "agentic"), "response",
               "group z-score (a group of equal rewards gets 0); agentic: as reinforce", min_group=2),
     Estimator("rloo", False, ("rlvr",), "response", "leave-one-out baseline", min_group=2),
+    Estimator("gdpo", False, ("rlvr",), "response",
+              "GDPO (verl's, NeMo-RL's): each reward component named in gdpo_reward_keys (the reward worker's "
+              "per-response numbers, e.g. the task worker's accuracy and format_rate) is z-scored within its group "
+              "on its own, the z-scores are summed with gdpo_reward_weights and the sum is whitened over the batch, "
+              "so one reward does not drown another; a reward worker that sends no components is refused",
+              min_group=2, components=True),
     Estimator("step_reinforce", False, ("agentic",), "turn",
               "each turn's tokens get the normalised discounted return of that turn (step_reward_gamma)"),
     Estimator("gae", True, ("rlvr",), "token",

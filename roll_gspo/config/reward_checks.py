@@ -2,14 +2,28 @@
 before any reward worker starts (what their import paths name is preflight's)."""
 from __future__ import annotations
 
+import math
 import re
-from typing import AbstractSet, List, Optional
+from typing import AbstractSet, Dict, List, Optional, Tuple
 
-from roll_gspo.catalog.reward_workers import loads_model
-from roll_gspo.config.findings import Finding, error
+from roll_gspo.catalog.estimators import ESTIMATORS
+from roll_gspo.catalog.reward_workers import kind_of, loads_model
+from roll_gspo.config.findings import Finding, error, warning
 from roll_gspo.config.registry import check
 from roll_gspo.config.schema import PipelineConfig, RewardConfig
 from roll_gspo.config.vllm_prefill import prompt_split_problems
+
+# The numbers each built-in reward worker reports per response (its `reward_metrics`), which is all
+# `gdpo_reward_keys` can name there; a built-in worker not listed sends none (one combined score).
+REWARD_COMPONENTS: Dict[str, Tuple[str, ...]] = {
+    "TaskRewardWorker": ("accuracy", "format_rate", "answer_score", "truncated"),
+    "IFEvalRewardWorker": ("prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc",
+                           "inst_level_loose_acc"),
+}
+# Built-in workers whose reward function is the user's, which may return a `ScoreWithMetrics`.
+USER_SCORED = ("FunctionRewardWorker",)
+# Keys that reshape the combined score, which GDPO does not read (its components stand for it).
+SCORE_SHAPING = ("reward_norm", "reward_clip", "add_token_level_kl")
 
 QUERY_FILTER_ARGS = {"no_filter": set(), "mean_filter": {"threshold_up", "threshold_down"},
                      "std_filter": {"std_threshold"}}
@@ -114,3 +128,85 @@ def _sampling_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]
         if bad or sum(probs.values()) <= 0:
             problems.append(error(key, f"{key}: shares must be >= 0 with a positive sum, got {dict(probs)}"))
     return problems
+
+
+@check("check", keys=("adv_estimator", "gdpo_reward_keys", "gdpo_reward_weights", "rewards.<domain>.worker_cls",
+                      "rewards.<domain>.response_length_penalty_coef", "tasks.<key>.format_weight", "reward_norm",
+                      "reward_clip", "add_token_level_kl"),
+       doc="`adv_estimator: gdpo`: a reward block whose worker does not send every `gdpo_reward_keys` component "
+           "(a single-reward worker sends none), weights not one per key, a task with format_weight 0 while "
+           "format_rate is a component, and keys reshaping the combined score GDPO does not read (reward_norm, "
+           "reward_clip, add_token_level_kl, response_length_penalty_coef)",
+       name="rewards.gdpo_components", rollout_only=True)
+def _gdpo_components(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    estimator = ESTIMATORS.get(cfg.adv_estimator)
+    if cfg.pipeline != "rlvr" or estimator is None or not estimator.components:
+        return []
+    name, keys, weights = cfg.adv_estimator, list(cfg.gdpo_reward_keys), cfg.gdpo_reward_weights
+    problems: List[Finding] = []
+    if not keys or len(set(keys)) != len(keys):
+        problems.append(error("gdpo_reward_keys", f"gdpo_reward_keys = {keys}: adv_estimator {name} needs the names "
+                                                  f"of the reward components to normalise apart, each once"))
+    if weights is not None and (len(weights) != len(keys) or not all(math.isfinite(w) for w in weights)):
+        problems.append(error("gdpo_reward_weights", f"gdpo_reward_weights = {list(weights)}: one finite weight per "
+                                                     f"gdpo_reward_keys entry {keys} (or null: all 1)"))
+    for domain, reward in cfg.rewards.items():
+        worker = reward.worker_cls.rpartition(".")[2]
+        block = f"rewards.{domain}"
+        if kind_of(reward.worker_cls) is None or worker in USER_SCORED:
+            continue  # what it reports is known when it runs (a response missing a key fails the step, naming it)
+        sent = REWARD_COMPONENTS.get(worker, ())
+        missing = [k for k in keys if k not in sent]
+        if missing and not sent:
+            problems.append(error(f"{block}.worker_cls", (
+                f"adv_estimator {name} normalises each reward component apart, but {block}.worker_cls {worker} "
+                f"sends one combined score and no components (gdpo_reward_keys = {keys}); use adv_estimator grpo, or "
+                f"a worker reporting its parts per response (TaskRewardWorker through `tasks`, or a "
+                f"FunctionRewardWorker whose reward_fn returns a ScoreWithMetrics)")))
+        elif missing:
+            problems.append(error("gdpo_reward_keys", (
+                f"gdpo_reward_keys = {keys}: {block}.worker_cls {worker} does not send {missing} (it sends "
+                f"{list(sent)}); name components every reward block reports")))
+        if reward.response_length_penalty_coef:
+            problems.append(error(f"{block}.response_length_penalty_coef", (
+                f"{block}.response_length_penalty_coef = {reward.response_length_penalty_coef}: the length penalty "
+                f"is taken off the combined score, which adv_estimator {name} does not read (it normalises the "
+                f"components {keys}); set it to 0 or use adv_estimator grpo")))
+    for task_key, task in cfg.tasks.items():
+        if "format_rate" in keys and not task.format_weight:
+            problems.append(error(f"tasks.{task_key}.format_weight", (
+                f"tasks.{task_key}.format_weight is 0 but gdpo_reward_keys names format_rate: GDPO normalises the "
+                f"format apart and would reward it anyway; set a format_weight > 0 to reward the <answer> format, "
+                f"or gdpo_reward_keys: [accuracy]")))
+    shaping = {"reward_norm": cfg.reward_norm is not None, "reward_clip": cfg.reward_clip is not None,
+               "add_token_level_kl": cfg.add_token_level_kl}
+    for key in SCORE_SHAPING:
+        if shaping[key]:
+            problems.append(error(key, f"{key} = {getattr(cfg, key)!r} acts on the combined score, which "
+                                       f"adv_estimator {name} does not read (it normalises the components {keys} "
+                                       f"and whitens their sum itself); drop {key} or use adv_estimator grpo"))
+    return problems
+
+
+@check("warn", keys=("adv_estimator", "gdpo_reward_keys", "rewards.<domain>.worker_cls", "tasks.<key>.partial_credit"),
+       doc="`adv_estimator: gdpo`: a user's reward worker, whose components are seen only when it runs; a task "
+           "with partial_credit while its `accuracy` component pays no part credit",
+       name="rewards.gdpo_unknown_components", rollout_only=True)
+def _gdpo_unknown_components(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    estimator = ESTIMATORS.get(cfg.adv_estimator)
+    if cfg.pipeline != "rlvr" or estimator is None or not estimator.components:
+        return []
+    keys = list(cfg.gdpo_reward_keys)
+    found: List[Finding] = []
+    for domain, reward in cfg.rewards.items():
+        if kind_of(reward.worker_cls) is None or reward.worker_cls.rpartition(".")[2] in USER_SCORED:
+            found.append(warning(f"rewards.{domain}.worker_cls", (
+                f"adv_estimator {cfg.adv_estimator}: rewards.{domain}.worker_cls {reward.worker_cls} is checked for "
+                f"the components {keys} only when it scores; a response it scores without reporting them (a "
+                f"ScoreWithMetrics) stops the step, naming the key")))
+    for task_key, task in cfg.tasks.items():
+        if task.partial_credit and "accuracy" in keys:
+            found.append(warning(f"tasks.{task_key}.partial_credit", (
+                f"tasks.{task_key}.partial_credit pays near misses in the combined score, but GDPO's accuracy "
+                f"component is 0 or 1; name answer_score in gdpo_reward_keys to normalise the task's own score")))
+    return found

@@ -988,6 +988,20 @@ class PipelineConfig(SchemaBlock):
 
     # --- GSPO / rollout keys (ROLL's names) ---
     adv_estimator: str = _f("grpo", estimators.help_text(), ADV_ESTIMATORS)
+    gdpo_reward_keys: List[str] = _f(
+        ["accuracy", "format_rate"],
+        "`adv_estimator: gdpo` (verl's algorithm.gdpo_reward_keys): the reward components GDPO z-scores within "
+        "each group apart, by their names in the numbers a reward worker reports per response. The default is "
+        "TaskRewardWorker's correctness and format parts (the size of a task's format_weight is normalised "
+        "away and gdpo_reward_weights weigh the parts; a task with format_weight 0 while format_rate is named is "
+        "refused). Every reward block must send each name: TaskRewardWorker sends accuracy, format_rate, "
+        "answer_score, truncated; IFEvalRewardWorker its four lm-eval accuracies; the other built-in workers send "
+        "none and are refused before workers start (a FunctionRewardWorker or a user's class is checked when it "
+        "scores). A response scored 0 without its scorer (format, error, timeout) has every component 0. Not "
+        "read by other estimators.")
+    gdpo_reward_weights: Optional[List[float]] = _f(
+        None, "`adv_estimator: gdpo` (verl's algorithm.gdpo_reward_weights): one weight per gdpo_reward_keys "
+              "entry, multiplying its group z-score before they are summed. Null: all 1.")
     importance_sampling: str = _f(
         "seq", "`seq`: GSPO's length-normalised sequence ratio; `token`: PPO/GRPO per-token ratio; "
                "`gspo-token`: sequence ratio with per-token advantages (equals `seq` when advantages "
