@@ -1,4 +1,5 @@
-"""The algorithm library: GSPO/GRPO policy losses, loss aggregation, KL, rewards and advantages,
+"""The algorithm library: GSPO/GRPO policy losses (and CISPO, SAPO, GMPO, LUSPO, VESPO, Clip-/KL-Cov,
+ROLL's pg_variants), loss aggregation, KL, rewards and advantages,
 and the rollout correction (train-inference mismatch).
 
 Pure torch (no Ray, vLLM, DeepSpeed or transformers), pure functions over ``(batch,
@@ -42,6 +43,16 @@ from .losses import (
     seq_log_ratio,
     token_log_ratio,
 )
+from .policy_losses import (
+    LOSS_SPECS,
+    ROLL_PG_VARIANTS,
+    SURROGATES,
+    SYNONYMS,
+    LossTerms,
+    canonical_loss,
+    get_surrogate,
+    register_surrogate,
+)
 from .rollout_correction import (
     CORRECTION_LEVELS,
     SEQUENCE_MEAN_METRICS,
@@ -57,6 +68,9 @@ __all__ = [
     "clipped_surrogate", "compute_importance_ratio", "compute_log_ratio", "entropy_from_logits",
     "get_policy_loss", "gspo_token_log_ratio", "kl_loss", "kl_penalty", "masked_mean", "masked_sum",
     "loss_normalisers", "policy_loss", "register_policy_loss", "seq_log_ratio", "token_log_ratio",
+    # policy losses beside the clipped surrogate (policy_loss's `surrogate`)
+    "LOSS_SPECS", "ROLL_PG_VARIANTS", "SURROGATES", "SYNONYMS", "LossTerms", "canonical_loss", "get_surrogate",
+    "register_surrogate",
     # advantages
     "ADV_ESTIMATORS", "REWARD_NORMS", "RunningMeanStd", "clip_advantages", "clip_rewards",
     "compute_advantages", "get_adv_estimator", "grpo_advantages", "normalize_rewards",

@@ -371,8 +371,9 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
                 loss_agg_mode: str = "seq-mean-token-mean", dual_clip_c: Optional[float] = None,
                 num_seqs: Optional[Count] = None, num_tokens: Optional[Count] = None,
                 norm_length: Optional[float] = None,
-                token_weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """Clipped policy-gradient loss (GSPO by default) and its metrics.
+                token_weights: Optional[torch.Tensor] = None, surrogate: str = "clip",
+                options: Optional[Dict[str, Any]] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Policy-gradient loss (GSPO's clipped surrogate by default) and its metrics.
 
     log_probs (with grad), old_log_probs, advantages, response_mask: ``(B, T)``.
     Returns ``(loss, metrics)``: a scalar tensor and python floats
@@ -387,7 +388,14 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
     Metrics are over this call's tokens only. ``num_seqs`` / ``num_tokens`` / ``norm_length``
     are passed to ``aggregate_loss``; ``dual_clip_c`` (> 1) enables the dual clip.
     ``token_weights`` (``(B, T)``, no gradient; e.g. the rollout correction's importance weights)
-    multiply each token's clipped surrogate before aggregation.
+    multiply each token's loss before aggregation.
+
+    ``surrogate`` names the loss (``policy_losses.SURROGATES``: ``clip``, the clipped surrogate of
+    ``importance_sampling``, or cispo, sapo, gmpo, luspo, vespo, clip_cov, kl_cov, reinforce, tis,
+    topr, kimi15); ``options`` holds its own keys (e.g. ``sapo_temperature_pos``; a ``generator``
+    for clip_cov's draw, ``scores`` for topr). A loss that does not take ``importance_sampling`` or
+    ``loss_agg_mode`` raises ValueError. Its metrics (``policy_losses`` module docstring) are added,
+    each the mean over valid tokens.
     """
     _check_choice("importance_sampling", importance_sampling, list(POLICY_LOSSES))
     _check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
@@ -400,9 +408,12 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
     advantages = torch.where(mask, advantages.to(dtype), torch.zeros((), dtype=dtype,
                                                                      device=advantages.device))
 
-    terms = get_policy_loss(importance_sampling)(
-        log_probs, old_log_probs, advantages, mask,
-        clip_low=clip_low, clip_high=clip_high, dual_clip_c=dual_clip_c)
+    from .policy_losses import check_combination, get_surrogate
+
+    check_combination(surrogate, importance_sampling, loss_agg_mode)
+    terms = get_surrogate(surrogate)(
+        log_probs, old_log_probs, advantages, mask, importance_sampling=importance_sampling,
+        clip_low=clip_low, clip_high=clip_high, dual_clip_c=dual_clip_c, options=dict(options or {}))
     per_token = terms.loss
     if token_weights is not None:
         _check_same_shape(log_probs=log_probs, token_weights=token_weights)
@@ -426,6 +437,8 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
             "actor/ppo_kl": float(masked_mean(
                 -token_log_ratio(log_probs.detach(), old_log_probs, mask), mask)),
         }
+        metrics.update({key: float(masked_mean(value.detach().to(dtype).expand_as(mask), mask))
+                        for key, value in terms.extra.items()})
     return loss, metrics
 
 
