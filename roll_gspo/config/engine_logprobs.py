@@ -18,7 +18,7 @@ temperature, 1 when greedy). What the engine reports depends on it:
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
 
@@ -73,7 +73,7 @@ def rollout_logprobs_bias(cfg: PipelineConfig) -> Optional[str]:
 
 # vLLM engine keys (actor_infer.strategy_args.strategy_config) that change what the engine computes,
 # so its log-probs are not the trainer's even in fp32: a value other than the harmless one listed.
-NUMERICS_KEYS = {
+NUMERICS_KEYS: Dict[str, Tuple[Any, ...]] = {
     "kv_cache_dtype": ("auto", None),  # fp8 KV: attention reads rounded keys and values
     "quantization": (None,),  # quantized weights
     "logits_processors": (None, [], ()),  # a processor reshapes the distribution sampled from
