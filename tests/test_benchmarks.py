@@ -289,3 +289,26 @@ def test_chaos_reshape_gaps_per_resumed_step():
     json.dumps(result)
     assert "| 1 rank | 3 | -0.2 | +0 | +0 |" in text and "| 1 rank | max abs | 0.2 | 0.5 | 0 |" in text
     assert "1 rank: exit 0, 8 s, final val/accuracy 0.6000; actor_train: converted" in text
+
+
+def test_rollout_files_benchmark_figures_and_its_bound(tmp_path):
+    """bench_rollout_files.py: the record phase's share and the size per 100 steps from a run's
+    metrics; exit 1 when a step spends over 2 % writing its samples."""
+    import subprocess
+    import sys
+
+    from benchmarks.bench_rollout_files import cost_figures
+
+    rows = [{"step": 0, "rollouts/val_bytes": 2000.0},
+            {"step": 1, "time/record_s": 0.01, "time/step_s": 10.0, "rollouts/train_bytes": 1000.0},
+            {"step": 2, "time/record_s": 0.03, "time/step_s": 10.0, "rollouts/train_bytes": 3000.0}]
+    figures = cost_figures(rows, steps_per_eval=5)
+    assert figures["share_max"] == pytest.approx(0.003) and figures["train_bytes_per_step"] == 2000.0
+    assert figures["mb_per_100_steps"] == pytest.approx((100 * 2000 + 20 * 2000) / 1e6)
+    with pytest.raises(ValueError, match="time/record_s"):
+        cost_figures([{"step": 0}], 5)
+    slow = rows[:2] + [{"step": 2, "time/record_s": 0.5, "time/step_s": 10.0, "rollouts/train_bytes": 10.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in slow))
+    done = subprocess.run([sys.executable, str(BENCH.parent / "bench_rollout_files.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "largest 5.000 %   (bound 2 %)" in done.stdout, done.stdout + done.stderr
