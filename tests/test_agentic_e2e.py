@@ -137,6 +137,14 @@ def test_example_trains_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_pa
     assert (tmp_path / "render" / "val_step_2.jsonl").exists()
     first = json.loads((tmp_path / "render" / "val_step_0.jsonl").read_text().splitlines()[0])
     assert first["messages"][0]["role"] == "user" and first["turns"] >= 1
+    from roll_gspo.metrics.rollouts import read_step, step_files  # issue 53: episodes turn by turn
+
+    trained = read_step(step_files(whole.rollout_dump_dir)[-1][1])
+    episode = max(trained, key=lambda r: len(r["turns"]))
+    assert len(episode["turns"]) > 1 and episode["prompt"] and episode["task"]
+    assert all(t["action"] and t["reward"] is not None for t in episode["turns"])
+    assert episode["turns"][0]["observation"]  # the board the env answered with
+    assert [s for s, _ in step_files(whole.validation_data_dir)] == [0, 2]
 
     resumed_dir = tmp_path / "resumed"
     import shutil
@@ -154,7 +162,8 @@ def test_example_trains_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_pa
     assert re.search(rf"role actor_infer rank 0 \(node [\d.]+, pid {killed[0]}\) died: .*; replaced in its "
                      rf"placement bundle \(restart 1 of 3 for this rank, [\d.]+ s\); weights of step 1",
                      caplog.text), caplog.text[-3000:]
-    trained = {k: v for k, v in comparable(steps[2]).items() if not k.startswith("val/")}  # no validation resumed
+    trained = {k: v for k, v in comparable(steps[2]).items()
+               if not k.startswith(("val/", "rollouts/val_"))}  # no validation resumed
     assert comparable(again[2]) == trained
     final, want = (load_weights(os.path.join(c.output_dir, "final_model")) for c in (resumed, whole))
     assert final.keys() == want.keys() and all(torch.equal(final[k], want[k]) for k in want)

@@ -125,6 +125,10 @@ def test_an_openai_client_agent_trains_through_the_endpoint(tmp_path, tiny_model
             assert torch.allclose(logps, torch.tensor([lp for _, lps in turns for lp in lps]), atol=1e-6)
     logged = records(cfg.output_dir)
     assert [r["step"] for r in logged] == [1, 2]
+    from roll_gspo.metrics.rollouts import read_step, step_files  # issue 53: the agent's episodes as trained
+
+    recorded = read_step(step_files(cfg.rollout_dump_dir)[-1][1])
+    assert len(recorded) == 4 and all(r["turns"] and r["turns"][0]["action"] for r in recorded)
     for r in logged:
         assert r["agent/episodes"] == 4 and r["agent/errors"] == 0 and r["agent/timeouts"] == 0
         assert r["agent/history_mismatches"] == 0 and r["endpoint/engine_failures"] == 0

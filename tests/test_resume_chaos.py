@@ -37,9 +37,9 @@ WAIT_S = 600  # generous: the machine running the suite may be shared and slow
 
 
 def comparable(row):
-    """A metrics row without what depends on wall-clock time or on processes that died (`fault/*`)."""
+    """A metrics row without what depends on wall-clock time (stalls too) or on processes that died (`fault/*`)."""
     return {k: v for k, v in row.items()
-            if not k.startswith(("time/", "throughput/", "fault/")) and k != "sync/seconds"}
+            if not k.startswith(("time/", "throughput/", "fault/", "stall/")) and k != "sync/seconds"}
 
 
 def config(tmp_path, model, name, **changes):
