@@ -43,6 +43,10 @@ __all__ = [
     "aggregate_loss",
     "loss_normalisers",
     "policy_loss",
+    "SURROGATES",
+    "register_surrogate",
+    "get_surrogate",
+    "check_combination",
     "kl_penalty",
     "kl_loss",
 ]
@@ -293,6 +297,43 @@ def gspo_token_policy_loss(log_probs, old_log_probs, advantages, response_mask, 
 
 
 # --------------------------------------------------------------------------------------------
+# The registry of policy losses (`policy_loss`'s `surrogate`; filled by policy_losses.py, which the
+# package imports)
+# --------------------------------------------------------------------------------------------
+SURROGATES: Dict[str, Callable[..., Any]] = {}
+SURROGATE_SPECS: Dict[str, Any] = {}  # name -> policy_losses.LossSpec: the ratios and aggregations it takes
+
+
+def register_surrogate(name: str, spec: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator registering a policy loss under its ``policy_loss`` name with its ``spec``
+    (``ratio_levels``, ``agg_modes``, ``why_ratio``, ``why_agg``). Called as ``fn(log_probs,
+    old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high, dual_clip_c,
+    options)`` with ``(B, T)`` tensors (advantages zero off the mask); returns per-token terms with
+    ``loss``, ``ratio``, ``clipped``, ``dual_clipped`` and ``extra`` (metric name -> ``(B, T)``)."""
+    def decorator(fn):
+        registering(SURROGATES, "policy loss", name)(fn)
+        SURROGATE_SPECS[name] = spec
+        return fn
+    return decorator
+
+
+def get_surrogate(name: str) -> Callable[..., Any]:
+    _check_choice("policy loss", name, sorted(SURROGATES))
+    return SURROGATES[name]
+
+
+def check_combination(name: str, importance_sampling: str, loss_agg_mode: str) -> None:
+    """ValueError unless the loss ``name`` is defined on this ratio level and aggregation."""
+    spec = SURROGATE_SPECS[name]
+    if importance_sampling not in spec.ratio_levels:
+        raise ValueError(f"policy loss {name!r} does not take importance_sampling {importance_sampling!r} "
+                         f"(accepted: {list(spec.ratio_levels)}): {spec.why_ratio}")
+    if loss_agg_mode not in spec.agg_modes:
+        raise ValueError(f"policy loss {name!r} does not take loss_agg_mode {loss_agg_mode!r} "
+                         f"(accepted: {list(spec.agg_modes)}): {spec.why_agg}")
+
+
+# --------------------------------------------------------------------------------------------
 # Aggregation
 # --------------------------------------------------------------------------------------------
 def _denominator(local: torch.Tensor, given: Optional[Count], name: str) -> torch.Tensor:
@@ -408,8 +449,7 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
     advantages = torch.where(mask, advantages.to(dtype), torch.zeros((), dtype=dtype,
                                                                      device=advantages.device))
 
-    from .policy_losses import check_combination, get_surrogate
-
+    get_surrogate(surrogate)
     check_combination(surrogate, importance_sampling, loss_agg_mode)
     terms = get_surrogate(surrogate)(
         log_probs, old_log_probs, advantages, mask, importance_sampling=importance_sampling,

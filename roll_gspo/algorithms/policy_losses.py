@@ -33,16 +33,17 @@ micro-batch), as in verl. Extra metrics are ``(B, T)`` tensors whose masked mean
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Mapping, NamedTuple
 
 import torch
 
-from .losses import (SurrogateTerms, compute_log_ratio, get_policy_loss, masked_mean, registering,
-                     token_log_ratio)
+from roll_gspo.catalog.policy_losses import LOSS_SPECS, ROLL_PG_VARIANTS, SYNONYMS, LossSpec, canonical_loss
+
+from .losses import (SURROGATES, SurrogateTerms, check_combination, compute_log_ratio, get_policy_loss,
+                     get_surrogate, masked_mean, register_surrogate, token_log_ratio)
 
 __all__ = ["LossTerms", "LossSpec", "SURROGATES", "LOSS_SPECS", "SYNONYMS", "ROLL_PG_VARIANTS",
-           "register_surrogate", "get_surrogate", "canonical_loss"]
+           "register_surrogate", "get_surrogate", "canonical_loss", "check_combination"]
 
 # verl's and SAPO's clamp of the token log-ratio before exp (keeps exp finite in fp32).
 LOG_RATIO_CLAMP = 20.0
@@ -58,119 +59,6 @@ class LossTerms(NamedTuple):
     clipped: torch.Tensor       # bool: the token's ratio or weight was clipped (actor/clipfrac)
     dual_clipped: torch.Tensor  # bool: the dual-clip cap applied (clip only)
     extra: Dict[str, torch.Tensor]  # metric name -> (B, T) values, reported as their masked mean
-
-
-SurrogateFn = Callable[..., LossTerms]
-SURROGATES: Dict[str, SurrogateFn] = {}
-
-
-def register_surrogate(name: str) -> Callable[[SurrogateFn], SurrogateFn]:
-    """Decorator registering a policy loss under its canonical ``policy_loss`` name. Called as
-    ``fn(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
-    dual_clip_c, options)`` with ``(B, T)`` tensors (advantages zero off the mask)."""
-    return registering(SURROGATES, "surrogate", name)
-
-
-def get_surrogate(name: str) -> SurrogateFn:
-    if name not in SURROGATES:
-        raise ValueError(f"unknown policy loss {name!r}; valid values: {sorted(SURROGATES)}")
-    return SURROGATES[name]
-
-
-# --------------------------------------------------------------------------------------------
-# Facts: which ratios and aggregations each loss accepts, the keys it reads, its other names
-# --------------------------------------------------------------------------------------------
-TOKEN = ("token",)
-ANY_RATIO = ("seq", "token", "gspo-token")
-ANY_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-
-@dataclass(frozen=True)
-class LossSpec:
-    """What the config needs to know about one policy loss."""
-    name: str
-    title: str  # a few words for --dry-run
-    ratio_levels: Tuple[str, ...]  # importance_sampling values it accepts
-    implied_ratio: Optional[str]  # importance_sampling it takes when the YAML does not write one
-    agg_modes: Tuple[str, ...]  # loss_agg_mode values it accepts
-    implied_agg: Optional[str] = None  # loss_agg_mode it takes when the YAML does not write one
-    reads_clip: bool = False  # reads pg_clip_low / pg_clip_high
-    reads_dual_clip: bool = False
-    keys: Tuple[str, ...] = ()  # its own keys (top-level)
-    why_ratio: str = ""  # the reason in a refusal of another ratio
-    why_agg: str = ""
-
-
-LOSS_SPECS: Dict[str, LossSpec] = {s.name: s for s in (
-    LossSpec("clip", "clipped surrogate", ANY_RATIO, None, ANY_AGG, reads_clip=True, reads_dual_clip=True),
-    LossSpec("cispo", "CISPO: clipped IS weight x log-prob", ANY_RATIO, "token", ANY_AGG,
-             keys=("cispo_epsilon_low", "cispo_epsilon_high", "cispo_use_unified_mask")),
-    LossSpec("sapo", "SAPO: soft gate", ANY_RATIO, "token", ANY_AGG,
-             keys=("sapo_temperature_pos", "sapo_temperature_neg")),
-    LossSpec("gmpo", "GMPO: geometric mean of log-clipped token ratios", ("seq",), None, ("seq-mean-token-mean",),
-             reads_clip=True,
-             why_ratio="GMPO builds its own sequence ratio (the geometric mean of token ratios, each clipped in log "
-                       "space): leave importance_sampling at seq",
-             why_agg="GMPO's objective is a mean over responses of one sequence term each"),
-    LossSpec("luspo", "LUSPO: GSPO's sequence term x response length", ("seq",), None, ("seq-mean-token-sum",),
-             "seq-mean-token-sum", reads_clip=True,
-             why_ratio="LUSPO is defined on GSPO's sequence ratio (TRL: importance_sampling_level sequence); with "
-                       "token ratios use policy_loss: clip",
-             why_agg="LUSPO's length-unbiased objective sums each response's tokens (TRL scales the sequence term "
-                     "by |y_i|)"),
-    LossSpec("vespo", "VESPO: gamma-weighted sequence IS x log-prob", ("seq",), None, ANY_AGG,
-             keys=("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
-             why_ratio="VESPO computes its own sequence weight from the token log-ratios; a token ratio level "
-                       "contradicts it"),
-    LossSpec("clip_cov", "Clip-Cov: token clip, high-covariance tokens detached", TOKEN, "token", ANY_AGG,
-             reads_clip=True, keys=("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
-             why_ratio="Clip-Cov selects single tokens by covariance and detaches them; a sequence ratio would "
-                       "carry their gradient through the response's mean"),
-    LossSpec("kl_cov", "KL-Cov: unclipped ratio, KL on high-covariance tokens", TOKEN, "token", ANY_AGG,
-             keys=("kl_cov_ratio", "kl_cov_coef"),
-             why_ratio="KL-Cov penalises single tokens' log-ratios; it is defined on token ratios"),
-    LossSpec("reinforce", "REINFORCE: -A x log-prob (no ratio)", ANY_RATIO, None, ANY_AGG),
-    LossSpec("tis", "TIS: truncated IS weight x log-prob", TOKEN, "token", ANY_AGG,
-             keys=("tis_lower_bound", "tis_upper_bound"),
-             why_ratio="ROLL's TIS truncates each token's ratio"),
-    LossSpec("topr", "TOPR: REINFORCE on positives, truncated IS on negatives", TOKEN, "token", ANY_AGG,
-             keys=("topr_positive_weight", "topr_negative_weight"),
-             why_ratio="TOPR truncates each token's ratio to [0, 1] on negative responses"),
-    LossSpec("kimi15", "Kimi k1.5: -A x log-prob + tau/2 x log-ratio^2", TOKEN, "token", ANY_AGG,
-             keys=("kimi15_tau",), why_ratio="Kimi k1.5's penalty is on each token's log-ratio"),
-)}
-
-
-@dataclass(frozen=True)
-class Synonym:
-    """Another framework's name: the canonical loss and what it implies for unwritten keys."""
-    loss: str
-    source: str
-    implied: Dict[str, Any] = field(default_factory=dict)
-    fixed: Tuple[str, ...] = ()  # implied keys whose written value must agree
-
-
-_PPO_CLIP = {"importance_sampling": "token", "pg_clip_low": 0.2, "pg_clip_high": 0.2}
-SYNONYMS: Dict[str, Synonym] = {
-    "ppo": Synonym("clip", "ROLL pg_variant ppo (verl loss_mode vanilla): token-level PPO", dict(_PPO_CLIP)),
-    "gspo": Synonym("clip", "verl loss_mode gspo", {"importance_sampling": "seq"}),
-    "geo_mean": Synonym("gmpo", "verl loss_mode geo_mean"),
-    "gpg": Synonym("reinforce", "verl loss_mode gpg"),
-    "grpo": Synonym("clip", "TRL loss_type grpo", {**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-mean"},
-                    ("loss_agg_mode",)),
-    "bnpo": Synonym("clip", "TRL loss_type bnpo", {**_PPO_CLIP, "loss_agg_mode": "token-mean"}, ("loss_agg_mode",)),
-    "dapo": Synonym("clip", "TRL loss_type dapo", {**_PPO_CLIP, "loss_agg_mode": "token-mean"}, ("loss_agg_mode",)),
-    "dr_grpo": Synonym("clip", "TRL loss_type dr_grpo", {**_PPO_CLIP, "loss_agg_mode": "seq-mean-token-sum-norm"},
-                       ("loss_agg_mode",)),
-}
-# ROLL's actor_train.pg_variant -> policy_loss (a canonical name or a synonym).
-ROLL_PG_VARIANTS: Dict[str, str] = {"vanilla": "reinforce", "ppo": "ppo", "tis": "tis", "topr": "topr",
-                                    "cispo": "cispo", "kimi15": "kimi15"}
-
-
-def canonical_loss(name: str) -> str:
-    """The registered loss a ``policy_loss`` value names (a synonym's target, else itself)."""
-    return SYNONYMS[name].loss if name in SYNONYMS else name
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,7 +91,7 @@ def _row_sign_positive(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Te
 # --------------------------------------------------------------------------------------------
 # The losses
 # --------------------------------------------------------------------------------------------
-@register_surrogate("clip")
+@register_surrogate("clip", LOSS_SPECS["clip"])
 def clip_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
               dual_clip_c=None, options) -> LossTerms:
     """The clipped surrogate of ``importance_sampling`` (losses.POLICY_LOSSES), as before."""
@@ -212,7 +100,7 @@ def clip_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling
     return LossTerms(terms.loss, terms.ratio, terms.clipped, terms.dual_clipped, {})
 
 
-@register_surrogate("luspo")
+@register_surrogate("luspo", LOSS_SPECS["luspo"])
 def luspo_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
                dual_clip_c=None, options) -> LossTerms:
     """GSPO's per-token term; the length weighting is its aggregation (``seq-mean-token-sum``)."""
@@ -232,7 +120,7 @@ def _clipped_weight_loss(log_probs, old_log_probs, advantages, mask, level, lowe
     return loss, ratio, low | high, extra
 
 
-@register_surrogate("cispo")
+@register_surrogate("cispo", LOSS_SPECS["cispo"])
 def cispo_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
                dual_clip_c=None, options) -> LossTerms:
     eps_low, eps_high = float(_opt(options, "cispo_epsilon_low", 0.1)), float(_opt(options, "cispo_epsilon_high", 0.1))
@@ -247,7 +135,7 @@ def cispo_loss(log_probs, old_log_probs, advantages, mask, *, importance_samplin
     return LossTerms(loss, ratio, clipped, _zeros_bool(ratio), extra)
 
 
-@register_surrogate("tis")
+@register_surrogate("tis", LOSS_SPECS["tis"])
 def tis_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
              dual_clip_c=None, options) -> LossTerms:
     lower, upper = float(_opt(options, "tis_lower_bound", 0.0)), float(_opt(options, "tis_upper_bound", 1.0))
@@ -256,7 +144,7 @@ def tis_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling,
     return LossTerms(loss, ratio, clipped, _zeros_bool(ratio), extra)
 
 
-@register_surrogate("sapo")
+@register_surrogate("sapo", LOSS_SPECS["sapo"])
 def sapo_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
               dual_clip_c=None, options) -> LossTerms:
     tau_pos = float(_opt(options, "sapo_temperature_pos", 1.0))
@@ -274,7 +162,7 @@ def sapo_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling
     return LossTerms(loss, ratio, gate < 0.5, _zeros_bool(ratio), extra)
 
 
-@register_surrogate("gmpo")
+@register_surrogate("gmpo", LOSS_SPECS["gmpo"])
 def gmpo_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
               dual_clip_c=None, options) -> LossTerms:
     """Per response ``-A_i * s_i``, on every valid token (``seq-mean-token-mean`` averages the
@@ -293,7 +181,7 @@ def gmpo_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling
     return LossTerms(loss, seq_ratio.detach().expand_as(log_ratio), clipped, _zeros_bool(log_ratio), extra)
 
 
-@register_surrogate("vespo")
+@register_surrogate("vespo", LOSS_SPECS["vespo"])
 def vespo_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
                dual_clip_c=None, options) -> LossTerms:
     k_pos, lam_pos = float(_opt(options, "vespo_k_pos", 2.0)), float(_opt(options, "vespo_lambda_pos", 3.0))
@@ -319,7 +207,7 @@ def _covariance(advantages, log_probs, mask) -> torch.Tensor:
     return (advantages - masked_mean(advantages, mask)) * (logp - masked_mean(logp, mask))
 
 
-@register_surrogate("clip_cov")
+@register_surrogate("clip_cov", LOSS_SPECS["clip_cov"])
 def clip_cov_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
                   dual_clip_c=None, options) -> LossTerms:
     share = float(_opt(options, "clip_cov_ratio", 2e-4))
@@ -341,7 +229,7 @@ def clip_cov_loss(log_probs, old_log_probs, advantages, mask, *, importance_samp
     return LossTerms(loss, terms.ratio, terms.clipped, _zeros_bool(cov), extra)
 
 
-@register_surrogate("kl_cov")
+@register_surrogate("kl_cov", LOSS_SPECS["kl_cov"])
 def kl_cov_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
                 dual_clip_c=None, options) -> LossTerms:
     share, coef = float(_opt(options, "kl_cov_ratio", 2e-4)), float(_opt(options, "kl_cov_coef", 0.1))
@@ -361,7 +249,7 @@ def kl_cov_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampli
     return LossTerms(loss, ratio, _zeros_bool(ratio), _zeros_bool(ratio), extra)
 
 
-@register_surrogate("reinforce")
+@register_surrogate("reinforce", LOSS_SPECS["reinforce"])
 def reinforce_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
                    dual_clip_c=None, options) -> LossTerms:
     ratio = torch.exp(token_log_ratio(log_probs, old_log_probs, mask)).detach()
@@ -369,7 +257,7 @@ def reinforce_loss(log_probs, old_log_probs, advantages, mask, *, importance_sam
     return LossTerms(loss, ratio, _zeros_bool(ratio), _zeros_bool(ratio), {})
 
 
-@register_surrogate("topr")
+@register_surrogate("topr", LOSS_SPECS["topr"])
 def topr_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
               dual_clip_c=None, options) -> LossTerms:
     """Positive responses: ROLL splits by the raw score > 0 (``options['scores']``, (B,)); without
@@ -388,7 +276,7 @@ def topr_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling
     return LossTerms(loss, ratio, truncated, _zeros_bool(ratio), extra)
 
 
-@register_surrogate("kimi15")
+@register_surrogate("kimi15", LOSS_SPECS["kimi15"])
 def kimi15_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampling, clip_low, clip_high,
                 dual_clip_c=None, options) -> LossTerms:
     tau = float(_opt(options, "kimi15_tau", 0.1))
@@ -397,15 +285,3 @@ def kimi15_loss(log_probs, old_log_probs, advantages, mask, *, importance_sampli
     loss = -advantages * _logp(log_probs, mask, advantages.dtype) + penalty
     extra = {"actor/kimi15_penalty": penalty.detach()}
     return LossTerms(loss, torch.exp(log_ratio).detach(), _zeros_bool(log_ratio), _zeros_bool(log_ratio), extra)
-
-
-def check_combination(name: str, importance_sampling: str, loss_agg_mode: str) -> None:
-    """ValueError unless the loss ``name`` accepts this ratio level and aggregation."""
-    spec = LOSS_SPECS[name]
-    if importance_sampling not in spec.ratio_levels:
-        raise ValueError(f"policy loss {name!r} does not take importance_sampling {importance_sampling!r} "
-                         f"(accepted: {list(spec.ratio_levels)}): {spec.why_ratio}")
-    if loss_agg_mode not in spec.agg_modes:
-        raise ValueError(f"policy loss {name!r} does not take loss_agg_mode {loss_agg_mode!r} "
-                         f"(accepted: {list(spec.agg_modes)}): {spec.why_agg}")
-

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from roll_gspo.config.model_shape import policy_shape
+from roll_gspo.config.policy_loss_checks import describe_policy_loss
 from roll_gspo.config.rollout_logprobs import OldLogprobChoice, choose_old_logprob_source
 from roll_gspo.placement.cluster_plan import ClusterSpec, gpu_roles, plan_cluster
 from roll_gspo.placement.colocation import colocation, offload_between_phases, offload_reason, sleep_level
@@ -64,6 +65,7 @@ class RunPlan:
     weight_sync_transport: Optional[str]  # None: no rollout engine (sft)
     weight_routes: Tuple[str, ...]  # one line per rollout rank (or worker): how the weights reach it
     policy_parameters: Optional[int]  # the policy's size when its shape is known before it is built
+    policy_loss: Optional[str] = None  # which policy loss runs, in words (policy_loss_checks); None: sft
 
     def role(self, name: str) -> RolePlan:
         for role in self.roles:
@@ -90,6 +92,8 @@ class RunPlan:
                            f"go to CPU outside training")
             else:
                 out.append(f"  offload between phases: off ({self.offload_reason})")
+        if self.policy_loss is not None:
+            out.append(f"  policy loss: {self.policy_loss}")
         if self.old_logprobs is not None:
             out.append(f"  old log-probs: {self.old_logprobs.source} ({self.old_logprobs.reason})")
         out.append(f"  reference log-probs: {_REFERENCE_TEXT[self.reference]}")
@@ -164,6 +168,7 @@ def build_run_plan(cfg: PipelineConfig, model_is_moe: Optional[bool] = None,
         weight_sync_transport=cfg.weight_sync_transport if rollout else None,
         weight_routes=routes,
         policy_parameters=shape.num_parameters() if shape is not None else None,
+        policy_loss=describe_policy_loss(cfg) if rollout else None,
     )
 
 

@@ -72,6 +72,16 @@ ROLL_REWARD_WORKERS: Dict[str, Optional[str]] = {
         "roll_gspo.workers.rewards.MultipleChoiceRewardWorker",
     _ROLL_REWARDS + "detection_reward_worker.DetectionRewardWorker": None,
 }
+# --------------------------------------------------------------------------------------------
+# ROLL's actor_train.worker_cls: its policy-gradient workers (pg_variant acts as policy_loss here,
+# accepted with one notice) and its default actor workers (what runs here anyway, accepted).
+# --------------------------------------------------------------------------------------------
+ROLL_PG_WORKERS = ("roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker",
+                   "roll.pipeline.agentic.agentic_actor_pg_worker.ActorWorker")
+ROLL_DEFAULT_ACTOR_WORKERS = ("roll.pipeline.rlvr.actor_worker.ActorWorker",
+                              "roll.pipeline.agentic.agentic_actor_worker.ActorWorker",
+                              "roll.pipeline.base_worker.ActorWorker")
+
 # The built-in workers a refusal offers by name (roll_gspo.catalog.reward_workers declares them).
 PROJECT_REWARD_WORKERS = tuple(kind.path for kind in REWARD_WORKERS.values() if kind.listed)
 
@@ -113,6 +123,10 @@ def choice_refusal(path: str, value: Any) -> Optional[str]:
         instead, change = UNBUILT_STRATEGIES[value]
         use = f"use `strategy_name: {instead}`" if instead else "there is no counterpart"
         return f"{path}: strategy {value!r} is not built here; {use} and {change}"
+    if leaf == "policy_loss" and value == "vanilla":
+        return (f"{path}: {value!r} is ambiguous: verl's loss_mode vanilla is the clipped PPO surrogate (write "
+                f"`policy_loss: ppo`), ROLL's pg_variant vanilla is the plain policy gradient -A * logp (write "
+                f"`policy_loss: reinforce`, or ROLL's `actor_train.pg_variant: vanilla`)")
     if leaf in ("template", "global_template") and value in _REFUSED_TEMPLATES:
         return (f"{path}: template {value!r} is not built here ({_REFUSED_TEMPLATES[value]}); put "
                 f"that text in the data (a system turn) and use `native`, `qwen2_5` or `chatml`")

@@ -80,6 +80,8 @@ ROLL_KEY_NOTES: Dict[str, Optional[str]] = {
     "<role>.max_tokens_per_microbatch_in_infer": None, "<role>.sequence_length_round_in_train": None,
     "<role>.sequence_length_round_in_infer": None, "<role>.use_sequence_packing": None,
     "<role>.sequence_packing_args": None, "<role>.system_envs": None,
+    "pg_variant": None, "<role>.pg_variant": None, "<role>.worker_cls": None, "<role>.topr_positive_weight": None,
+    "<role>.topr_negative_weight": None,
     "rewards.<domain>.worker_cls": "ROLL's class paths map onto this project's workers "
                                    "(roll_compat.ROLL_REWARD_WORKERS); one without a worker here "
                                    "fails --dry-run naming the available ones.",

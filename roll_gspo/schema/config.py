@@ -15,12 +15,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, TypeGuard
 
-from roll_gspo.catalog import estimators, reward_workers
+from roll_gspo.catalog import estimators, policy_losses, reward_workers
 from roll_gspo.schema.frozen import SchemaBlock
 
 # The choice sets, named once so the loader, the algorithm library and the docs agree.
 IMPORTANCE_SAMPLING_CHOICES = ["seq", "token", "gspo-token"]
 LOSS_AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+# policy_loss's values and ROLL's actor_train.pg_variant (roll_gspo.catalog.policy_losses).
+POLICY_LOSS_CHOICES = policy_losses.choices()
+ROLL_PG_VARIANTS = [None] + list(policy_losses.ROLL_PG_VARIANTS)
 # Estimator facts (critic, pipelines, granularity) are declared once in roll_gspo.catalog.estimators.
 ADV_ESTIMATORS = estimators.names()
 REWARD_NORMS = [None, "group", "batch", "running"]
@@ -450,6 +453,20 @@ class RoleConfig(SchemaBlock):
            "1 the least padding.")
     sequence_length_round_in_infer: int = _f(
         4, "The same rounding for dynamic log-prob passes (>= 1).")
+    worker_cls: Optional[str] = _f(
+        None, "ROLL's worker class of the role (actor_train only). ROLL's policy-gradient workers "
+              "(`roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker`, `roll.pipeline.agentic.agentic_actor_pg_worker."
+              "ActorWorker`) are accepted with one notice: this project's trainer runs the loss policy_loss / "
+              "pg_variant names (without pg_variant, ROLL's default `vanilla`). ROLL's default actor workers are "
+              "accepted silently; other classes are refused.")
+    pg_variant: Optional[str] = _f(
+        None, "ROLL's policy-gradient variant (actor_train only): vanilla, ppo, tis, topr, cispo, kimi15. Acts as "
+              "policy_loss (vanilla -> reinforce, ppo -> ppo, the others by their name); writing both with "
+              "different meanings is an error.", ROLL_PG_VARIANTS)
+    topr_positive_weight: Optional[float] = _f(
+        None, "ROLL's name (actor_train only) for the top-level topr_positive_weight.")
+    topr_negative_weight: Optional[float] = _f(
+        None, "ROLL's name (actor_train only) for the top-level topr_negative_weight.")
     use_sequence_packing: bool = _refused_unless(
         False, "ROLL's sequence packing (Megatron only in ROLL).", "sequence packing is not built.")
     sequence_packing_args: Dict[str, Any] = _refused_unless(
@@ -1023,6 +1040,64 @@ class PipelineConfig(SchemaBlock):
     dual_clip_loss: bool = _f(False, "Dual clip: for negative advantages, cap the loss at "
                                      "-dual_clip_c * A so one huge ratio cannot dominate.")
     dual_clip_c: float = _f(3.0, "Dual-clip constant c > 1 (3.0 as in the dual-clip PPO paper).")
+    # --- the policy loss (roll_gspo.algorithms.policy_losses; docs/algorithm.md "Policy losses") ---
+    policy_loss: str = _f(
+        "clip", "The policy loss. `clip` (default): the clipped surrogate on the importance_sampling ratio "
+                "(seq: GSPO, token: PPO/GRPO, gspo-token), with pg_clip_low / pg_clip_high and the dual clip. "
+                "`cispo`: MiniMax's CISPO, -sg(clip(r, 1-cispo_epsilon_low, 1+cispo_epsilon_high)) * A * logp. "
+                "`sapo`: Qwen's soft gate -sigmoid(tau (r-1)) 4/tau * A (sapo_temperature_pos / _neg). `gmpo`: the "
+                "geometric mean of token ratios each clipped in log space to [-pg_clip_low, pg_clip_high], per "
+                "response (verl geo_mean). `luspo`: GSPO's sequence term times the response length (TRL). "
+                "`vespo`: -sg(phi(w)) * A * logp with w the response's full ratio and phi a gamma weight (vespo_*, "
+                "TRL). `clip_cov` / `kl_cov`: verl's entropy control (token PPO clip with clip_cov_ratio of the "
+                "high-covariance tokens detached; unclipped ratio with kl_cov_coef * |log r| on the top "
+                "kl_cov_ratio tokens). ROLL's pg_variants: `reinforce` (vanilla, -A * logp), `tis`, `topr`, "
+                "`kimi15`. Other frameworks' names: `ppo` (ROLL ppo, verl vanilla), `gspo` (verl), `geo_mean` (verl), "
+                "`gpg` (verl), `grpo` / `bnpo` / `dapo` / `dr_grpo` (TRL loss_type): each stands for its loss here and "
+                "fills the keys it implies that the YAML does not write (importance_sampling, loss_agg_mode, "
+                "pg_clip_low / pg_clip_high; said in a notice). A ratio level or loss_agg_mode a loss is not defined "
+                "on is refused naming both keys; `--dry-run` prints which loss runs.", POLICY_LOSS_CHOICES)
+    pg_variant: Optional[str] = _f(
+        None, "ROLL's recipes write `pg_variant` at the top too (an anchor for `${pg_variant}` in exp_name); it "
+              "acts as actor_train.pg_variant (the two must agree).", ROLL_PG_VARIANTS)
+    cispo_epsilon_low: float = _f(
+        0.1, "policy_loss cispo: the IS weight is clipped below at 1 - cispo_epsilon_low (>= 0; 1 or more: no lower "
+             "bound, TRL's and MiniMax-M1's form). ROLL's default 0.1; verl reads its clip_ratio_low here.")
+    cispo_epsilon_high: float = _f(
+        0.1, "policy_loss cispo: the IS weight is clipped above at 1 + cispo_epsilon_high (>= 0). ROLL's default 0.1; "
+             "TRL's `epsilon_high` caps the ratio itself (TRL 5.0 is cispo_epsilon_high 4.0 here).")
+    cispo_use_unified_mask: bool = _f(
+        False, "policy_loss cispo: ROLL's unified mask (MiniMax-M1 eq. 7): tokens with A > 0 and a weight above the "
+               "upper bound, or A < 0 and below the lower bound, leave the loss (as PPO's clip would zero them).")
+    sapo_temperature_pos: float = _f(1.0, "policy_loss sapo: gate temperature of tokens with A > 0 (> 0; larger: a "
+                                          "sharper gate, closer to a hard clip). TRL / verl (tau_pos) default 1.0.")
+    sapo_temperature_neg: float = _f(1.05, "policy_loss sapo: gate temperature of tokens with A <= 0 (> 0). TRL / "
+                                           "verl (tau_neg) default 1.05.")
+    vespo_k_pos: float = _f(2.0, "policy_loss vespo: shape k of the gamma weight phi(w) = e^lambda w^k e^(-lambda w) "
+                                 "for responses with A >= 0 (>= 0; TRL's default).")
+    vespo_lambda_pos: float = _f(3.0, "policy_loss vespo: rate lambda of phi for A >= 0 (> 0; TRL's default).")
+    vespo_k_neg: float = _f(3.0, "policy_loss vespo: shape k of phi for A < 0 (>= 0; TRL's default).")
+    vespo_lambda_neg: float = _f(2.0, "policy_loss vespo: rate lambda of phi for A < 0 (> 0; TRL's default).")
+    clip_cov_ratio: float = _f(2e-4, "policy_loss clip_cov: share (0, 1] of a micro-batch's valid tokens whose "
+                                     "gradient is removed, drawn among the candidates (verl's default 2e-4).")
+    clip_cov_lb: float = _f(1.0, "policy_loss clip_cov: a candidate's covariance (A - mean A)(logp - mean logp) "
+                                 "lies above this (verl's default 1.0) ...")
+    clip_cov_ub: float = _f(5.0, "... and below this (> clip_cov_lb; verl's default 5.0); tokens the PPO clip "
+                                 "already clipped are no candidates.")
+    kl_cov_ratio: float = _f(2e-4, "policy_loss kl_cov: share (0, 1] of a micro-batch's valid tokens, those of "
+                                   "highest covariance, that get the KL penalty (verl's default 2e-4).")
+    kl_cov_coef: float = _f(0.1, "policy_loss kl_cov: weight (>= 0) of |logp - old_logp| on the selected tokens "
+                                 "(verl's policy_loss.ppo_kl_coef, default 0.1).")
+    tis_lower_bound: float = _f(0.0, "policy_loss tis (ROLL): the token IS weight is truncated below at this (>= 0).")
+    tis_upper_bound: float = _f(1.0, "policy_loss tis (ROLL): ... and above at this (>= tis_lower_bound).")
+    topr_positive_weight: float = _f(
+        1.0, "policy_loss topr (ROLL): weight (>= 0) of the positive responses' REINFORCE term. A response is "
+             "positive when its advantage is > 0 (ROLL: its score > 0; the same split for 0/1 or +-1 rewards with a "
+             "group baseline wherever the loss is not 0).")
+    topr_negative_weight: float = _f(
+        1.0, "policy_loss topr (ROLL): weight (>= 0) of the other responses' term, whose token ratios are truncated "
+             "to [0, 1].")
+    kimi15_tau: float = _f(0.1, "policy_loss kimi15 (ROLL): weight tau (>= 0) of tau/2 * (logp - old_logp)^2.")
     use_kl_loss: bool = _f(False, "Add kl_loss_coef * KL(policy || reference) to the loss (starts "
                                   "the reference role). The GSPO paper uses none.")
     kl_loss_coef: float = _f(0.001, "Weight of the KL loss (>= 0).")

@@ -12,6 +12,7 @@ import torch
 
 from roll_gspo.algorithms import (SEQUENCE_MEAN_METRICS, aggregate_loss, kept_mask, kl_loss, loss_normalisers,
                                   policy_loss, rollout_correction)
+from roll_gspo.config.policy_loss_checks import policy_loss_options
 from roll_gspo.config.rollout_logprobs import correction_arguments, correction_enabled
 from roll_gspo.config.plan import RunPlan, build_run_plan
 from roll_gspo.placement.colocation import memory_gb
@@ -77,6 +78,7 @@ class ActorTrainWorker(RankWorker):
         # train_infer_correction: keywords of algorithms.rollout_correction, None when off
         self.correction = correction_arguments(cfg) if cfg.has_rollout() and correction_enabled(cfg) else None
         self._lag_gaps: Dict[str, Any] = {}  # k >= 2: the micro-batch's log-prob gap per token lag, and its tokens
+        self.loss_options = policy_loss_options(cfg)  # the policy loss's own keys (policy_loss_checks)
 
     def setup(self) -> None:
         self.offload = self.plan.offload_between_phases
@@ -260,7 +262,8 @@ class ActorTrainWorker(RankWorker):
             importance_sampling=cfg.importance_sampling, clip_low=cfg.pg_clip_low, clip_high=cfg.pg_clip_high,
             loss_agg_mode=cfg.loss_agg_mode, dual_clip_c=cfg.dual_clip_c if cfg.dual_clip_loss else None,
             num_seqs=num_seqs, num_tokens=num_tokens, norm_length=cfg.loss_norm_length,
-            token_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro else None)
+            token_weights=micro["rollout_is_weights"] if "rollout_is_weights" in micro else None,
+            surrogate=cfg.policy_loss, options=self.loss_options)
         if cfg.use_kl_loss:
             kl_value, kl_metrics = kl_loss(log_probs, micro["ref_log_probs"], micro_mask,
                                            estimator=cfg.kl_estimator, loss_agg_mode=cfg.loss_agg_mode,
