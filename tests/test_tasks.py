@@ -322,7 +322,7 @@ def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path, mon
     out = tmp_path / "eval.json"
     assert main(["--model", tiny_model, "--tasks", "builtin:arith_easy", "chain_sum",
                  "--task-config", f"chain_sum={json.dumps(ONE_DIGIT_SUMS)}", "--val-size", "6", "--n", "4",
-                 "--max-new-tokens", "6", "--out", str(out)]) == 0
+                 "--max-new-tokens", "6", "--screen", "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
     header = next(line for line in stdout.splitlines() if line.startswith("task"))
     assert header.split() == ["task", "prompts", "greedy", "format", "cut", "top_ans", "const", "pass@1", "pass@2", "pass@4", "maj@2", "maj@4"]
@@ -337,6 +337,8 @@ def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path, mon
     example = result["examples"]["chain_sum"][0]
     assert example["answer"] == extract_answer(example["reply"])  # the one extraction
     assert result["settings"]["tasks"][1]["val_seed"] == 1_000_000
+    assert {row["task"] for row in result["screen"]} == {"arith_easy", "chain_sum"}  # --screen (issue 54)
+    assert any(line.split()[0] == "task" and "headroom" in line for line in stdout.splitlines())
     progress = [r.getMessage() for r in caplog.records if r.name == "roll_gspo.eval"]
     assert [m.split(":")[0] for m in progress] == [
         "12/12 prompts greedy replies", "4/12 prompts x 4 sampled replies (temperature 1.0)",
@@ -391,3 +393,23 @@ def test_answer_spread_and_reference_answers():
     spread = answer_spread(["a", "a", "a", "b"], ["1", "1", "", "7"], ["1", "2", "2", "7"])
     assert spread == {"a/top_answer_share": pytest.approx(2 / 3), "a/constant_answer_accuracy": pytest.approx(2 / 3),
                       "b/top_answer_share": 1.0, "b/constant_answer_accuracy": 1.0}
+
+
+def test_screening_ranks_tasks_by_headroom_and_says_why_one_is_left_out():
+    """`--screen` (issue 54 item 1): 5-50 % greedy, no answer repeated past twice the gold's top
+    share, the most headroom (pass@k - greedy) first."""
+    from roll_gspo.eval import format_screen, screen_tasks
+
+    def task(greedy, pass8, top=0.1, gold=0.1):
+        return {"greedy_accuracy": greedy, "pass@1": greedy, "pass@8": pass8, "top_answer_share": top,
+                "constant_answer_accuracy": gold, "mean_reply_tokens": 20.0, "greedy_format_rate": 0.5}
+
+    result = {"tasks": {"small_room": task(0.30, 0.40), "much_room": task(0.20, 0.70), "too_easy": task(0.80, 0.95),
+                        "one_answer": task(0.25, 0.90, top=0.6, gold=0.1)}}
+    rows = screen_tasks(result)
+    assert [r["task"] for r in rows] == ["much_room", "small_room", "one_answer", "too_easy"]
+    assert rows[0]["headroom"] == pytest.approx(0.5) and rows[0]["k"] == 8 and rows[0]["eligible"]
+    assert "one answer dominates (0.60 of replies, 0.10 of the gold)" in rows[2]["why"]
+    assert "greedy 0.80 outside 0.05-0.50" in rows[3]["why"]
+    table = format_screen(rows)
+    assert table.splitlines()[1].startswith("much_room") and table.splitlines()[1].endswith("train")

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from roll_gspo.tasks import TaskSpec
 
@@ -192,3 +192,48 @@ def format_table(result: Dict[str, Any]) -> str:
 
 def _k_order(name: str) -> int:
     return int(name.split("@")[1])
+
+
+# Screening candidate tasks for RL (issue 54): RL mostly turns pass@k into pass@1, so a task is worth
+# training where the model already solves some prompts (greedy 5-50 %), sampling solves more (the
+# headroom, pass@k minus greedy) and no single answer wins by being repeated.
+SCREEN_GREEDY_RANGE = (0.05, 0.5)
+SCREEN_DOMINANCE = 2.0  # the most common greedy answer's share over this many times the gold's top share
+
+
+def screen_tasks(result: Dict[str, Any], greedy_range: Tuple[float, float] = SCREEN_GREEDY_RANGE,
+                 dominance: float = SCREEN_DOMINANCE) -> List[Dict[str, Any]]:
+    """`evaluate`'s per-task figures as screening rows, best first: eligible tasks by headroom, then
+    the others by headroom with why each was left out. A row: task, greedy, pass@k (the largest k
+    measured), k, headroom, top_answer_share, gold_top_share, reply_tokens, format_rate, eligible, why."""
+    rows = []
+    for task, m in result["tasks"].items():
+        ks = sorted((k for k in m if k.startswith("pass@")), key=_k_order)
+        best = m[ks[-1]] if ks else None
+        greedy = m.get("greedy_accuracy", 0.0)
+        top, gold = m.get("top_answer_share"), m.get("constant_answer_accuracy")
+        why = []
+        if not greedy_range[0] <= greedy <= greedy_range[1]:
+            why.append(f"greedy {greedy:.2f} outside {greedy_range[0]:.2f}-{greedy_range[1]:.2f}")
+        if best is None:
+            why.append("no pass@k (run with --n > 1)")
+        if top is not None and gold is not None and top > dominance * max(gold, 1e-9):
+            why.append(f"one answer dominates ({top:.2f} of replies, {gold:.2f} of the gold)")
+        rows.append({"task": task, "greedy": greedy, "pass@k": best, "k": _k_order(ks[-1]) if ks else None,
+                     "headroom": None if best is None else best - greedy, "top_answer_share": top,
+                     "gold_top_share": gold, "reply_tokens": m.get("mean_reply_tokens"),
+                     "format_rate": m.get("greedy_format_rate"), "eligible": not why, "why": "; ".join(why)})
+    return sorted(rows, key=lambda r: (not r["eligible"], -(r["headroom"] if r["headroom"] is not None else -1)))
+
+
+def format_screen(rows: Sequence[Dict[str, Any]]) -> str:
+    """The screening table, one line per task, best first."""
+    width = max([len("task")] + [len(r["task"]) for r in rows])
+    lines = [f"{'task'.ljust(width)}  greedy  pass@k  headroom  top_ans  gold_top  tokens  format  verdict"]
+    for r in rows:
+        cell = lambda v, f="{:7.3f}": f.format(v) if v is not None else "      -"  # noqa: E731
+        lines.append(f"{r['task'].ljust(width)}  {cell(r['greedy'], '{:6.3f}')}  {cell(r['pass@k'], '{:6.3f}')}  "
+                     f"{cell(r['headroom'], '{:8.3f}')}  {cell(r['top_answer_share'])}  {cell(r['gold_top_share'], '{:8.3f}')}"
+                     f"  {cell(r['reply_tokens'], '{:6.1f}')}  {cell(r['format_rate'], '{:6.3f}')}  "
+                     f"{'train' if r['eligible'] else 'skip: ' + r['why']}")
+    return "\n".join(lines)

@@ -36,6 +36,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                                       "tokenizer's own)")
     p.add_argument("--dtype", default=None, choices=["fp32", "bf16", "fp16"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--screen", action="store_true",
+                   help="rank the tasks for RL: greedy accuracy, pass@k, headroom (pass@k - greedy), the most "
+                        "common answer's share beside the gold's, reply length, format rate; a task is kept at "
+                        "5-50 %% greedy without one answer dominating, best headroom first (JSON: `screen`)")
     p.add_argument("--out", help="JSON file (default: eval_<model name>.json)")
     return p.parse_args(argv)
 
@@ -49,6 +53,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if not args.model:
         raise SystemExit("--model is required (a model folder, .gguf file or builtin: name)")
+    if args.screen and args.n < 2:
+        raise SystemExit("--screen needs --n >= 2 (pass@k from sampled replies)")
     from roll_gspo.utils.logging import setup_logging
 
     setup_logging()
@@ -98,6 +104,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if restore is not None:
             restore()
     print(format_table(result))
+    if args.screen:
+        from roll_gspo.eval import format_screen, screen_tasks
+
+        result["screen"] = screen_tasks(result)
+        print(format_screen(result["screen"]))
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=1)
     print(f"wrote {out} (load {result['seconds']['load']} s, generate {result['seconds']['generate']} s; "
