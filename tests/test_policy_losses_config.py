@@ -180,3 +180,17 @@ def test_roll_agentic_pg_var_recipe_loads(tmp_path, monkeypatch):
                       cpu_host=True)
     assert cfg.pipeline == "agentic" and cfg.policy_loss == "topr" and cfg.importance_sampling == "token"
     assert "policy loss: topr" in build_run_plan(cfg).text()
+
+
+@pytest.mark.parametrize("loss", ["cispo", "sapo", "tis", "kl_cov"])
+def test_the_clip_size_warning_is_for_losses_that_clip_the_ratio(loss):
+    """A loss that never reads pg_clip_* (or reads it in log space, GMPO) gets no warning about the
+    clip's size against the ratio level; the clipped surrogate still does."""
+    from roll_gspo.config.loader import load_config_findings
+
+    def clip_warnings(overrides):
+        _, findings = load_config_findings("example_gspo.yaml", overrides)
+        return [f for f in findings if f.level == "warning" and "clip range" in f.text]
+
+    assert clip_warnings([f"policy_loss={loss}", "importance_sampling=token"]) == []
+    assert clip_warnings(["importance_sampling=token"])  # example_gspo's GSPO-sized clip on token ratios

@@ -22,6 +22,7 @@ class LossSpec:
     agg_modes: Tuple[str, ...]  # loss_agg_mode values it accepts
     implied_agg: Optional[str] = None  # loss_agg_mode it takes when the YAML does not write one
     reads_clip: bool = False  # reads pg_clip_low / pg_clip_high
+    clip_in_log_space: bool = False  # reads them as bounds on a log-ratio (GMPO), not on the ratio
     reads_dual_clip: bool = False
     keys: Tuple[str, ...] = ()  # its own keys (top-level)
     why_ratio: str = ""  # the reason in a refusal of another ratio
@@ -35,7 +36,7 @@ LOSS_SPECS: Dict[str, LossSpec] = {s.name: s for s in (
     LossSpec("sapo", "SAPO: soft gate", ANY_RATIO, "token", ANY_AGG,
              keys=("sapo_temperature_pos", "sapo_temperature_neg")),
     LossSpec("gmpo", "GMPO: geometric mean of log-clipped token ratios", ("seq",), None, ("seq-mean-token-mean",),
-             reads_clip=True,
+             reads_clip=True, clip_in_log_space=True,
              why_ratio="GMPO builds its own sequence ratio (the geometric mean of token ratios, each clipped in log "
                        "space): leave importance_sampling at seq",
              why_agg="GMPO's objective is a mean over responses of one sequence term each"),

@@ -11,6 +11,7 @@ import os
 from typing import AbstractSet, List, Optional
 
 from roll_gspo.catalog.estimators import ESTIMATORS
+from roll_gspo.catalog.policy_losses import LOSS_SPECS, canonical_loss
 from roll_gspo.config.engine_logprobs import rollout_logprobs_are_exact, rollout_logprobs_bias, vllm_dtype_name
 from roll_gspo.config.findings import Finding, error, notice, warning
 from roll_gspo.config.registry import check, run_steps
@@ -404,12 +405,15 @@ def _warn_traps(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = Non
             f"mini-batch): the importance ratio is exactly 1 at that step, clipping never fires and "
             f"GSPO degenerates to plain policy gradient. Lower gradient_accumulation_steps or "
             f"per_device_train_batch_size to get several mini-batches (the GSPO paper uses 4)."))
-    if cfg.importance_sampling in ("seq", "gspo-token") and clip > SEQ_CLIP_WARN_ABOVE:
+    loss = LOSS_SPECS[canonical_loss(cfg.policy_loss)]
+    # The clip's size against the ratio's level matters only to a loss that clips the ratio itself.
+    ratio_clipped = loss.reads_clip and not loss.clip_in_log_space
+    if ratio_clipped and cfg.importance_sampling in ("seq", "gspo-token") and clip > SEQ_CLIP_WARN_ABOVE:
         warns.append(warning("importance_sampling", 
             f"importance_sampling: {cfg.importance_sampling} with a token-sized clip range "
             f"(pg_clip_low={cfg.pg_clip_low}, pg_clip_high={cfg.pg_clip_high}): sequence ratios stay "
             f"within ~1e-3 of 1, so this almost never clips. The GSPO paper uses 3e-4 / 4e-4."))
-    if cfg.importance_sampling == "token" and clip < 1e-2:
+    if ratio_clipped and cfg.importance_sampling == "token" and clip < 1e-2:
         warns.append(warning("importance_sampling", f"importance_sampling: token with a sequence-sized clip range "
                                                     f"({clip}): most tokens will be clipped; PPO/GRPO use about 0.2."))
     if cfg.reward_norm is None and (cfg.reward_shift or cfg.reward_scale):
