@@ -402,5 +402,8 @@ def _scale_counts(counts: Dict[str, int], total: int) -> Dict[str, int]:
 
 
 def run_rlvr(cfg: PipelineConfig) -> Dict[str, float]:
-    """Train `cfg`'s RLVR run to the end; the last step's metrics."""
-    return run_loop(cfg, PromptGroupSource)
+    """Train `cfg`'s RLVR run to the end; the last step's metrics. A `warm_start` block runs (or a
+    finished one is reused) first, and RL continues from its model (pipelines.rft_warm_start)."""
+    from pipelines.rft_warm_start import warm_start
+
+    return run_loop(warm_start(cfg), PromptGroupSource)

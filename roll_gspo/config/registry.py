@@ -34,7 +34,8 @@ MUTATING_PHASES = ("normalise", "derive", "settle")
 # The modules that declare steps, in the order their steps run within a phase.
 CHECK_MODULES = tuple(f"roll_gspo.config.{name}" for name in (
     "validate", "reward_checks", "async_rollout", "train_infer_correction", "role_reads", "agentic_checks", "endpoint",
-    "roll_compat", "policy_loss_checks", "fsdp2_config", "lora", "critic_checks", "task_checks", "placement_checks", "fault_tolerance"))
+    "roll_compat", "policy_loss_checks", "fsdp2_config", "lora", "critic_checks", "task_checks", "placement_checks", "fault_tolerance",
+    "warm_start_checks"))
 
 
 StepFn = Callable[[Any, Optional[AbstractSet[str]]], Iterable[Finding]]

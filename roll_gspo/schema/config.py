@@ -639,6 +639,48 @@ class TaskConfig(SchemaBlock):
 
 
 @dataclass
+class WarmStartConfig(SchemaBlock):
+    """A warm start from the policy's own correct answers (rejection-sampling fine-tuning, as in STaR
+    and RFT) before the RL run: sample, keep the correct replies, fine-tune with the SFT pipeline, then
+    train with RL from the fine-tuned model (pipelines/rft_warm_start.py; docs/data_and_rewards.md)."""
+    enabled: bool = _f(
+        False, "Run the warm start before the RL workers start (`pipeline: rlvr` only; its reward must be a "
+               "rule computed in the driver: `tasks`, or a math, regex, function or multiple-choice worker). "
+               "Its files go to `<output_dir>/warm_start/`; a finished one (`warm_start/model/COMPLETE`) is "
+               "reused by a second start or a resume, a half-finished one is redone. The RL run then starts "
+               "from `warm_start/model`: actor_train, actor_infer, and the reference too (ROLL-style: the KL "
+               "anchors to the fine-tuned policy, not back to the base model; with LoRA the reference is the "
+               "model with its adapter off, which is the fine-tuned model as well), and a critic that followed "
+               "the policy's model.")
+    prompts: int = _f(
+        512, "Training prompts sampled (>= 1): drawn from the run's own training rows (its `tasks` or data "
+             "files, templated as training templates them) in the run's mix (task weights or "
+             "domain_interleave_probs), seeded by `seed`. More than there are rows: all of them.")
+    samples_per_prompt: int = _f(
+        8, "Replies sampled per prompt (>= 1), by the rollout's engine in a child process of the driver.")
+    temperature: float = _f(
+        1.0, "Sampling temperature of the warm start's replies (> 0); top_p, top_k and max_new_tokens are "
+             "actor_infer's.")
+    require_format: bool = _f(
+        True, "Keep only replies that also earn the run's format term: for a task with `format_weight` > 0, "
+              "exactly one `<answer>...</answer>`. (A reward block's `format_pattern` is part of its reward, so "
+              "a correct reply matches it anyway.)")
+    kept_per_prompt: int = _f(
+        1, "Correct replies kept per prompt (>= 1): distinct texts, in the order they were sampled, each ended "
+           "by the model (a reply cut at max_new_tokens is never kept). One per prompt spreads the fine-tuning "
+           "over prompts rather than over the easy ones.")
+    learning_rate: float = _f(
+        1e-5, "Peak learning rate of the warm start's fine-tuning (> 0); the other training_args (warm-up, "
+              "schedule, weight decay, clipping) and the strategy are actor_train's.")
+    num_train_epochs: int = _f(1, "Passes of the fine-tuning over the kept replies (>= 1).")
+    per_device_train_batch_size: Optional[int] = _f(
+        None, "Micro-batch of the fine-tuning per rank. Null: actor_train's.")
+    gradient_accumulation_steps: Optional[int] = _f(
+        None, "Micro-batches per optimizer step of the fine-tuning. Null: actor_train's. Kept replies beyond a "
+              "whole number of mini-batches (per_device x accumulation x world_size) are left out.")
+
+
+@dataclass
 class ValidationConfig(SchemaBlock):
     data_args: DataArgs = _sub(DataArgs, "Held-out prompts (e.g. `builtin:arith/val`).")
     generating_args: GeneratingArgs = field(
@@ -1432,6 +1474,8 @@ class PipelineConfig(SchemaBlock):
                           "`val/<key>/accuracy`. They replace `actor_train.data_args.file_name` (validation files "
                           "are added to the tasks' validation rows). Empty: prompts come from data files."})
     validation: ValidationConfig = _sub(ValidationConfig, "Held-out evaluation every eval_steps.")
+    warm_start: WarmStartConfig = _sub(
+        WarmStartConfig, "Rejection-sampling fine-tuning before RL: the policy's own correct replies, then RL.")
 
     # --- facts derived from the keys (no key of their own) ---
     def policy_parameters(self) -> Optional[int]:
