@@ -2,15 +2,15 @@
 one JSON object per trained sample or validation prompt, built from a step's batch on the driver.
 
 Train: step, index, group, task, prompt, response, answer, prompt_tokens, response_tokens,
-finish_reason, ground_truth, reward, reward_parts, correct, reward_status, advantage, logprob_gap,
-weight_version, staleness; agentic episodes also turns (observation, action, reward per turn),
+finish_reason, ground_truth, reward, reward_parts, correct, reward_status, advantage, ratio, clipped,
+logprob_gap, weight_version, staleness; agentic episodes also turns (observation, action, reward per turn),
 stop_reason. Validation: step, index, task, prompt, response, answer, ground_truth, correct, reward,
 reward_parts, finish_reason, response_tokens.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -23,8 +23,11 @@ def rows_to_write(total: int, limit: int) -> range:
     return range(total if limit < 0 else min(limit, total))
 
 
-def train_records(batch: Batch, step: int, limit: int, group_size: int = 1) -> List[Dict[str, Any]]:
-    """The first `limit` trained samples of `step`'s batch (scored, with advantages)."""
+def train_records(batch: Batch, step: int, limit: int, group_size: int = 1,
+                  ratios: Optional[Dict[int, Tuple[float, float]]] = None) -> List[Dict[str, Any]]:
+    """The first `limit` trained samples of `step`'s batch (scored, with advantages); `ratios`: the
+    training ranks' {row: (importance ratio, clipped share)} when each was first trained."""
+    ratios = ratios or {}
     mask = batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
     advantages = _masked_means(batch["advantages"], mask) if "advantages" in batch else None
     gaps = None
@@ -42,6 +45,7 @@ def train_records(batch: Batch, step: int, limit: int, group_size: int = 1) -> L
             reward_parts=_parts(batch, i), correct=_verdict(batch, i),
             reward_status=_meta(batch, "reward_status", i) or None,
             advantage=None if advantages is None else advantages[i],
+            ratio=ratios[i][0] if i in ratios else None, clipped=ratios[i][1] if i in ratios else None,
             logprob_gap=None if gaps is None else gaps[i],
             weight_version=version, staleness=None if version is None else step - 1 - version)
         records.append(record)

@@ -27,7 +27,7 @@ from roll_gspo.config.async_rollout import generates_ahead, staleness_bound
 from roll_gspo.config.roll_compat import checkpoint_base
 from roll_gspo.config.plan import build_run_plan
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.batch_fields import TRAINER_TENSORS, view
+from roll_gspo.distributed.batch_fields import RESPONSE_RATIOS, TRAINER_TENSORS, view
 from roll_gspo.distributed.cluster import WorkerDiedError
 from roll_gspo.distributed.fault_tolerance import regeneration_note
 from roll_gspo.distributed.replaceable import ReplaceableCluster
@@ -79,6 +79,7 @@ class TrainerLoop:
         self.source = make_source(cfg, self.tokenizer)  # its data (or environments), before any worker starts
         self.buffer = RolloutBuffer(self.source, depth=1 if generates_ahead(cfg) else 0, last_step=cfg.max_steps)
         self.bound = staleness_bound(cfg)  # k >= 2: the most versions a trained sample may lag; None otherwise
+        self.response_ratios: Dict[int, tuple] = {}  # the last train call's {row: (ratio, clipped)}
         self.stalls = StallWatch()  # a phase far above its median, throughput collapsing: one line each
         self.rollout_files = RolloutWriter(cfg.rollout_dump_dir if cfg.rollout_dump_samples else None,
                                            cfg.validation_data_dir)
@@ -143,7 +144,8 @@ class TrainerLoop:
         train_metrics, sync_metrics = self._train_and_sync(step, batch, timings)
         with timed(timings, "record"):  # the rollout file: what the model said (docs/rollouts.md)
             record_metrics = self.rollout_files.write("train", step, train_records(
-                batch, step, self.cfg.rollout_dump_samples, self.cfg.num_return_sequences_in_group))
+                batch, step, self.cfg.rollout_dump_samples, self.cfg.num_return_sequences_in_group,
+                self.response_ratios))
         return {**reward_metrics, **metrics, **adv_metrics, **train_metrics, **sync_metrics, **record_metrics,
                 **self._step_metrics(step, rollout, timings)}
 
@@ -193,6 +195,8 @@ class TrainerLoop:
         if train_actor:
             self.weights_synced, self.trained_step = False, step
         lost = per_rank[0].pop(RECEIVER_LOST, None) if per_rank else None
+        self.response_ratios = {row: figures for rank in per_rank or () for row, figures
+                                in rank.pop(RESPONSE_RATIOS, {}).items()}
         train_metrics, sync_metrics = _split_sync_metrics(per_rank) if per_rank else ({}, {})
         if sync_in_train:
             if lost is None:
@@ -264,7 +268,12 @@ class TrainerLoop:
         add_sequence_tensors(batch, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
     def _view(self, batch: Batch) -> Batch:
-        """Only the tensors the training/reference ranks read (less to serialise)."""
+        """Only the tensors the training/reference ranks read (less to serialise), with each row's
+        place in the batch (`row_index`: what the ranks' per-response figures are keyed by)."""
+        import torch
+
+        if "row_index" not in batch:
+            batch["row_index"] = torch.arange(len(batch))
         return view(batch, TRAINER_TENSORS)
 
     def sync_weights(self, version: Optional[int] = None) -> Dict[str, float]:

@@ -156,6 +156,7 @@ def check_rollout_files(cfg, records):
         [0] * cfg.num_return_sequences_in_group + [1] * cfg.num_return_sequences_in_group
     assert all(s["advantage"] is not None and s["weight_version"] == train[-1][0] - 1 and s["staleness"] == 0
                for s in samples)
+    assert all(s["ratio"] > 0 and 0 <= s["clipped"] <= 1 for s in samples)  # from the training ranks
     validation = step_files(cfg.validation_data_dir)
     assert [step for step, _ in validation] == [r["step"] for r in records if "val/accuracy" in r]
     answers = read_step(validation[-1][1])

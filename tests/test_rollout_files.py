@@ -51,6 +51,27 @@ def test_train_records_carry_what_a_reader_needs():
     assert records[3]["ground_truth"] == '{"answer": 9}'
 
 
+def test_the_training_ranks_ratio_and_clipped_share_join_their_rows():
+    records = train_records(scored_batch(), 3, -1, 2, ratios={0: (1.02, 1.0), 2: (0.999, 0.0)})
+    assert [(r["ratio"], r["clipped"]) for r in records] == [(1.02, 1.0), (None, None), (0.999, 0.0), (None, None)]
+
+
+def test_response_ratios_are_gspos_sequence_ratio_and_the_clipped_share():
+    """algorithms.response_ratios: exp of the mean log-ratio; clipped: the sequence ratio outside
+    the band (seq), or the share of tokens outside it (token); an empty response ratio 1, clipped 0."""
+    import math
+
+    from roll_gspo.algorithms import response_ratios
+
+    old = torch.zeros(3, 4)
+    new = torch.tensor([[0.1, 0.1, 0.0, 9.0], [0.0, 0.0, 0.0, 0.0], [0.5, -0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float32)
+    ratio, clipped = response_ratios(new, old, mask, importance_sampling="seq", clip_low=0.01, clip_high=0.01)
+    assert ratio.tolist() == pytest.approx([math.exp(0.1), 1.0, 1.0]) and clipped.tolist() == [1.0, 0.0, 0.0]
+    ratio, clipped = response_ratios(new, old, mask, importance_sampling="token", clip_low=0.2, clip_high=0.2)
+    assert clipped.tolist() == pytest.approx([0.0, 0.0, 0.5])  # row 2: e^0.5 and e^-0.5 outside [0.8, 1.2]
+
+
 def test_no_gap_where_the_old_log_probs_are_the_engines():
     assert {r["logprob_gap"] for r in train_records(scored_batch(trainer_pass=False), 1, -1, 2)} == {None}
 

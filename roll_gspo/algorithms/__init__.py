@@ -40,6 +40,7 @@ from .losses import (
     masked_sum,
     policy_loss,
     register_policy_loss,
+    response_ratios,
     seq_log_ratio,
     token_log_ratio,
 )
@@ -67,7 +68,7 @@ __all__ = [
     "KL_ESTIMATORS", "LOSS_AGG_MODES", "POLICY_LOSSES", "SurrogateTerms", "aggregate_loss",
     "clipped_surrogate", "compute_importance_ratio", "compute_log_ratio", "entropy_from_logits",
     "get_policy_loss", "gspo_token_log_ratio", "kl_loss", "kl_penalty", "masked_mean", "masked_sum",
-    "loss_normalisers", "policy_loss", "register_policy_loss", "seq_log_ratio", "token_log_ratio",
+    "loss_normalisers", "policy_loss", "register_policy_loss", "response_ratios", "seq_log_ratio", "token_log_ratio",
     # policy losses beside the clipped surrogate (policy_loss's `surrogate`)
     "LOSS_SPECS", "ROLL_PG_VARIANTS", "SURROGATES", "SYNONYMS", "LossTerms", "canonical_loss", "get_surrogate",
     "register_surrogate",

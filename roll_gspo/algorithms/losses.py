@@ -214,6 +214,31 @@ def compute_importance_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tenso
 # --------------------------------------------------------------------------------------------
 # Clipped surrogate and the policy-loss registry
 # --------------------------------------------------------------------------------------------
+@torch.no_grad()
+def response_ratios(log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor, *,
+                    importance_sampling: str, clip_low: float, clip_high: float
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each response's importance ratio and clipped share, for the rollout files (what a reader of
+    one sample wants: how far the policy had moved, and whether clipping held it).
+
+    log_probs, old_log_probs, response_mask: ``(B, T)``. Returns ``ratio (B,)``, GSPO's sequence
+    ratio ``exp(mean_t (logp - old))``, and ``clipped (B,)``: with sequence ratios (seq,
+    gspo-token) 1.0 when that ratio is outside ``[1 - clip_low, 1 + clip_high]``, else 0.0; with
+    token ratios the share of the response's tokens outside the band (clipfrac's definition:
+    outside, whichever the advantage's sign). A response without tokens: ratio 1, clipped 0.
+    """
+    per_token = token_log_ratio(log_probs, old_log_probs, response_mask)
+    mask = response_mask.to(per_token.dtype)
+    counts = mask.sum(-1)
+    ratio = torch.exp(per_token.sum(-1) / counts.clamp(min=1.0))
+    outside = lambda r: ((r < 1.0 - clip_low) | (r > 1.0 + clip_high)).to(per_token.dtype)  # noqa: E731
+    if importance_sampling == "token":
+        clipped = (outside(torch.exp(per_token)) * mask).sum(-1) / counts.clamp(min=1.0)
+    else:
+        clipped = outside(ratio) * (counts > 0).to(per_token.dtype)
+    return ratio, clipped
+
+
 class SurrogateTerms(NamedTuple):
     """Per-token pieces of a clipped surrogate, all ``(B, T)``."""
 

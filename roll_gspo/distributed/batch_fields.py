@@ -29,6 +29,8 @@ def _field(name: str, shape: str, made_by: str, *read_by: str) -> BatchField:
 
 FIELDS: Tuple[BatchField, ...] = (
     _field("input_ids", "(B, L) long", "the driver's sequence layout", "trainer", "critic"),
+    _field("row_index", "(B,) long", "the driver: each row's place in the step's batch (per-response figures "
+           "the trainer sends back, e.g. the rollout files' ratio)", "trainer"),
     _field("attention_mask", "(B, L)", "the driver's sequence layout", "trainer", "critic"),
     _field("prompt_lengths", "(B,) long", "the driver's sequence layout", "trainer", "critic"),
     _field("response_mask", "(B, T)", "the driver's sequence layout", "trainer", "critic"),
@@ -45,6 +47,11 @@ FIELDS: Tuple[BatchField, ...] = (
     _field("rollout_is_weights", "(B, T)", "train_infer_correction, on each training rank", "worker"),
     _field("rollout_is_keep", "(B, T) bool", "train_infer_correction's rejection, on each training rank", "worker"),
 )
+
+
+# What a training rank's train_step result carries beside its float metrics: {row_index: (ratio,
+# clipped)} of the responses it trained (the driver pops it before merging metrics).
+RESPONSE_RATIOS = "response_ratios"
 
 
 def tensors_read_by(reader: str) -> Tuple[str, ...]:

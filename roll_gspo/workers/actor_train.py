@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from roll_gspo.algorithms import (SEQUENCE_MEAN_METRICS, aggregate_loss, kept_mask, kl_loss, loss_normalisers,
-                                  policy_loss, rollout_correction)
+                                  policy_loss, response_ratios, rollout_correction)
 from roll_gspo.config.policy_loss_checks import policy_loss_options
 from roll_gspo.config.rollout_logprobs import correction_arguments, correction_enabled
 from roll_gspo.config.plan import RunPlan, build_run_plan
 from roll_gspo.placement.colocation import memory_gb
 from roll_gspo.config.schema import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.batch_fields import RESPONSE_RATIOS
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, role_micro_batches, scatter_rows, take
 from roll_gspo.models.causal_lm import (num_micro_batches, padding_pass, padding_passes,
@@ -150,6 +151,7 @@ class ActorTrainWorker(RankWorker):
         stamped `weight_version`, and the `sync/*` metrics added."""
         cfg = self.cfg
         metrics = SplitInvariantMetrics()
+        self._response_ratios: Dict[int, Tuple[float, float]] = {}  # row_index -> (ratio, clipped) when first trained
         self.strategy.offloader.reload()
         # Mini-batch order and the torch RNG (dropout) are functions of the optimizer step, which
         # checkpoints restore, so a resumed run draws what an uninterrupted one does.
@@ -160,6 +162,8 @@ class ActorTrainWorker(RankWorker):
         for index, ((mini, plans), count) in enumerate(zip(mini_batches, passes)):
             self._train_mini_batch(mini, plans, count, metrics, before_any_update=index == 0)
         result = metrics.reduce(self.strategy.all_reduce_sum)
+        if self._response_ratios:  # the driver sent row_index: it pops these for the rollout files
+            result[RESPONSE_RATIOS] = self._response_ratios
         if self.moe is not None and "routed_experts" in batch:
             result.update(self._moe_step_metrics(batch))
         memory = self._offload_optimizer_side() if self.offload else {}
@@ -281,6 +285,8 @@ class ActorTrainWorker(RankWorker):
             loss = loss - cfg.entropy_loss_coef * entropy_term
             pg_metrics = {**pg_metrics, "actor/entropy_loss": float(entropy_term.detach())}
             entropy = entropy.detach()
+        if "row_index" in micro:
+            self._note_response_ratios(micro["row_index"], log_probs.detach(), micro["old_log_probs"], full_mask)
         token_count = float(micro_mask.sum())
         micro_metrics = {**pg_metrics,
                          "actor/entropy": float((entropy * micro_mask).sum() / max(token_count, 1.0))}
@@ -296,6 +302,16 @@ class ActorTrainWorker(RankWorker):
                     self._lag_gaps[f"rollout/logprob_gap/lag{lag}"] = (
                         float((gap * own).sum()) / max(count, 1.0), count)
         return loss, micro_metrics, token_count
+
+    def _note_response_ratios(self, rows: torch.Tensor, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                              mask: torch.Tensor) -> None:
+        """Each response's ratio and clipped share the first time it is trained (ppo_epochs > 1 trains
+        it again, later)."""
+        cfg = self.cfg
+        ratio, clipped = response_ratios(log_probs, old_log_probs, mask, importance_sampling=cfg.importance_sampling,
+                                         clip_low=cfg.pg_clip_low, clip_high=cfg.pg_clip_high)
+        for row, r, c in zip(rows.tolist(), ratio.tolist(), clipped.tolist()):
+            self._response_ratios.setdefault(int(row), (r, c))
 
     def _check_finite(self, loss: torch.Tensor, details: Dict[str, float]) -> None:
         """Raise before a NaN/inf gradient exists. The other ranks then wait in their next
