@@ -169,7 +169,7 @@ def test_the_rl_run_continues_from_the_warm_started_model(tmp_path):
 @pytest.mark.e2e
 def test_warm_start_then_one_rl_step_then_reused(tmp_path, tiny_model, ray_session, caplog):
     """16 prompts x 4 replies from the random-init micro model, scored by a rule it passes often (a reply
-    with a digit: it is not trained enough to add), a few SFT steps, one RL step at learning rate 0, so
+    with a digit: it cannot add), a few SFT steps, one RL step at learning rate 0, so
     the final model is the warm-started one exactly; a second start reuses the warm start."""
     import logging
 
@@ -179,6 +179,8 @@ def test_warm_start_then_one_rl_step_then_reused(tmp_path, tiny_model, ray_sessi
     caplog.set_level(logging.INFO, logger="roll_gspo")
     cfg = write_config(
         tmp_path, tiny_model, max_steps=1, rewards={"math_rule": {"reward_fn": "tests.rft_reward_fns:has_digit"}},
+        # Room to end: the random model ends ~1.6 % of its tokens with <eos>, and only ended replies are kept.
+        response_length=24, actor_infer={"strategy_args": {"strategy_config": {"max_model_len": 48}}},
         actor_train={"data_args": {"file_name": ["builtin:arith_easy/train"]},
                      "training_args": {"learning_rate": 0.0}},
         warm_start={"enabled": True, "prompts": 16, "samples_per_prompt": 4, "kept_per_prompt": 2,
