@@ -229,3 +229,11 @@ def test_warm_start_then_one_rl_step_then_reused(tmp_path, tiny_model, ray_sessi
             warm_start(cfg)
     finally:
         module.run_warm_start = original
+
+
+def test_the_smollm2_example_builds_on_the_example_with_the_warm_start_on():
+    from roll_gspo.config import load_config
+
+    base, rft = load_config("example_gspo_smollm2.yaml"), load_config("example_gspo_smollm2_rft.yaml")
+    assert rft.warm_start.enabled and not base.warm_start.enabled and rft.exp_name == "example_gspo_smollm2_rft"
+    assert rft.tasks == base.tasks and rft.actor_train.training_args == base.actor_train.training_args
