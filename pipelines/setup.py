@@ -79,6 +79,7 @@ class RunClusters:
     reference: Optional[Cluster]  # only when a KL term needs the reference's log-probs
     rewards: Dict[str, Cluster]  # reward block name -> its CPU (or GPU) scoring workers
     critic: Optional[Cluster] = None  # PPO (adv_estimator: gae): the value model's ranks
+    teacher: Optional[Cluster] = None  # use_opd: the frozen teacher scoring the sampled tokens
     endpoint: Optional[object] = None  # rollout_endpoint: the RolloutServer in front of actor_infer (pipelines.endpoint)
 
 
@@ -91,7 +92,8 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
 
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
              **({"reference": cfg.reference} if cfg.needs_reference() else {}),
-             **({"critic": cfg.critic} if cfg.uses_critic() else {})}
+             **({"critic": cfg.critic} if cfg.uses_critic() else {}),
+             **({"teacher": cfg.teacher} if cfg.uses_teacher() else {})}
     placeable = {**roles, **reward_roles(cfg)}
     cpus, gpus = resource_totals(placeable)
     init_ray(cpus, gpus)
@@ -116,6 +118,11 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
     else:
         actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer, plan=run_plan)
     reference = cluster("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference() else None
+    teacher = None
+    if cfg.uses_teacher():  # on-policy distillation: the reference's worker on the teacher block
+        from roll_gspo.workers.teacher import TeacherWorker
+
+        teacher = cluster("teacher", TeacherWorker, cfg.teacher)
     critic = None
     if cfg.uses_critic():
         from roll_gspo.workers.critic import CriticWorker
@@ -131,7 +138,8 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
                       rank_options=placement.rank_options(f"rewards.{name}") if reward.device_mapping is not None
                       else None)
         for name, reward in cfg.rewards.items()}
-    clusters = [actor_train, actor_infer, *([reference] if reference else []), *([critic] if critic else []),
+    clusters = [actor_train, actor_infer, *([reference] if reference else []), *([teacher] if teacher else []),
+                *([critic] if critic else []),
                 *rewards.values()]
     start = time.perf_counter()
     from roll_gspo.placement.colocation import start_rollout_first
@@ -142,4 +150,4 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
         for c, refs in calls:
             c.gather(refs)  # a rank that dies meanwhile: one line naming it (a rollout rank: replaced)
     logger.info("workers ready in %.1f s", time.perf_counter() - start)
-    return RunClusters(placement, actor_train, actor_infer, reference, rewards, critic)
+    return RunClusters(placement, actor_train, actor_infer, reference, rewards, critic, teacher=teacher)

@@ -62,7 +62,8 @@ class TrainerLoop:
         from transformers import AutoTokenizer
 
         self.cfg = cfg = prepare_models(
-            cfg, ["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else []))
+            cfg, ["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else [])
+            + (["teacher"] if cfg.uses_teacher() else []))
         self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
         # Another training shape than the checkpoint's: refused here, before any worker starts, or
         # converted here (DeepSpeed's universal checkpoint) for the workers to load.
@@ -92,6 +93,7 @@ class TrainerLoop:
                                                               clusters.actor_infer)
         self.reference, self.rewards = clusters.reference, clusters.rewards
         self.critic = clusters.critic  # PPO (adv_estimator: gae): the value model's ranks; None otherwise
+        self.teacher = clusters.teacher  # use_opd: the frozen teacher's ranks; None otherwise
         clusters.endpoint = self.endpoint = start_endpoint(cfg, clusters, self.tokenizer)  # rollout_endpoint
         self.source.connect(clusters)
         # Rollout ranks that die or hang are replaced (roll_gspo.distributed.replaceable): a new one gets
@@ -151,9 +153,15 @@ class TrainerLoop:
 
     # -- the step's phases --------------------------------------------------------------------------
     def _score_log_probs(self, batch: Batch, rewards: RewardFuture, timings: Dict[str, float]) -> None:
-        """Adds `ref_log_probs` (with a reference) and `old_log_probs` (and MoE `routed_experts`) to
-        the batch. The rewards start right after the first pass is sent, so that both run at once."""
-        view = self._view(batch)  # both passes read the same tensors
+        """Adds `ref_log_probs` (with a reference), `teacher_log_probs` (use_opd) and `old_log_probs`
+        (and MoE `routed_experts`) to the batch. The rewards start right after the first pass is sent,
+        so that both run at once."""
+        view = self._view(batch)  # the passes read the same tensors
+        if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
+            with timed(timings, "teacher"):
+                calls = self.teacher.dispatch_async("compute_log_probs", view)
+                rewards.start()
+                batch["teacher_log_probs"] = self.teacher.collect(calls)["teacher_log_probs"]
         if self.reference is not None:
             with timed(timings, "reference"):
                 calls = self.reference.dispatch_async("compute_log_probs", view)

@@ -46,4 +46,5 @@ def test_views_carry_only_the_declared_tensors_in_the_batch_order():
 def test_each_field_is_declared_once_with_a_reader():
     names = [f.name for f in FIELDS]
     assert len(names) == len(set(names))
-    assert all(f.read_by <= {"trainer", "critic", "worker"} and f.read_by for f in FIELDS)
+    assert all(f.read_by <= {"trainer", "critic", "worker", "driver"} and f.read_by for f in FIELDS)
+    assert "teacher_log_probs" not in TRAINER_TENSORS  # the driver's OPD advantages read it, no rank does

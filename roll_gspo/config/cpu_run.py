@@ -66,6 +66,8 @@ def rank_blocks(cfg: PipelineConfig) -> Dict[str, Any]:
     roles: Dict[str, Any] = {name: getattr(cfg, name) for name in ("actor_train", "actor_infer", "reference")}
     if cfg.critic is not None:
         roles["critic"] = cfg.critic
+    if cfg.teacher is not None:
+        roles["teacher"] = cfg.teacher
     roles.update({f"rewards.{domain}": reward for domain, reward in cfg.rewards.items()})
     return roles
 

@@ -35,7 +35,7 @@ MUTATING_PHASES = ("normalise", "derive", "settle")
 CHECK_MODULES = tuple(f"roll_gspo.config.{name}" for name in (
     "validate", "reward_checks", "async_rollout", "train_infer_correction", "role_reads", "agentic_checks", "endpoint",
     "roll_compat", "policy_loss_checks", "fsdp2_config", "lora", "critic_checks", "task_checks", "placement_checks", "fault_tolerance",
-    "warm_start_checks"))
+    "warm_start_checks", "opd_checks"))
 
 
 StepFn = Callable[[Any, Optional[AbstractSet[str]]], Iterable[Finding]]

@@ -39,6 +39,14 @@ ROLE_BLOCKS: Dict[str, Dict[str, Optional[str]]] = {
                            "actor_infer's temperature)",
         "data_args": "actor_train.data_args (the reference scores the responses to those prompts)",
     },
+    "teacher": {
+        "model_args": READ, "strategy_args": READ,
+        "training_args": "none: the teacher is frozen (no optimizer step, no gradient; its forward passes "
+                         "take teacher.infer_batch_size sequences)",
+        "generating_args": "actor_infer.generating_args (the teacher scores the rollout's responses at "
+                           "actor_infer's temperature)",
+        "data_args": "actor_train.data_args (the teacher scores the responses to those prompts)",
+    },
     "critic": {
         "model_args": READ, "training_args": READ, "strategy_args": READ,
         "generating_args": "actor_infer.generating_args (the critic values the rollout's responses)",

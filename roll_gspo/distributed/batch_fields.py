@@ -20,7 +20,8 @@ class BatchField:
     name: str
     shape: str
     made_by: str
-    read_by: FrozenSet[str]  # "trainer" (actor_train and reference passes), "critic", "worker" (made there)
+    read_by: FrozenSet[str]  # "trainer" (actor_train and reference passes), "critic", "worker" (made there),
+    # "driver" (read by the driver only, e.g. the advantages: never sent to a rank)
 
 
 def _field(name: str, shape: str, made_by: str, *read_by: str) -> BatchField:
@@ -40,6 +41,7 @@ FIELDS: Tuple[BatchField, ...] = (
            "trainer"),
     _field("old_log_probs", "(B, T)", "the trainer's pass, or the rollout engine's", "trainer"),
     _field("ref_log_probs", "(B, T)", "the reference's pass (a KL term)", "trainer"),
+    _field("teacher_log_probs", "(B, T)", "the teacher's pass (use_opd)", "driver"),
     _field("routed_experts", "(B, L, layers, K) long", "the old-policy pass of an MoE model", "trainer"),
     _field("advantages", "(B, T)", "the source's advantage estimate", "trainer"),
     _field("values", "(B, T)", "the critic's pass (PPO)", "critic"),

@@ -1149,6 +1149,16 @@ class PipelineConfig(SchemaBlock):
                                  "low_var_kl does), so one extreme token can neither overflow nor carry "
                                  "a huge gradient; a token beyond either clamp adds no gradient.",
                            KL_ESTIMATORS)
+    use_opd: bool = _f(
+        False, "On-policy distillation (ROLL's key): the frozen `teacher` role scores each sampled response and "
+               "every token's advantage gets -opd_kl_coef * (old_logp - teacher_logp), the per-token reverse KL "
+               "of the student from the teacher on the sampled token (a dense reward). Beside a task reward it "
+               "adds to the group's advantages; with the task reward's weight at 0 it is pure OPD. Needs a "
+               "`teacher` block whose tokenizer is the student's (checked before workers start); `pipeline: "
+               "rlvr` only.")
+    opd_kl_coef: float = _f(
+        1.0, "use_opd: weight (>= 0) of the per-token reverse KL in the advantages (ROLL sets it per teacher, "
+             "default 1.0; slime's --opd-kl-coef).")
     add_token_level_kl: bool = _f(False, "Subtract init_kl_coef * (old_logp - ref_logp) from each "
                                          "token's reward before advantages (starts the reference).")
     init_kl_coef: float = _f(0.2, "Coefficient of the token-level KL penalty (>= 0).")
@@ -1464,6 +1474,13 @@ class PipelineConfig(SchemaBlock):
                           "`fsdp2_train`, world_size, device_mapping, infer_batch_size). The model is the folder's "
                           "causal LM body with a new scalar head (model_name_or_path, null: `pretrain`). Required "
                           "by gae, refused without it."})
+    teacher: Optional[RoleConfig] = field(
+        default=None,
+        metadata={"help": "`use_opd`: the frozen teacher model (ROLL's `teacher` block, the keys of `reference`: "
+                          "model_args, strategy_args `hf_infer` or a frozen `deepspeed_train` / `fsdp2_train`, "
+                          "world_size, device_mapping, infer_batch_size). It scores the student's sampled tokens "
+                          "beside the reference pass; its tokenizer must be the student's. Started only with "
+                          "use_opd: true."})
     rewards: Dict[str, RewardConfig] = field(
         default_factory=lambda: {"math_rule": RewardConfig()},
         metadata={"help": "Reward workers per data domain (`rewards.<domain>.*`)."})
@@ -1503,6 +1520,11 @@ class PipelineConfig(SchemaBlock):
         """A reference model is started: a KL term needs its log-probs, and the policy is not LoRA-trained
         (then actor_train scores them with its adapter disabled)."""
         return self.needs_reference_log_probs() and not self.actor_train.model_args.uses_lora()
+
+    def uses_teacher(self) -> bool:
+        """On-policy distillation: a teacher role is started (use_opd with a `teacher` block; validation
+        refuses use_opd without one)."""
+        return self.use_opd and self.teacher is not None
 
     def uses_critic(self) -> bool:
         """PPO: a critic role is started (adv_estimator gae; validation refuses gae without a `critic`

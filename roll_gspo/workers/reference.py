@@ -14,13 +14,16 @@ from roll_gspo.models.causal_lm import score_micro_batches
 
 
 class ReferenceWorker(RankWorker):
+    ROLE = "reference"  # the config block the rank loads (the teacher role reuses this worker)
+    OUTPUT = "ref_log_probs"  # the batch field its pass fills
+
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any]):
         super().__init__(dist_env)
         self.cfg = cfg
 
     def setup(self) -> None:
         cfg = self.cfg
-        role = cfg.reference
+        role = getattr(cfg, self.ROLE)
         self.role = role
         self.temperature = cfg.actor_infer.generating_args.temperature or 1.0
         if role.strategy_args.strategy_name.startswith(("deepspeed", "fsdp2")):
@@ -44,4 +47,4 @@ class ReferenceWorker(RankWorker):
         plans = role_micro_batches(batch, self.role, "infer")
         passes = self.strategy.scoring_passes(len(plans)) if self.strategy is not None else None
         log_probs = score_micro_batches(self.model, batch, plans, self.temperature, passes)
-        return Batch({"ref_log_probs": log_probs})
+        return Batch({self.OUTPUT: log_probs})
