@@ -4,6 +4,7 @@ update: ppo_epochs x mini-batches, one optimizer step per mini-batch, with the l
 the whole mini-batch across ranks and micro-batches."""
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import nullcontext
 from typing import Any, Dict, List, Optional, Tuple
@@ -79,7 +80,11 @@ class ActorTrainWorker(RankWorker):
         # train_infer_correction: keywords of algorithms.rollout_correction, None when off
         self.correction = correction_arguments(cfg) if cfg.has_rollout() and correction_enabled(cfg) else None
         self._lag_gaps: Dict[str, Any] = {}  # k >= 2: the micro-batch's log-prob gap per token lag, and its tokens
-        self.loss_options = policy_loss_options(cfg)  # the policy loss's own keys (policy_loss_checks)
+
+    @functools.cached_property
+    def loss_options(self) -> Dict[str, Any]:
+        """The policy loss's own keys (policy_loss_checks), read from the config once."""
+        return policy_loss_options(self.cfg)
 
     def setup(self) -> None:
         self.offload = self.plan.offload_between_phases
