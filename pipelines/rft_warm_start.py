@@ -265,7 +265,8 @@ def warm_start_folder(cfg: PipelineConfig) -> str:
 
 
 def model_folder(cfg: PipelineConfig) -> str:
-    return os.path.join(warm_start_folder(cfg), "model")
+    """The fine-tuned model; absolute, as every role's worker loads it from its own working directory."""
+    return os.path.abspath(os.path.join(warm_start_folder(cfg), "model"))
 
 
 def is_complete(cfg: PipelineConfig) -> bool:
