@@ -386,10 +386,13 @@ def run_warm_start(cfg: PipelineConfig, folder: str) -> Dict[str, Any]:
     _write_summary(folder, summary)
     sft = sft_config(cfg, data)
     if len(rows) < sft.mini_batch_size():
+        unformatted = sum(len(choose_replies(group, ws.kept_per_prompt, False)) for group in replies)
+        hint = (f"; {unformatted} would be kept without the format (warm_start.require_format: false; the samples' "
+                f"format rate is {every['format_rate']:.3f})" if ws.require_format and unformatted > len(rows) else "")
         raise RuntimeError(f"warm start: {len(rows)} correct replies kept, fewer than one fine-tuning mini-batch "
                            f"({sft.mini_batch_size()}: per_device_train_batch_size x gradient_accumulation_steps x "
-                           f"world_size); raise warm_start.prompts or warm_start.samples_per_prompt, or lower the "
-                           f"batch (warm_start.per_device_train_batch_size); the samples are in {folder}")
+                           f"world_size){hint}; raise warm_start.prompts or warm_start.samples_per_prompt, or lower "
+                           f"the batch (warm_start.per_device_train_batch_size); the samples are in {folder}")
     metrics = run_sft(sft)
     os.replace(os.path.join(sft.output_dir, "final_model"), model_folder(cfg))
     finished = time.perf_counter()
