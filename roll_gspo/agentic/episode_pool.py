@@ -48,6 +48,7 @@ from typing import AbstractSet, Any, Callable, Dict, List, Optional, Sequence, S
 from roll_gspo.agentic.episodes import turn_seed
 from roll_gspo.agentic.rollout import EpisodeProgress, EpisodeRunner, SubmitFn, TurnGate
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
+from roll_gspo.distributed.staleness import deadline_demands
 
 
 @dataclasses.dataclass
@@ -113,26 +114,9 @@ Demands = Sequence[Tuple[AbstractSet[str], int]]  # (group keys, m): at least m 
 
 
 def bound_demands(groups: Sequence[EpisodeGroup], step: int, bound: int, quota: int) -> List[Tuple[Set[str], int]]:
-    """What the cut of `step` waits for so that the bound drops no group for its length (as the
-    request pool's, roll_gspo.strategies.request_pool.bound_demands). A group of oldest version v
-    is due j advances on: held past the cut of step + j it is dropped once step + j - v > bound (a
-    group without a turn has nothing to age). Due now (its last chance): all of them complete,
-    whatever their number. Due within j >= 1 advances: the j later advances take j * quota (the
-    oldest first), so enough complete now that no more are left (at most `quota`). Earliest
-    deadline first: with no more than (j + 1) * quota groups due within j advances, for every j,
-    none is ever dropped."""
-    due: Dict[str, int] = {}
-    for group in groups:
-        oldest = group.oldest_version()
-        if oldest is not None:
-            due[group.key] = max(0, bound + 1 - (step - oldest))
-    demands = []
-    for j in sorted(set(due.values())):
-        keys = {key for key, d in due.items() if d <= j}
-        must = len(keys) if j == 0 else min(quota, len(keys) - j * quota)
-        if must > 0:
-            demands.append((keys, must))
-    return demands
+    """What the cut of `step` waits for so that the bound drops no group for its length (the episode
+    pool's groups; the rule: roll_gspo.distributed.staleness.deadline_demands)."""
+    return deadline_demands({group.key: group.oldest_version() for group in groups}, step, bound, quota)
 
 
 def turn_allowed(groups: Dict[str, GroupRounds], quota: int, demands: Demands, r: int, order: int) -> Optional[bool]:

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from roll_gspo.distributed.staleness import deadline_demands
 from roll_gspo.strategies.engine import RequestOutput, RolloutEngine, Sampling
 
 # SeedSequence's stream of continuation seeds (rollout seeds use the stream ids of
@@ -213,26 +214,9 @@ class RequestPool:
 
 def bound_demands(groups: Sequence[PoolGroup], step: int, bound: int, quota: int) -> List[Tuple[Set[str], int]]:
     """What the cut of `step` waits for so that the bound drops no group for its length: pairs
-    (keys, m), at least m of the groups `keys` complete. A group of oldest version v is due j
-    advances on: held past the cut of step + j it is dropped once step + j - v > bound (one
-    without tokens has nothing to age; sampled now, it is due k - 1 advances on at the soonest,
-    which the quota alone covers). Due now (its last chance): all of them, so a long one is
-    finished, not dropped, whatever their number. Due within j >= 1 advances: the j later
-    advances take j * quota (the oldest first), so enough must complete now that no more are
-    left; that demand is at most `quota`, the groups taken here. Earliest deadline first: with no
-    more than (j + 1) * quota groups due within j advances, for every j, none is ever dropped."""
-    due: Dict[str, int] = {}
-    for group in groups:
-        oldest = group.oldest_version()
-        if oldest is not None:
-            due[group.key] = max(0, bound + 1 - (step - oldest))
-    demands = []
-    for j in sorted(set(due.values())):
-        keys = {key for key, d in due.items() if d <= j}
-        must = len(keys) if j == 0 else min(quota, len(keys) - j * quota)
-        if must > 0:
-            demands.append((keys, must))
-    return demands
+    (keys, m), at least m of the groups `keys` complete (the rule:
+    roll_gspo.distributed.staleness.deadline_demands)."""
+    return deadline_demands({group.key: group.oldest_version() for group in groups}, step, bound, quota)
 
 
 def _cut_reached(complete: List[PoolGroup], quota: int, demands: List[Tuple[Set[str], int]]) -> bool:
