@@ -48,9 +48,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("run", help="a run's output_dir")
     parser.add_argument("--steps-per-eval", type=int, default=5)
     args = parser.parse_args(argv)
-    with open(os.path.join(args.run, "metrics.jsonl")) as f:
+    path = os.path.join(args.run, "metrics.jsonl")
+    if not os.path.isfile(path):
+        print(f"error: {args.run} is not a run folder (no metrics.jsonl)", file=sys.stderr)
+        return 2
+    with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    figures = cost_figures(rows, args.steps_per_eval)
+    try:
+        figures = cost_figures(rows, args.steps_per_eval)
+    except ValueError as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
     from roll_gspo.report import write_report
 
     start = time.perf_counter()

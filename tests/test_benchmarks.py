@@ -312,3 +312,6 @@ def test_rollout_files_benchmark_figures_and_its_bound(tmp_path):
     done = subprocess.run([sys.executable, str(BENCH.parent / "bench_rollout_files.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "largest 5.000 %   (bound 2 %)" in done.stdout, done.stdout + done.stderr
+    empty = subprocess.run([sys.executable, str(BENCH.parent / "bench_rollout_files.py"), str(tmp_path / "none")],
+                           capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and empty.stderr.strip().endswith("is not a run folder (no metrics.jsonl)")
