@@ -42,6 +42,15 @@ def comparable(row):
             if not k.startswith(("time/", "throughput/", "fault/", "stall/")) and k != "sync/seconds"}
 
 
+def row_differences(got, want, ignore=()):
+    """The keys on which two steps' comparable rows differ, each with both values ({} when equal): an
+    assertion message that names the metric, not a truncated dict."""
+    mine = {k: v for k, v in comparable(got).items() if k not in ignore}
+    theirs = {k: v for k, v in comparable(want).items() if k not in ignore}
+    return {k: (mine.get(k, "<absent>"), theirs.get(k, "<absent>"))
+            for k in sorted(set(mine) | set(theirs)) if mine.get(k, "<absent>") != theirs.get(k, "<absent>")}
+
+
 def config(tmp_path, model, name, **changes):
     folder = tmp_path / name
     folder.mkdir()
@@ -109,8 +118,7 @@ def check_same_as(reference, cfg, resumed_steps, ignore=()):
     records = read_metrics(cfg)
     assert [r["step"] for r in records] == [r["step"] for r in reference["records"]]
     for got, want in zip(records, reference["records"]):
-        assert ({k: v for k, v in comparable(got).items() if k not in ignore}
-                == {k: v for k, v in comparable(want).items() if k not in ignore}), got["step"]
+        assert row_differences(got, want, ignore) == {}, got["step"]
     assert any(r["step"] in resumed_steps for r in records)
     final = load_weights(os.path.join(cfg.output_dir, "final_model"))
     assert final.keys() == reference["weights"].keys()
@@ -198,13 +206,14 @@ def test_vllm_sigterm_then_kill9_then_older_resume_match_an_uninterrupted_run(tm
     watcher.join(timeout=5)
     assert killed, "the rollout rank ran no generate call after the reward worker died"
     drop = "reward/worker_restarts"  # counted below
-    assert ([{k: v for k, v in comparable(r).items() if k != drop} for r in records]
-            == [{k: v for k, v in comparable(r).items() if k != drop} for r in reference["records"]])
+    assert [r["step"] for r in records] == [r["step"] for r in reference["records"]]
+    for got, want in zip(records, reference["records"]):
+        assert row_differences(got, want, ignore=(drop,)) == {}, got["step"]
     check_same_as(reference, older, resumed_steps={3, 4}, ignore=(drop,))
     (side,) = [n for n in os.listdir(older.output_dir) if ".after_step_2." in n]
     with open(os.path.join(older.output_dir, side)) as handle:
         crashed_rows = [json.loads(line) for line in handle]
-    assert comparable(crashed_rows[0]) == comparable(reference["records"][2])  # step 3 both times
+    assert row_differences(crashed_rows[0], reference["records"][2]) == {}  # step 3 both times
     assert [os.path.basename(p) for p in complete_checkpoints(older.output_dir)] == ["step_4"]
     aside = os.path.join(older.output_dir, "checkpoints", ABANDONED_DIR)
     assert [os.listdir(os.path.join(aside, branch)) for branch in os.listdir(aside)] == [["step_3"]]
