@@ -1,13 +1,23 @@
-"""Typed, strict pipeline configuration (schema, loader, validation)."""
+"""Typed, strict pipeline configuration, sorted by kind:
+
+* `load/`: reading a YAML (Hydra composition, the strict typed walk), the generated key reference, the
+  ROLL-YAML report (`python -m roll_gspo.config.load.roll_check`);
+* `checks/`: the registered config steps, one module per concern, their runner (`validate_config`) and
+  `preflight` (what a config names outside itself);
+* `plan/`: what a run decides from its keys (`RunPlan`), the only thing run-time code reads besides the
+  frozen config;
+* `roll/`: ROLL's names and keys on this project's schema.
+
+`errors`, `findings` and `typed_walk` are shared by these folders and stay at the root."""
 from roll_gspo.config.errors import ConfigError
-from roll_gspo.config.loader import config_to_yaml, load_config, resolve_config_path
-from roll_gspo.config.schema import (
+from roll_gspo.config.load.loader import config_to_yaml, load_config, resolve_config_path
+from roll_gspo.schema.config import (
     DataArgs, GeneratingArgs, ModelArgs, PipelineConfig, RewardConfig, RoleConfig, StrategyArgs,
     TrainingArgs, ValidationConfig,
 )
-from roll_gspo.config.preflight import preflight
-from roll_gspo.config.validate import validate_config
-from roll_gspo.config.plan import RunPlan, build_run_plan, freeze_config  # after validate: plan reads its modules
+from roll_gspo.config.checks.preflight import preflight
+from roll_gspo.config.checks.validate import validate_config
+from roll_gspo.config.plan.run_plan import RunPlan, build_run_plan, freeze_config  # after validate: plan reads its modules
 from roll_gspo.schema.frozen import ReadOnlyConfigError, replaced, thawed
 
 __all__ = [

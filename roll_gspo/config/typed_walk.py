@@ -10,9 +10,9 @@ import types
 import typing
 from typing import Any, Dict, List, Optional, Tuple
 
-from roll_gspo.config import roll_compat
+from roll_gspo.config.roll import roll_compat
 from roll_gspo.config.findings import Finding, error
-from roll_gspo.config.schema import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.schema.config import is_block_type
 
 

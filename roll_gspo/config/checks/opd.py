@@ -1,0 +1,158 @@
+"""Checks of on-policy distillation (`use_opd`, `opd_kl_coef`, the `teacher` block), before any worker
+starts: a teacher to score with, a coefficient that is a weight, the pipeline that applies it, and a
+teacher whose tokenizer is the student's (the teacher scores the student's token ids: under another
+tokenizer they are other words, and its log-probs mean nothing)."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import AbstractSet, Any, Dict, List, Optional
+
+from roll_gspo.config.findings import Finding, error, warning
+from roll_gspo.config.checks.registry import check
+from roll_gspo.schema.config import PipelineConfig
+
+# Encoded by both tokenizers: plain words, digits, punctuation and spaces (a mismatch shows in one of them).
+PROBE = "The answer is 42. Let's check: 3 + 4 = 7!"
+
+
+@check("check", keys=("use_opd", "opd_kl_coef", "teacher", "teacher.model_args.model_name_or_path"),
+       doc="`use_opd` without a `teacher` block or its model, `opd_kl_coef` < 0, `use_opd` outside `pipeline: "
+           "rlvr`; a `teacher` block without use_opd (warned: it does not start)", name="opd.problems",
+       rollout_only=True)
+def opd_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    if not cfg.use_opd:
+        if cfg.teacher is not None:
+            return [warning("teacher", "teacher: the block is given but use_opd is false, so no teacher starts "
+                                       "and nothing is distilled", "set use_opd: true, or remove the block")]
+        return []
+    problems: List[Finding] = []
+    if cfg.pipeline != "rlvr":
+        problems.append(error("use_opd", f"use_opd: on-policy distillation runs in `pipeline: rlvr` only (this is "
+                                         f"`pipeline: {cfg.pipeline}`: its per-token term is added to the prompt "
+                                         f"groups' advantages; the agentic sources' trajectory and turn "
+                                         f"advantages do not take it yet)",
+                              "use pipeline: rlvr, or set use_opd: false"))
+    if cfg.teacher is None:
+        problems.append(error("use_opd", "use_opd: true needs a `teacher` block (the frozen model that scores the "
+                                         "student's tokens; the keys of `reference`)",
+                              "add teacher: {model_args: {model_name_or_path: ...}, strategy_args: "
+                              "{strategy_name: hf_infer}}"))
+    elif not cfg.teacher.model_args.model_name_or_path:
+        problems.append(error("teacher.model_args.model_name_or_path",
+                              "teacher.model_args.model_name_or_path: the teacher names no model (it does not "
+                              "follow `pretrain`: a teacher equal to the student teaches nothing)",
+                              "name the teacher's model folder or built-in name"))
+    if cfg.opd_kl_coef < 0:
+        problems.append(error("opd_kl_coef", f"opd_kl_coef = {cfg.opd_kl_coef}: must be >= 0 (a negative weight "
+                                             f"rewards moving away from the teacher)"))
+    return problems
+
+
+@check("check", keys=("teacher.model_args.model_name_or_path", "actor_train.model_args.model_name_or_path"),
+       doc="a teacher whose tokenizer is not the student's (vocabulary size, special token ids, the ids of a "
+           "probe text; only the tokenizers are loaded)", name="opd.tokenizer", requires=("opd.problems",),
+       rollout_only=True)
+def opd_tokenizer(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    if not cfg.uses_teacher() or cfg.teacher is None:
+        return []
+    student = cfg.actor_train.model_args.model_name_or_path
+    teacher = cfg.teacher.model_args.model_name_or_path
+    if not student or not teacher or student == teacher:
+        return []
+    mismatch = tokenizer_mismatch(student, teacher)
+    if mismatch is None:
+        return []
+    return [error("teacher.model_args.model_name_or_path",
+                  f"teacher.model_args.model_name_or_path: the teacher {teacher!r} and the student {student!r} "
+                  f"(actor_train.model_args.model_name_or_path) do not share a tokenizer ({mismatch}); the teacher "
+                  f"scores the student's token ids, which under its own tokenizer are other text",
+                  "pick a teacher of the student's model family (the same tokenizer files)")]
+
+
+def tokenizer_mismatch(student: str, teacher: str) -> Optional[str]:
+    """How the two models' tokenizers differ, or None where they agree (or either cannot be read: the
+    preflight reports a missing model). Compares what both sides tell: the vocabulary size, the eos /
+    pad / bos ids and the ids of `PROBE`."""
+    a, b = tokenizer_signature(student), tokenizer_signature(teacher)
+    if a is None or b is None:
+        return None
+    for key in ("vocab_size", "eos_token_id", "pad_token_id", "bos_token_id", "probe_ids"):
+        if key in a and key in b and a[key] != b[key]:
+            shown = (lambda v: v) if key != "probe_ids" else (lambda v: list(v)[:8])
+            return f"{key}: student {shown(a[key])} vs teacher {shown(b[key])}"
+    return None
+
+
+def tokenizer_signature(name_or_path: str) -> Optional[Dict[str, Any]]:
+    """What identifies a model's tokenizer, loading only the tokenizer: from its folder (a path, a
+    cached built-in), the char tokenizer for a built-in registered with its vocabulary, else the
+    built-in's registered config (vocabulary size, special ids). None when nothing can be read."""
+    from roll_gspo.builtin.cache import BUILTIN_PREFIX
+    from roll_gspo.builtin.models import BUILTIN_MODELS, builtin_model_folder
+
+    name = name_or_path.strip()
+    if name.startswith(BUILTIN_PREFIX):
+        folder = builtin_model_folder(name)
+        if os.path.isfile(os.path.join(folder, "config.json")):
+            return _folder_signature(folder)
+        entry = BUILTIN_MODELS.get(name)
+        config = dict(entry.config) if entry is not None and entry.config else None
+        if config is None:
+            return None
+        char = _char_signature(json.dumps(config, sort_keys=True))
+        if config.get("vocab_size") == char["vocab_size"] and config.get("eos_token_id") == char["eos_token_id"]:
+            return char  # a built-in on the char tokenizer, not built yet
+        return {key: config.get(key) for key in ("vocab_size", "eos_token_id", "pad_token_id", "bos_token_id")
+                if key in config}
+    path = os.path.abspath(os.path.expanduser(name))
+    return _folder_signature(path) if os.path.isdir(path) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _char_signature(config_json: str) -> Dict[str, Any]:
+    """The char tokenizer's signature as the workers see it: saved to a folder beside the built-in's
+    registered config.json and loaded back, as a built model's folder is read (the config's model type
+    picks the tokenizer class AutoTokenizer loads)."""
+    import tempfile
+
+    from roll_gspo.builtin.tokenizer import build_tokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        build_tokenizer().save_pretrained(folder)
+        with open(os.path.join(folder, "config.json"), "w") as handle:
+            handle.write(config_json)
+        signature = _folder_signature(folder)
+    if signature is None:
+        raise RuntimeError("the built-in char tokenizer cannot be loaded back from a folder")
+    return signature
+
+
+def _folder_signature(folder: str) -> Optional[Dict[str, Any]]:
+    try:
+        from transformers import AutoTokenizer
+
+        return _tokenizer_signature(AutoTokenizer.from_pretrained(folder))
+    except Exception:  # noqa: BLE001 - an unreadable tokenizer: preflight reports the model folder
+        return None
+
+
+def _tokenizer_signature(tokenizer) -> Dict[str, Any]:
+    return {"vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+            "probe_ids": tuple(tokenizer.encode(PROBE, add_special_tokens=False))}
+
+
+@check("warn", keys=("use_opd", "importance_sampling"),
+       doc="`use_opd` under GSPO's sequence ratio (`importance_sampling: seq`), whose gradient gives every token "
+           "its response's mean advantage, so the per-token teacher signal is averaged away", name="opd.seq_ratio",
+       rollout_only=True)
+def opd_seq_ratio(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    if not cfg.uses_teacher() or cfg.importance_sampling != "seq":
+        return []
+    return [warning("importance_sampling", "use_opd with importance_sampling: seq: the sequence ratio's gradient "
+                                           "gives every token its response's mean advantage, so OPD's per-token "
+                                           "reverse KL acts per response (the teacher's token-level credit is "
+                                           "averaged away)", "importance_sampling: gspo-token (GSPO's ratio, "
+                                                             "per-token gradient) or token keeps it")]
