@@ -32,7 +32,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from roll_gspo.builtin.models import build_base_model
-    from roll_gspo.config.schema import RoleConfig
+    from roll_gspo.schema.config import RoleConfig
     from roll_gspo.serving.backends import LoopBackend
     from roll_gspo.serving.server import RolloutServer
     from roll_gspo.strategies.engine import Sampling

@@ -292,7 +292,7 @@ def measure_role(cfg, name: str, args, workdir: str) -> List[Dict[str, Any]]:
 
 
 def host_plan(cfg, host_gib: Optional[float]):
-    from roll_gspo.config.model_shape import policy_shape
+    from roll_gspo.config.plan.model_shape import policy_shape
     from roll_gspo.placement.host_memory import plan_host_memory
 
     import psutil

@@ -27,7 +27,7 @@ from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, TurnOutput, TurnR
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory, turn_samples
 from roll_gspo.builtin.models import register_builtin_model
-from roll_gspo.config.schema import CustomEnvConfig, PipelineConfig, ToolWrapperConfig
+from roll_gspo.schema.config import CustomEnvConfig, PipelineConfig, ToolWrapperConfig
 
 logger = logging.getLogger("roll_gspo")
 
@@ -224,7 +224,7 @@ def evaluate(model_dir: str, start: AgenticWarmStart, episodes: int = 128, tempe
     solved, and tool calls per episode."""
     from transformers import AutoTokenizer
 
-    from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+    from roll_gspo.schema.config import GeneratingArgs, RoleConfig
     from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
 
     role = RoleConfig(infer_batch_size=256)

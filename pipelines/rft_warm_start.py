@@ -231,7 +231,7 @@ def _sample_main(path: str) -> None:
     configure_vllm_logging()
     with open(path) as handle:
         request = json.load(handle)
-    from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+    from roll_gspo.schema.config import GeneratingArgs, RoleConfig
 
     role = RoleConfig(infer_batch_size=request["infer_batch_size"])
     role.model_args.model_name_or_path, role.model_args.dtype = request["model"], request["dtype"]

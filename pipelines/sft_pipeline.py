@@ -39,7 +39,7 @@ def greedy_accuracy(model_dir: str, files: List[str], max_new_tokens: int, limit
     """Exact-match accuracy of greedy answers on (prompt, ground_truth) rows, with transformers."""
     from transformers import AutoTokenizer
 
-    from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+    from roll_gspo.schema.config import GeneratingArgs, RoleConfig
     from roll_gspo.data.prompts import load_prompts
     from roll_gspo.rewards import math_verify_reward
     from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy

@@ -70,7 +70,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("--ray-address needs --dry-run and replaces --nodes (the nodes are read from Ray)")
     setup_logging()
     # A GPU config run (or dry-run) on a machine without a GPU and without a cluster to plan or join
-    # runs on CPUs: the roles' GPU placement is dropped with a notice (roll_gspo.config.cpu_run).
+    # runs on CPUs: the roles' GPU placement is dropped with a notice (roll_gspo.config.plan.cpu_run).
     described = any(value is not None for value in (args.nodes, args.gpus_per_node, args.device_memory_gb,
                                                      args.ray_address))
     try:
@@ -83,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if args.dry_run:
-        from roll_gspo.config.plan import build_run_plan, freeze_config
+        from roll_gspo.config.plan.run_plan import build_run_plan, freeze_config
 
         freeze_config(cfg)  # nothing below changes the config: what it decides is the plan
         plan = build_run_plan(cfg)
@@ -100,7 +100,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{cfg.max_steps} steps, output in {cfg.output_dir})")
         return 0
     from pipelines import run_pipeline_from_config
-    from roll_gspo.config.plan import freeze_config
+    from roll_gspo.config.plan.run_plan import freeze_config
     from roll_gspo.distributed.cluster import WorkerDiedError
     from roll_gspo.schema import replaced
 
@@ -132,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _auto_resume_from(cfg, exc: BaseException, used: int) -> Optional[str]:
     """The checkpoint `fault_tolerance.auto_resume_on_failure` resumes from after `exc`, or None."""
-    from roll_gspo.config.roll_compat import checkpoint_base
+    from roll_gspo.config.roll.roll_compat import checkpoint_base
     from roll_gspo.distributed.cluster import RestartsExhaustedError, is_memory_kill
     from roll_gspo.distributed.fault_tolerance import auto_resume_checkpoint
     from roll_gspo.lifecycle.checkpoint import complete_checkpoints
@@ -189,7 +189,7 @@ def _trace_to_log_file(exc: BaseException) -> None:
 
 def _resume_fits(cfg) -> bool:
     """Print what the resume will do (exact, resharded, converted) or why it is refused."""
-    from roll_gspo.config.roll_compat import checkpoint_base
+    from roll_gspo.config.roll.roll_compat import checkpoint_base
     from roll_gspo.lifecycle.reshape import describe_resume
 
     lines, problems = describe_resume(cfg, checkpoint_base(cfg))
@@ -236,7 +236,7 @@ def _placement_plan_fits(cfg, args) -> bool:
 
 def _host_plan_fits(cfg, args) -> bool:
     """Print the host-memory plan of a CPU run and its problems (GPU runs: nothing)."""
-    from roll_gspo.config.model_shape import policy_shape
+    from roll_gspo.config.plan.model_shape import policy_shape
     from roll_gspo.placement.host_memory import plan_host_memory
 
     if args.host_memory_gb is not None:

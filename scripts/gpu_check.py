@@ -77,7 +77,7 @@ def _train_steps(engine: str, folder: str, steps: int, batch: int, seq_len: int,
                  strategy_config: dict) -> str:
     """`steps` optimizer steps of roll_gspo's training strategy `engine` (deepspeed or fsdp2, bf16)
     on random tokens: seconds per step, peak memory, the loss and that the weights moved."""
-    from roll_gspo.config.schema import RoleConfig
+    from roll_gspo.schema.config import RoleConfig
 
     if engine == "fsdp2":
         from roll_gspo.strategies.fsdp2_strategy import FSDP2Strategy as Strategy

@@ -15,7 +15,7 @@ from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory, trajectory_ten
 from roll_gspo.algorithms.trajectory_advantages import (discounted_turn_returns, normalize_in_sets, step_advantages,
     trajectory_advantages)
 from roll_gspo.builtin.tokenizer import build_tokenizer
-from roll_gspo.config.schema import CustomEnvConfig, EnvManagerConfig
+from roll_gspo.schema.config import CustomEnvConfig, EnvManagerConfig
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +268,7 @@ def test_health_warns_with_numbers():
 
 # -- ROLL's YAML surface ----------------------------------------------------------------------------
 def test_interpolation_anchors_are_accepted_and_typos_refused():
-    from roll_gspo.config.loader import interpolation_anchors
+    from roll_gspo.config.load.loader import interpolation_anchors
 
     raw = {"action_pattern": "x", "custom_env": {"F": {"m": "${max_a}"}}, "max_a": 3, "typo_key": 1,
            "custom_envs": {"F": "${custom_env.F}"}, "exp_name": "${action_pattern}", "home": "${oc.env:HOME}"}
@@ -281,7 +281,7 @@ def test_step_wise_samples_and_batch_adjustment(tok):
     from types import SimpleNamespace
 
     from pipelines.agentic_pipeline import EpisodeSource, adjust_to_mini_batches as _adjust
-    from roll_gspo.config.schema import PipelineConfig
+    from roll_gspo.schema.config import PipelineConfig
 
     runner = EpisodeRunner(ChatStitcher(tok), _setups([None]), sequence_length=64, max_new_tokens=8)
     trajectories = runner.run([EpisodeSpec("ok", 3, "g0", 0), EpisodeSpec("ok", 3, "g0", 1)], _engine(tok),

@@ -19,7 +19,7 @@ from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
 from roll_gspo.algorithms.trajectory_advantages import trajectory_advantages
 from roll_gspo.builtin.tokenizer import build_tokenizer
 from roll_gspo.config import ConfigError
-from roll_gspo.config.schema import CustomEnvConfig, PipelineConfig, RewardNormalizationConfig
+from roll_gspo.schema.config import CustomEnvConfig, PipelineConfig, RewardNormalizationConfig
 from tests.test_agentic import ScriptedEnv, _engine
 from tests.test_agentic_e2e import SMALL, records, small_config
 

@@ -5,7 +5,7 @@ taken by the other, a key written on both sides with two values is refused namin
 import pytest
 
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 
 from pipelines.endpoint import endpoint_sampling
 

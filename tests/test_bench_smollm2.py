@@ -58,10 +58,10 @@ def test_the_smollm2_examples_load(tmp_path, monkeypatch):
     of 200 held-out prompts each; the LoRA one changes only the adapter keys and the learning rate,
     the GRPO one only the policy loss."""
     from roll_gspo.config import load_config
-    from roll_gspo.config.task_checks import task_specs
+    from roll_gspo.config.checks.tasks import task_specs
 
-    from roll_gspo.config import cpu_precision
-    from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+    from roll_gspo.config.plan import cpu_precision
+    from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 
     monkeypatch.setenv("ROLL_GSPO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cpu_precision, "cpu_flags", lambda: ("avx2", "avx512f"))  # dtype: auto -> fp32

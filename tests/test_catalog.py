@@ -4,7 +4,7 @@ import sys
 
 from roll_gspo.catalog.estimators import ESTIMATORS, names
 from roll_gspo.catalog.reward_workers import REWARD_WORKERS, kind_of, loads_model, model_workers
-from roll_gspo.config.schema import ADV_ESTIMATORS, PipelineConfig
+from roll_gspo.schema.config import ADV_ESTIMATORS, PipelineConfig
 
 
 def test_the_schema_reads_its_estimator_choices_from_the_catalog():
@@ -41,7 +41,7 @@ def test_uses_critic_follows_the_facts():
 
 
 def test_the_config_checks_import_no_torch():
-    code = ("import sys, roll_gspo.config.schema, roll_gspo.config.validate, roll_gspo.catalog.estimators; "
+    code = ("import sys, roll_gspo.schema.config, roll_gspo.config.checks.validate, roll_gspo.catalog.estimators; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -70,7 +70,7 @@ def test_reward_worker_facts():
     assert loads_model("roll_gspo.workers.rewards.RewardModelWorker")
     assert not loads_model("roll_gspo.workers.rewards.MathRuleRewardWorker")
     assert not loads_model("my_pkg.rewards.MyWorker") and kind_of("my_pkg.rewards.MyWorker") is None
-    from roll_gspo.config.schema import RewardConfig
+    from roll_gspo.schema.config import RewardConfig
 
     worker_help = RewardConfig.__dataclass_fields__["worker_cls"].metadata["help"]
     assert all(f"`{name}`" in worker_help for name in REWARD_WORKERS)

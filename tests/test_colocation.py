@@ -115,7 +115,7 @@ def test_colocation_keys_refused_naming_the_key(load, changes, message):
 
 def test_cpu_run_says_once_that_sleep_and_offload_are_skipped(load, caplog, monkeypatch):
     from pipelines.setup import log_colocation
-    from roll_gspo.config.plan import build_run_plan
+    from roll_gspo.config.plan.run_plan import build_run_plan
 
     monkeypatch.delenv("ROLL_GSPO_OFFLOAD_ON_CPU", raising=False)
     cfg = load(is_offload_states=True)

@@ -15,8 +15,8 @@ from roll_gspo.config import (
     ConfigError, PipelineConfig, config_to_yaml, load_config,
     preflight, resolve_config_path, validate_config,
 )
-from roll_gspo.config.reference import main as reference_main
-from roll_gspo.config.reference import render_reference
+from roll_gspo.config.load.config_reference import main as reference_main
+from roll_gspo.config.load.config_reference import render_reference
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "example_gspo.yaml"
@@ -148,7 +148,7 @@ def test_seed_config_passes_preflight(tmp_path):
 def test_half_precision_on_a_cpu_without_its_matrix_instructions(tmp_path, monkeypatch):
     """fp16 on a CPU without fp16 instructions is refused before workers start, naming the key;
     bf16 without bf16 instructions is a warning (runs, slower than fp32)."""
-    from roll_gspo.config import cpu_precision
+    from roll_gspo.config.plan import cpu_precision
 
     cfg = load(tmp_path, BASE + "actor_infer:\n  strategy_args:\n    strategy_name: hf_infer\n",
                overrides=FITS_BUILTIN_MODEL + ["actor_train.model_args.dtype=fp16", "actor_infer.model_args.dtype=bf16"])
@@ -172,9 +172,9 @@ def test_half_precision_on_a_cpu_without_its_matrix_instructions(tmp_path, monke
     (("amx_bf16",), "bf16", "trainer"),
 ])
 def test_dtype_auto_takes_the_cpus_faster_precision_with_one_notice(tmp_path, monkeypatch, flags, dtype, old_logprobs):
-    from roll_gspo.config import cpu_precision
-    from roll_gspo.config.loader import load_config_findings
-    from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+    from roll_gspo.config.plan import cpu_precision
+    from roll_gspo.config.load.loader import load_config_findings
+    from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 
     monkeypatch.setattr(cpu_precision, "cpu_flags", lambda: flags)
     text = BASE + "train_infer_correction: {is_weight: {enabled: true, weight_type: geometric, upper_bound: 1.2}}\n"
@@ -190,7 +190,7 @@ def test_dtype_auto_takes_the_cpus_faster_precision_with_one_notice(tmp_path, mo
 
 
 def test_dtype_auto_on_a_gpu_role_is_bf16(tmp_path):
-    from roll_gspo.config import cpu_precision
+    from roll_gspo.config.plan import cpu_precision
 
     cfg = load(tmp_path, overrides=FITS_BUILTIN_MODEL)
     cfg.actor_train.model_args.dtype = cfg.actor_infer.model_args.dtype = "auto"
@@ -702,8 +702,8 @@ def test_reference_documents_every_key_with_type_default_choices_help():
 
 def test_docs_config_reference_is_in_sync():
     path = REPO / "docs" / "config_reference.md"
-    assert path.is_file(), "run `python -m roll_gspo.config.reference --write`"
-    assert path.read_text() == render_reference(), "run `python -m roll_gspo.config.reference --write`"
+    assert path.is_file(), "run `python -m roll_gspo.config.load.config_reference --write`"
+    assert path.read_text() == render_reference(), "run `python -m roll_gspo.config.load.config_reference --write`"
 
 
 def test_reference_module_prints_and_checks(capsys):
@@ -746,7 +746,7 @@ def test_rollout_log_probs_that_are_not_the_trainers_are_refused(tmp_path, overr
     (ROLLOUT + ["actor_infer.model_args.dtype=bf16"], False),                # allowed, but not exact
 ])
 def test_exact_rollout_log_probs_are_accepted(tmp_path, overrides, exact):
-    from roll_gspo.config.rollout_logprobs import rollout_logprobs_are_exact
+    from roll_gspo.config.plan.rollout_logprobs import rollout_logprobs_are_exact
 
     cfg = load(tmp_path, overrides=overrides)
     ok, reason = rollout_logprobs_are_exact(cfg)
@@ -781,7 +781,7 @@ AUTO_CASES = [  # (overrides, moe, source, a fragment of the reason)
 @pytest.mark.parametrize("overrides, moe, source, reason", AUTO_CASES)
 def test_old_logprob_source_auto_takes_rollout_log_probs_only_where_exact_and_unneeded(
         tmp_path, overrides, moe, source, reason):
-    from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+    from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 
     cfg = load(tmp_path, overrides=overrides)
     choice = choose_old_logprob_source(cfg, model_is_moe=moe)
@@ -794,7 +794,7 @@ def test_old_logprob_source_auto_outside_fp32_follows_the_measured_gap(tmp_path)
     from types import SimpleNamespace
 
     from pipelines.trainer_loop import TrainerLoop
-    from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+    from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 
     cfg = load(tmp_path, overrides=["actor_infer.model_args.dtype=bf16", "pg_clip_low=3e-3"])
     choice = choose_old_logprob_source(cfg)
@@ -834,7 +834,7 @@ def test_folder_is_moe_reads_the_models_config(tmp_path):
     ({"top_p": 0.9, "temperature": 0.6}, "processed_logprobs"),  # no exact mode: refused with rollout
 ])
 def test_vllm_engine_args_pick_the_log_probs_the_trainer_scores_and_ignore_generation_config(generating, mode):
-    from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+    from roll_gspo.schema.config import GeneratingArgs, RoleConfig
     from roll_gspo.strategies.vllm_strategy import vllm_engine_args
 
     role = RoleConfig(generating_args=GeneratingArgs(**generating))
@@ -960,8 +960,8 @@ def test_unread_keys_at_their_default_and_built_configs_are_judged_by_value(tmp_
 
 
 def test_every_role_block_is_classified_in_the_reads_table():
-    from roll_gspo.config.role_reads import ROLE_BLOCKS, UNREAD_KEYS
-    from roll_gspo.config.schema import RoleConfig
+    from roll_gspo.config.checks.role_reads import ROLE_BLOCKS, UNREAD_KEYS
+    from roll_gspo.schema.config import RoleConfig
 
     hints = typing.get_type_hints(RoleConfig)
     blocks = {f.name for f in dataclasses.fields(RoleConfig) if dataclasses.is_dataclass(hints[f.name])}
@@ -994,7 +994,7 @@ def test_async_with_extra_rollout_threads_warns_and_the_example_does_not(tmp_pat
 
 
 def test_async_generation_with_auto_takes_rollout_log_probs_or_is_refused(tmp_path):
-    from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+    from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 
     cfg = load(tmp_path, overrides=["async_generation_ratio=1", "actor_infer.model_args.dtype=bf16"])
     choice = choose_old_logprob_source(cfg, model_is_moe=True)  # neither bf16 nor an MoE brings the trainer's
@@ -1023,7 +1023,7 @@ def test_preflight_refuses_lengths_the_model_cannot_hold(tmp_path, overrides, ex
 
 
 def test_model_max_positions_reads_the_folder_and_rope_scaling(tmp_path):
-    from roll_gspo.config.preflight import model_max_positions
+    from roll_gspo.config.checks.preflight import model_max_positions
 
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 4096}')
     assert model_max_positions(str(tmp_path)) == 4096

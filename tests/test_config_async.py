@@ -1,10 +1,10 @@
 """`async_generation_ratio` k >= 2 and `async_pool_batches` (issue 37): what is accepted, and each
-refusal, before any worker starts, naming the key (roll_gspo.config.async_rollout)."""
+refusal, before any worker starts, naming the key (roll_gspo.config.checks.async_rollout)."""
 import pytest
 
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.async_rollout import staleness_bound
-from roll_gspo.config.rollout_logprobs import choose_old_logprob_source
+from roll_gspo.config.checks.async_rollout import staleness_bound
+from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 from tests.test_config import config_log, warning_messages  # noqa: F401  (the fixture)
 
 K2 = ["async_generation_ratio=2"]

@@ -1,4 +1,4 @@
-"""The registry of config steps (roll_gspo.config.registry): phases in order, checks that cannot
+"""The registry of config steps (roll_gspo.config.checks.registry): phases in order, checks that cannot
 change the config, findings that carry their key, and the readers that group by it (roll_check,
 the config reference). Fast: no Ray, no model loading."""
 from pathlib import Path
@@ -7,8 +7,8 @@ import pytest
 
 from roll_gspo.config import ConfigError, load_config
 from roll_gspo.config.findings import Finding, error, notice
-from roll_gspo.config.registry import PHASES, Step, _REGISTRY, registered_steps, run_steps
-from roll_gspo.config.schema import PipelineConfig
+from roll_gspo.config.checks.registry import PHASES, Step, _REGISTRY, registered_steps, run_steps
+from roll_gspo.schema.config import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "example_gspo.yaml"
@@ -45,7 +45,7 @@ def test_steps_run_phase_by_phase_and_after_what_they_name():
 
 
 def test_every_step_documents_itself_in_one_line_and_the_reference_lists_it():
-    from roll_gspo.config.reference import checks_section
+    from roll_gspo.config.load.config_reference import checks_section
 
     section = "\n".join(checks_section())
     for step in registered_steps():
@@ -130,7 +130,7 @@ def test_a_remedy_said_apart_keeps_the_line():
 
 
 def test_roll_check_groups_refusals_by_the_findings_key(extra_step):
-    from roll_gspo.config.roll_check import roll_report
+    from roll_gspo.config.load.roll_check import roll_report
 
     # The message names another key; the finding's key decides where the report puts it.
     extra_step("check", lambda cfg, keys: [error("kl_loss_coef", "rollout_batch_size is fine; this is about "
@@ -142,7 +142,7 @@ def test_roll_check_groups_refusals_by_the_findings_key(extra_step):
 
 
 def test_roll_check_puts_a_finding_without_a_written_key_under_other_problems(extra_step):
-    from roll_gspo.config.roll_check import roll_report
+    from roll_gspo.config.load.roll_check import roll_report
 
     extra_step("check", lambda cfg, keys: [error("", "about no key"), error("weight_sync_transport", "unwritten")])
     report = roll_report(str(EXAMPLE), [])
@@ -153,6 +153,6 @@ def test_async_generation_ratio_has_one_check_module():
     # Its rules live in async_rollout; the schema (roll_gspo/schema, below config) declares it; roll_keys
     # lists it in ROLL's key table.
     folder = REPO / "roll_gspo" / "config"
-    naming = sorted(p.name for p in folder.glob("*.py") if "async_generation_ratio" in p.read_text())
-    assert naming == ["async_rollout.py", "roll_keys.py"]
+    naming = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py") if "async_generation_ratio" in p.read_text())
+    assert naming == ["checks/async_rollout.py", "roll/roll_keys.py"]
     assert "async_generation_ratio" in (REPO / "roll_gspo" / "schema" / "config.py").read_text()

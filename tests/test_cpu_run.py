@@ -1,4 +1,4 @@
-"""A config written for GPUs, run on CPUs (roll_gspo.config.cpu_run): ROLL's agentic recipes, unchanged
+"""A config written for GPUs, run on CPUs (roll_gspo.config.plan.cpu_run): ROLL's agentic recipes, unchanged
 (tests/data/roll/agentic_unchanged/), pass --dry-run on a CPU with only models and outputs overridden; each GPU-only setting is adapted with one notice naming its keys, and
 `roll_check` lists those keys as acting differently. Config-level: no Ray, no model weights."""
 import json
@@ -92,7 +92,7 @@ def test_roll_agentic_recipe_passes_dry_run_on_a_machine_without_gpu(recipe, sma
                                                                      monkeypatch, capsys):
     from roll_gspo.cli import main
 
-    monkeypatch.setattr("roll_gspo.config.cpu_run.cpu_only_host", lambda: True)
+    monkeypatch.setattr("roll_gspo.config.plan.cpu_run.cpu_only_host", lambda: True)
     assert main(["--config", str(recipe), "--dry-run", *user_overrides(recipe, small_model, tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "placement plan: no role uses a GPU" in out and "host memory plan (CPU run" in out
@@ -103,7 +103,7 @@ def test_roll_agentic_recipe_passes_dry_run_on_a_machine_without_gpu(recipe, sma
 def test_a_described_gpu_cluster_keeps_the_gpu_settings(small_model, tmp_path, in_roll_dir, monkeypatch, caplog):
     from roll_gspo.cli import main
 
-    monkeypatch.setattr("roll_gspo.config.cpu_run.cpu_only_host", lambda: True)  # ignored: --nodes plans the GPU run
+    monkeypatch.setattr("roll_gspo.config.plan.cpu_run.cpu_only_host", lambda: True)  # ignored: --nodes plans the GPU run
     recipe = UNCHANGED[0]
     with caplog.at_level(logging.WARNING):
         assert main(["--config", str(recipe), "--dry-run", "--nodes", "1", "--gpus-per-node", "8",
@@ -119,7 +119,7 @@ def test_roles_without_gpu_placement_adapt_without_the_host_check(small_model, t
                                                                    caplog):
     """A config whose roles have no GPU (placement dropped on the command line, or a CPU config) is a
     CPU run wherever it loads: its GPU-only values are adapted, the placement notice does not appear."""
-    monkeypatch.setattr("roll_gspo.config.cpu_run.cpu_only_host", lambda: pytest.fail("no role has GPU placement: not asked"))
+    monkeypatch.setattr("roll_gspo.config.plan.cpu_run.cpu_only_host", lambda: pytest.fail("no role has GPU placement: not asked"))
     recipe = UNCHANGED[0]
     over = user_overrides(recipe, small_model, tmp_path) + [
         f"~{name}.device_mapping" for name in ("actor_train", "actor_infer", "reference")]
@@ -139,7 +139,7 @@ def test_kv_cache_notice_names_the_roles_setting(small_model, tmp_path, in_roll_
 
 
 def test_roll_check_lists_the_adapted_keys_as_acting_differently(small_model, tmp_path, in_roll_dir):
-    from roll_gspo.config.roll_check import roll_report
+    from roll_gspo.config.load.roll_check import roll_report
 
     recipe = UNCHANGED[0]
     report = roll_report(str(recipe), user_overrides(recipe, small_model, tmp_path), cpu_host=True)
@@ -153,7 +153,7 @@ def test_roll_check_lists_the_adapted_keys_as_acting_differently(small_model, tm
 def test_cpu_only_host_joins_a_cluster_when_there_is_one(monkeypatch):
     import torch
 
-    from roll_gspo.config import cpu_run
+    from roll_gspo.config.plan import cpu_run
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a cluster to join: its GPUs decide, not this machine

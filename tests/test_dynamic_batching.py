@@ -6,7 +6,7 @@ micro-batch loop runs on a real model; a one-process strategy stands in for Deep
 import pytest
 import torch
 
-from roll_gspo.config.schema import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.micro_batching import (fixed_micro_batches, padding_stats, take,
                                                   token_budget_micro_batches)

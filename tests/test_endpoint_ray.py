@@ -18,7 +18,7 @@ def test_endpoint_over_two_ray_ranks(tmp_path, tiny_model, ray_session):
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from roll_gspo.config.schema import GeneratingArgs
+    from roll_gspo.schema.config import GeneratingArgs
     from roll_gspo.distributed.cluster import Cluster
     from roll_gspo.serving.backends import RayRankBackend
     from roll_gspo.serving.server import RolloutServer

@@ -18,7 +18,7 @@ from roll_gspo.agentic.episodes import episode_specs, turn_seed_bases
 from roll_gspo.agentic.rollout import EnvSetup, EpisodeProgress, EpisodeRunner, TurnOutput
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.builtin.tokenizer import build_tokenizer
-from roll_gspo.config.schema import CustomEnvConfig, EnvManagerConfig
+from roll_gspo.schema.config import CustomEnvConfig, EnvManagerConfig
 
 LENGTHS = {"short": 2, "long": 5}  # turns until the env ends an episode, per tag
 

@@ -13,8 +13,8 @@ from roll_gspo.algorithms.advantages import (
     reward_component_matrix,
 )
 from roll_gspo.config.errors import ConfigError
-from roll_gspo.config.schema import PipelineConfig, RewardConfig, TaskConfig
-from roll_gspo.config.validate import validate_config
+from roll_gspo.schema.config import PipelineConfig, RewardConfig, TaskConfig
+from roll_gspo.config.checks.validate import validate_config
 
 EPS = 1e-6
 
@@ -167,7 +167,7 @@ def test_the_task_worker_sends_the_components_the_check_expects():
     """The check's table of what TaskRewardWorker and IFEval send is what their scorers report."""
     import json
 
-    from roll_gspo.config.reward_checks import REWARD_COMPONENTS
+    from roll_gspo.config.checks.rewards import REWARD_COMPONENTS
     from roll_gspo.rewards.ifeval import InstructionResult, instruction_metrics
     from roll_gspo.tasks import score_reply
 
@@ -192,7 +192,7 @@ def _cfg(worker="roll_gspo.workers.rewards.MathRuleRewardWorker", **overrides):
 
 
 def _errors(cfg):
-    from roll_gspo.config.reward_checks import _gdpo_components
+    from roll_gspo.config.checks.rewards import _gdpo_components
 
     return [(f.key, f.message) for f in _gdpo_components(cfg) if f.level == "error"]
 
@@ -243,7 +243,7 @@ def test_gdpo_refuses_keys_that_reshape_the_combined_score():
 
 
 def test_a_users_worker_is_warned_not_refused():
-    from roll_gspo.config.reward_checks import _gdpo_unknown_components
+    from roll_gspo.config.checks.rewards import _gdpo_unknown_components
 
     cfg = _cfg("my_pkg.rewards.MyWorker")
     assert _errors(cfg) == []

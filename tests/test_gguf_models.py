@@ -63,7 +63,7 @@ def test_smollm2_greedy_generation_stops_at_im_end_in_vllm_and_hf_infer(smollm2)
     `<|im_end|>` and counted as finished."""
     from transformers import AutoTokenizer
 
-    from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+    from roll_gspo.schema.config import GeneratingArgs, RoleConfig
     from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
     from roll_gspo.strategies.vllm_strategy import VllmStrategy
 
@@ -166,8 +166,8 @@ def test_a_bad_gguf_is_refused_before_workers_start_naming_the_file(tmp_path):
     from roll_gspo.builtin.gguf_models import GGUFError
     from roll_gspo.builtin.models import resolve_model
     from roll_gspo.config.errors import ConfigError
-    from roll_gspo.config.preflight import preflight
-    from roll_gspo.config.schema import PipelineConfig
+    from roll_gspo.config.checks.preflight import preflight
+    from roll_gspo.schema.config import PipelineConfig
 
     not_gguf = tmp_path / "not-a-model.gguf"
     not_gguf.write_bytes(b"this is not a gguf file\n" * 10)

@@ -9,7 +9,7 @@ import pytest
 
 from roll_gspo.placement.host_memory import (JEMALLOC_RETENTION, TRAIN_RUNTIME, VLLM_RUNTIME, plan_host_memory,
                                              train_rank_memory, vllm_rank_memory)
-from roll_gspo.config.model_shape import policy_shape
+from roll_gspo.config.plan.model_shape import policy_shape
 from roll_gspo.placement.memory import GIB, ModelShape
 
 QWEN25_05B = json.loads((Path(__file__).resolve().parent / "data" / "model_configs" / "Qwen2.5-0.5B.json").read_text())
@@ -143,7 +143,7 @@ def test_builtin_05b_shape_is_registered_and_a_shaped_model_builds_and_loads(tmp
 
     from roll_gspo.builtin.models import (QWEN25_05B_SHAPE, builtin_max_positions, builtin_model_config,
                                           write_shaped_model)
-    from roll_gspo.config.preflight import model_max_positions
+    from roll_gspo.config.checks.preflight import model_max_positions
 
     config = builtin_model_config("builtin:qwen2.5-0.5b-shape")
     assert ModelShape.from_hf_config(config).num_parameters() / 1e9 == pytest.approx(0.494, rel=0.01)

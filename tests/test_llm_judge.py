@@ -71,8 +71,8 @@ def test_api_key_from_env(monkeypatch):
 
 
 def test_key_is_masked_in_printed_config_and_repr():
-    from roll_gspo.config.loader import config_to_yaml
-    from roll_gspo.config.schema import PipelineConfig, RewardConfig
+    from roll_gspo.config.load.loader import config_to_yaml
+    from roll_gspo.schema.config import PipelineConfig, RewardConfig
 
     cfg = PipelineConfig(rewards={"judge": RewardConfig(judge_api_key=SECRET), "env": RewardConfig(judge_api_key="env:K")})
     text = config_to_yaml(cfg)
@@ -125,7 +125,7 @@ def judge_worker(url, **changes):
                generating_args={"temperature": 0.0, "max_new_tokens": 24},  # one token per character
                reward_kwargs={"request_extra": {"structured_outputs": {"choice": CHOICES}}})
     cfg.update(changes)
-    from roll_gspo.config.schema import GeneratingArgs
+    from roll_gspo.schema.config import GeneratingArgs
 
     cfg["generating_args"] = GeneratingArgs(**cfg["generating_args"])
     return make_worker(LLMJudgeRewardWorker, **cfg)
@@ -160,7 +160,7 @@ def test_endpoint_verdicts_from_a_real_server(vllm_server, caplog):
 def test_judge_budget_fits_the_default_prompt():
     """The default prompt asks the judge to think before its verdict line: the budget left unset
     is 512 tokens (64 cut most verdicts off, scored 0 as errors)."""
-    from roll_gspo.config.schema import GeneratingArgs
+    from roll_gspo.schema.config import GeneratingArgs
     from roll_gspo.rewards.judge import DEFAULT_JUDGE_MAX_NEW_TOKENS
     from roll_gspo.workers.rewards import LLMJudgeRewardWorker
 
@@ -168,7 +168,7 @@ def test_judge_budget_fits_the_default_prompt():
                          generating_args=GeneratingArgs(temperature=0.0))
     assert worker.client.body["max_tokens"] == DEFAULT_JUDGE_MAX_NEW_TOKENS == 512
     worker.close()
-    from roll_gspo.config.schema import RewardConfig
+    from roll_gspo.schema.config import RewardConfig
 
     assert RewardConfig().generating_args.max_new_tokens == 512  # what a YAML without the key gets
 
@@ -188,7 +188,7 @@ def test_wrong_key_and_dead_endpoint_score_zero_and_never_log_the_key(vllm_serve
 
 
 def test_judge_loaded_in_the_worker(tiny_model):
-    from roll_gspo.config.schema import GeneratingArgs, ModelArgs, StrategyArgs
+    from roll_gspo.schema.config import GeneratingArgs, ModelArgs, StrategyArgs
     from roll_gspo.workers.rewards import LLMJudgeRewardWorker
 
     worker = make_worker(LLMJudgeRewardWorker, judge_model_type="inference", model_args=ModelArgs(model_name_or_path=tiny_model),

@@ -121,7 +121,7 @@ def test_bad_lora_input_fails_dry_run_naming_the_key(case, tmp_path, tiny_model,
 
 
 def test_target_forms_on_a_model(tiny_model):
-    from roll_gspo.config.lora import peft_target_modules, resolve_lora_targets, weightless_model
+    from roll_gspo.config.checks.lora import peft_target_modules, resolve_lora_targets, weightless_model
 
     model = weightless_model(tiny_model)
     every = resolve_lora_targets(model, "all-linear", "k")
@@ -283,7 +283,7 @@ def _max_gap(a, b):
 def test_vllm_with_lora_requests_scores_as_peft(tiny_model):
     """lora_sync: adapter: each sync's adapter, loaded as a new LoRA request, is what vLLM then scores
     with (the merged sync is checked end to end below)."""
-    from roll_gspo.config.schema import RoleConfig, StrategyArgs
+    from roll_gspo.schema.config import RoleConfig, StrategyArgs
     from roll_gspo.strategies.lora import adapter_config, adapter_weight_entries
     from roll_gspo.strategies.vllm_strategy import VllmStrategy
 

@@ -427,7 +427,7 @@ def test_unknown_names_raise_listing_valid_values():
 
 def test_names_match_config_schema():
     from roll_gspo.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, REWARD_NORMS
-    from roll_gspo.config import schema
+    from roll_gspo.schema import config as schema
 
     assert list(POLICY_LOSSES) == schema.IMPORTANCE_SAMPLING_CHOICES
     assert LOSS_AGG_MODES == schema.LOSS_AGG_MODES

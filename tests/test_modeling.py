@@ -136,7 +136,7 @@ def test_tied_embedding_sends_a_sparse_gradient_with_the_same_dense_result(tiny_
 
 
 def test_the_trained_policy_gets_the_sparse_embedding_gradient_and_scorers_do_not(tiny_model):
-    from roll_gspo.config.schema import RoleConfig
+    from roll_gspo.schema.config import RoleConfig
     from roll_gspo.strategies.train_engine import load_policy_model
 
     role = RoleConfig()

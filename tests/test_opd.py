@@ -1,6 +1,6 @@
 """On-policy distillation (`use_opd`, `opd_kl_coef`, the `teacher` block): the per-token reverse-KL
 term against a hand computation (roll_gspo.algorithms.distillation), the refusals before workers start
-(roll_gspo.config.opd_checks: no teacher, a negative coefficient, the agentic pipeline, a teacher whose
+(roll_gspo.config.checks.opd: no teacher, a negative coefficient, the agentic pipeline, a teacher whose
 tokenizer is not the student's), and a short run where a teacher scores the student's tokens."""
 import math
 
@@ -9,7 +9,7 @@ import torch
 
 from roll_gspo.algorithms.distillation import opd_advantages
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.opd_checks import tokenizer_mismatch
+from roll_gspo.config.checks.opd import tokenizer_mismatch
 
 MINIMAL = """\
 actor_train:
@@ -82,7 +82,7 @@ def test_a_teacher_without_a_model_is_refused(tmp_path):
 
 
 def test_the_agentic_pipeline_is_refused_with_the_reason(tmp_path):
-    from roll_gspo.config.opd_checks import opd_problems
+    from roll_gspo.config.checks.opd import opd_problems
 
     cfg = load(tmp_path, TEACHER)
     from roll_gspo.schema.frozen import replaced

@@ -1,4 +1,4 @@
-"""The policy loss's keys (roll_gspo.config.policy_loss_checks): `policy_loss` and its names from ROLL
+"""The policy loss's keys (roll_gspo.config.checks.policy_loss): `policy_loss` and its names from ROLL
 (`actor_train.pg_variant`, `worker_cls`), verl and TRL, the keys each loss implies, the refused
 combinations (naming the keys), the trainer's keywords and the `--dry-run` line. Config-level only."""
 import logging
@@ -9,8 +9,8 @@ import pytest
 
 from roll_gspo.algorithms import LOSS_SPECS
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.plan import build_run_plan
-from roll_gspo.config.policy_loss_checks import policy_loss_options
+from roll_gspo.config.plan.run_plan import build_run_plan
+from roll_gspo.config.checks.policy_loss import policy_loss_options
 
 REPO = Path(__file__).resolve().parents[1]
 ROLL_DIR = REPO / "tests" / "data" / "roll"
@@ -186,7 +186,7 @@ def test_roll_agentic_pg_var_recipe_loads(tmp_path, monkeypatch):
 def test_the_clip_size_warning_is_for_losses_that_clip_the_ratio(loss):
     """A loss that never reads pg_clip_* (or reads it in log space, GMPO) gets no warning about the
     clip's size against the ratio level; the clipped surrogate still does."""
-    from roll_gspo.config.loader import load_config_findings
+    from roll_gspo.config.load.loader import load_config_findings
 
     def clip_warnings(overrides):
         _, findings = load_config_findings("example_gspo.yaml", overrides)

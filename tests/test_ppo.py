@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.schema import PipelineConfig, RoleConfig
+from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 
 from pipelines.critic import actor_trains, gae_advantages_and_returns

@@ -10,7 +10,7 @@ from tests.conftest import REPO_ROOT
 
 CHECK = """
 import sys
-from roll_gspo.config.preflight import vllm_engine_fields
+from roll_gspo.config.checks.preflight import vllm_engine_fields
 fields = vllm_engine_fields()
 print(len(fields), "vllm" in sys.modules)
 """
@@ -19,7 +19,7 @@ print(len(fields), "vllm" in sys.modules)
 def test_engine_fields_are_vllms_and_a_cached_read_does_not_import_vllm(tmp_path, monkeypatch):
     from vllm.engine.arg_utils import EngineArgs
 
-    from roll_gspo.config.preflight import VLLM_FIELDS_FILE, vllm_engine_fields
+    from roll_gspo.config.checks.preflight import VLLM_FIELDS_FILE, vllm_engine_fields
 
     monkeypatch.setenv("ROLL_GSPO_CACHE", str(tmp_path))
     want = {f.name for f in dataclasses.fields(EngineArgs)}

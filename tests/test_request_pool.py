@@ -186,7 +186,7 @@ def test_episodes_held_across_a_weight_update_keep_each_turns_version_exact(vllm
     from roll_gspo.agentic.episodes import episode_specs, turn_seed_bases
     from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, TurnOutput
     from roll_gspo.agentic.tokens import ChatStitcher
-    from roll_gspo.config.schema import CustomEnvConfig, EnvManagerConfig
+    from roll_gspo.schema.config import CustomEnvConfig, EnvManagerConfig
     from roll_gspo.envs.registry import make_env
     from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, response_token_log_probs
     from roll_gspo.strategies.engine import generate_groups

@@ -52,7 +52,7 @@ def reward_model(tmp_path_factory):
 
 
 def test_reward_model_prefers_right_answers(reward_model):
-    from roll_gspo.config.schema import ModelArgs
+    from roll_gspo.schema.config import ModelArgs
     from roll_gspo.workers.rewards import RewardModelWorker
 
     worker = make_worker(RewardModelWorker, model_args=ModelArgs(model_name_or_path=reward_model), infer_batch_size=4)
@@ -72,7 +72,7 @@ def test_reward_model_prefers_right_answers(reward_model):
 
 
 def test_reward_model_combined_with_a_rule(reward_model):
-    from roll_gspo.config.schema import ModelArgs
+    from roll_gspo.schema.config import ModelArgs
     from roll_gspo.workers.rewards import RewardModelWorker
 
     worker = make_worker(RewardModelWorker, model_args=ModelArgs(model_name_or_path=reward_model),

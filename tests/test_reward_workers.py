@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from roll_gspo.config.schema import RewardConfig
+from roll_gspo.schema.config import RewardConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.rewards import (RewardProcess, extract_choice, math_verify_reward, multiple_choice_reward,
                                score_many_with_timeout, unfinished_think)

@@ -139,7 +139,7 @@ def test_a_warm_start_is_refused_where_it_cannot_run(tmp_path):
 
 
 def test_what_a_warm_start_takes_loads(tmp_path):
-    from roll_gspo.config.warm_start_checks import training_reward_blocks
+    from roll_gspo.config.checks.warm_start import training_reward_blocks
 
     cfg = load(tmp_path, TASKS_RUN, ["actor_train.model_args.lora_target=all-linear"])  # LoRA: merged after SFT
     assert cfg.warm_start.enabled and training_reward_blocks(cfg) == ["tasks"]

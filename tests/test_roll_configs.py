@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from roll_gspo.config import ConfigError, PipelineConfig, load_config, preflight
-from roll_gspo.config import roll_compat
-from roll_gspo.config.loader import _schema_paths
+from roll_gspo.config.roll import roll_compat
+from roll_gspo.config.load.loader import _schema_paths
 
 REPO = Path(__file__).resolve().parents[1]
 ROLL_DIR = REPO / "tests" / "data" / "roll"

@@ -116,7 +116,7 @@ def test_dry_run_plans_the_judge_on_its_gpus(model_folder, tmp_path):
 
 
 def test_roll_check_report_sorts_every_key(model_folder, in_roll_dir):
-    from roll_gspo.config.roll_check import roll_report
+    from roll_gspo.config.load.roll_check import roll_report
 
     recipe = ROLL_DIR / "recipes" / "rlvr_config.yaml"
     report = roll_report(str(recipe), model_overrides(recipe, model_folder))

@@ -14,7 +14,7 @@ from roll_gspo.algorithms import (LOSS_AGG_MODES, RejectionRule, kept_mask, kl_l
                                   rollout_correction)
 from roll_gspo.algorithms.rollout_correction import SEQUENCE_MEAN_METRICS
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.rollout_logprobs import choose_old_logprob_source, correction_arguments
+from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source, correction_arguments
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
 
 DT = torch.float64
@@ -271,7 +271,7 @@ def test_trainer_step_with_rejection_equals_the_step_without_the_rejected_tokens
     same step where the rejected tokens were never in the loss (`loss_mask`, no correction), for
     every loss_agg_mode. Before the normalisers counted kept tokens only, the step shrank by the kept
     fraction (token-mean: N_kept / N_all)."""
-    from roll_gspo.config.schema import PipelineConfig
+    from roll_gspo.schema.config import PipelineConfig
     from roll_gspo.distributed.batch import Batch
     from roll_gspo.models.causal_lm import load_causal_lm
     from roll_gspo.workers.actor_train import ActorTrainWorker

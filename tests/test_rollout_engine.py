@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+from roll_gspo.schema.config import GeneratingArgs, RoleConfig
 from roll_gspo.strategies.engine import RolloutEngine, Sampling, generate_groups
 
 PROMPTS = [[20, 21, 15, 22, 30], [23, 24, 15], [25, 15, 26, 27], [28, 29]]

@@ -1,4 +1,4 @@
-"""The run plan (roll_gspo.config.plan): what a run decided, recorded once and frozen; the config
+"""The run plan (roll_gspo.config.plan.run_plan): what a run decided, recorded once and frozen; the config
 read-only once frozen (roll_gspo.schema.frozen); `--dry-run` prints the plan."""
 import copy
 import dataclasses
@@ -7,8 +7,8 @@ import pickle
 import pytest
 
 from roll_gspo.config import load_config
-from roll_gspo.config.loader import config_to_yaml
-from roll_gspo.config.plan import (REFERENCE_ADAPTER_OFF, REFERENCE_NONE, REFERENCE_ROLE, build_run_plan,
+from roll_gspo.config.load.loader import config_to_yaml
+from roll_gspo.config.plan.run_plan import (REFERENCE_ADAPTER_OFF, REFERENCE_NONE, REFERENCE_ROLE, build_run_plan,
                                    freeze_config)
 from roll_gspo.schema import ReadOnlyConfigError, is_frozen, replaced, thawed
 

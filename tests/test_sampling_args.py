@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+from roll_gspo.schema.config import GeneratingArgs, RoleConfig
 
 # What a chat model's folder may ship (Qwen2.5-Instruct ships repetition_penalty 1.05, top_k 20,
 # top_p 0.8, temperature 0.7), pushed to values whose effect cannot be missed.
@@ -180,7 +180,7 @@ def test_seeded_hf_infer_with_a_one_token_cut_is_greedy(tiny_model, cut):
 
 
 # --------------------------------------------------------------------------------------------
-# Seeded vLLM sampling whatever the prompt lengths (roll_gspo.config.vllm_prefill): on CPU a
+# Seeded vLLM sampling whatever the prompt lengths (roll_gspo.config.plan.vllm_prefill): on CPU a
 # prompt split over scheduler steps crashed seeded sampling (RuntimeError: CPU Generator does not
 # use offset), so the CPU engine admits prompts whole.
 # --------------------------------------------------------------------------------------------

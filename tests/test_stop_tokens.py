@@ -6,7 +6,7 @@ tested on SmolLM2 itself in test_gguf_models.py; these use the tiny model and co
 import json
 import shutil
 
-from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+from roll_gspo.schema.config import GeneratingArgs, RoleConfig
 
 
 def test_hf_infer_stops_at_every_eos_id_of_the_generation_config(tiny_model, tmp_path):

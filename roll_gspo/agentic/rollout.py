@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
-from roll_gspo.config.schema import CustomEnvConfig
+from roll_gspo.schema.config import CustomEnvConfig
 
 logger = logging.getLogger("roll_gspo.agentic")
 MAX_ENV_THREADS = 64

@@ -53,7 +53,7 @@ __all__ = [
     "finish_advantages",
 ]
 
-# Same values as roll_gspo.config.schema (a test keeps them in sync); not imported from there so
+# Same values as roll_gspo.schema.config (a test keeps them in sync); not imported from there so
 # that this library needs torch alone.
 REWARD_NORMS: List[Optional[str]] = [None, "group", "batch", "running"]
 

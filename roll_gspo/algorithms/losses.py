@@ -51,7 +51,7 @@ __all__ = [
     "kl_loss",
 ]
 
-# Same names, same order as roll_gspo.config.schema (a test keeps them in sync). They are not
+# Same names, same order as roll_gspo.schema.config (a test keeps them in sync). They are not
 # imported from there so that this library needs torch alone.
 LOSS_AGG_MODES: List[str] = [
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

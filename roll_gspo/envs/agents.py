@@ -1,6 +1,6 @@
 """What an agent run reads before any worker starts, below the endpoint that serves it: the agent
 function a config names, its task file, and a verifiers environment with its tasks. The config's
-checks (roll_gspo.config.endpoint) and the sources that play the episodes (pipelines.agent_source,
+checks (roll_gspo.config.checks.endpoint) and the sources that play the episodes (pipelines.agent_source,
 roll_gspo.serving) share them."""
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
     `base_model`: the run's model when `model` is a training checkpoint (`resolve_eval_model`)."""
     from transformers import AutoTokenizer
 
-    from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+    from roll_gspo.schema.config import GeneratingArgs, RoleConfig
     from roll_gspo.data.prompts import load_prompts
     from roll_gspo.lifecycle.seeding import rollout_seeds
     from roll_gspo.rewards.answers import extract_answer

@@ -66,8 +66,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         configs[name] = json.loads(text)
     specs, settings = [], {}
     if args.config:
-        from roll_gspo.config.loader import load_config
-        from roll_gspo.config.task_checks import task_specs
+        from roll_gspo.config.load.loader import load_config
+        from roll_gspo.config.checks.tasks import task_specs
 
         cfg = load_config(args.config)
         specs = task_specs(cfg)

@@ -147,7 +147,7 @@ def _strategy_name(shape: TrainerShape) -> str:
 
 
 # Why a config that did not change can change precision: `dtype: auto` is resolved on each machine
-# (roll_gspo.config.cpu_precision), so a checkpoint written elsewhere may hold the other one.
+# (roll_gspo.config.plan.cpu_precision), so a checkpoint written elsewhere may hold the other one.
 AUTO_DTYPE_NOTE = ("model_args.dtype: auto resolves per machine (bf16 on a GPU or where the CPU has bf16 matrix "
                    "instructions, AVX512-BF16 or AMX-BF16; else fp32), so write the checkpoint's dtype to resume it "
                    "on any machine")

@@ -2,8 +2,7 @@
 what makes a loaded config read-only (`frozen`). It imports nothing of the project but the catalog
 (the facts of estimators and reward workers), so every layer above may name `PipelineConfig`.
 
-Loading, checking and the run plan are `roll_gspo.config`'s; `roll_gspo.config.schema` is the
-same module's old name, kept for imports."""
+Loading, checking and the run plan are `roll_gspo.config`'s."""
 from roll_gspo.schema.config import PipelineConfig, RewardConfig, RoleConfig
 from roll_gspo.schema.frozen import ReadOnlyConfigError, freeze, is_frozen, replaced, thawed
 

@@ -1,9 +1,9 @@
 """The one typed schema of every key a pipeline reads.
 
 Every field carries ``metadata["help"]`` (what it does, its default, what it trades off) and,
-where the value is one of a fixed set, ``metadata["choices"]``. ``roll_gspo.config.loader``
+where the value is one of a fixed set, ``metadata["choices"]``. ``roll_gspo.config.load.loader``
 validates a YAML against these dataclasses strictly; ``docs/config_reference.md`` is generated
-from them (``python -m roll_gspo.config.reference``) and a test keeps the two in sync.
+from them (``python -m roll_gspo.config.load.config_reference``) and a test keeps the two in sync.
 
 The layout follows ROLL's: run keys and algorithm keys at the top level, then one block per role
 (``actor_train``, ``actor_infer``, ``reference``, ``rewards.<domain>``, ``validation``), each
@@ -59,7 +59,7 @@ REWARD_NORM_METHODS = ["mean_std", "mean", "identity"]
 DEFAULT_JUDGE_MAX_NEW_TOKENS = 512
 
 
-# Who reads the policy's size (PipelineConfig.policy_parameters): installed by roll_gspo.config.model_shape.
+# Who reads the policy's size (PipelineConfig.policy_parameters): installed by roll_gspo.config.plan.model_shape.
 _POLICY_SIZE_READERS: List[Callable[["PipelineConfig"], Optional[int]]] = []
 
 
@@ -136,7 +136,7 @@ class ModelArgs(SchemaBlock):
         None, "transformers attention kernel (`eager`, `sdpa`, `flash_attention_2`; ROLL's `fa2` "
               "means flash_attention_2, which needs a CUDA GPU and the flash-attn package). Null "
               "lets transformers pick.")
-    # --- ROLL's names and keys (roll_gspo.config.roll_compat) ---
+    # --- ROLL's names and keys (roll_gspo.config.roll.roll_compat) ---
     disable_gradient_checkpointing: Optional[bool] = _alias(
         "gradient_checkpointing", "ROLL's default (false) turns checkpointing on for training "
         "roles; frozen roles ignore it as ROLL does.", invert=True)
@@ -150,7 +150,7 @@ class ModelArgs(SchemaBlock):
         1, "ROLL's DeepSpeed-Ulysses sequence-parallel group size.",
         "sequence parallelism is not built here; with 1 every rank holds whole sequences (same "
         "result, more activation memory per rank).")
-    # --- LoRA (ROLL's keys; checked in roll_gspo.config.lora, docs/lora.md) ---
+    # --- LoRA (ROLL's keys; checked in roll_gspo.config.checks.lora, docs/lora.md) ---
     lora_target: Optional[str] = _f(
         None, "The LoRA switch (actor_train; null: full-parameter training): the modules that get an adapter. A "
               "comma list of module names, each matching a module whose name is it or ends in `.<it>` "
@@ -237,7 +237,7 @@ class DataArgs(SchemaBlock):
                                    "first domain under `rewards`.")
     max_samples: Optional[int] = _f(None, "Keep only the first N rows (null: all).")
     shuffle: bool = _f(True, "Shuffle prompts each epoch (seeded by `seed`).")
-    # --- ROLL's names and keys (roll_gspo.config.roll_compat) ---
+    # --- ROLL's names and keys (roll_gspo.config.roll.roll_compat) ---
     template: Optional[str] = _f(
         None, "Chat template applied to every prompt: chat `messages` rows and plain `prompt` rows "
               "(sent as one user turn). `native`: the tokenizer's own chat template; `qwen2_5`: "
@@ -423,7 +423,7 @@ class RoleConfig(SchemaBlock):
              "per rank (0 means 1); deepspeed_train and hf_infer ranks use exactly 1, a vllm rank "
              "tensor_parallel_size x pipeline_parallel_size of its strategy_config (as in ROLL).")
     infer_batch_size: int = _f(16, "Sequences per forward pass when this role computes log-probs.")
-    # --- ROLL's keys (roll_gspo.config.roll_compat) ---
+    # --- ROLL's keys (roll_gspo.config.roll.roll_compat) ---
     system_envs: Dict[str, str] = _f(
         {}, "Environment variables set in this role's workers before they build anything, over "
             "the top-level `system_envs`. Values are strings; a YAML integer (`OMP_NUM_THREADS: 2`) is "
@@ -1283,7 +1283,7 @@ class PipelineConfig(SchemaBlock):
              "balanced) added to the policy loss (MoE only; 0: off). Its value is logged as "
              "`moe/aux_loss` for MoE models either way.")
 
-    # --- ROLL's algorithm keys (roll_gspo.config.roll_compat) ---
+    # --- ROLL's algorithm keys (roll_gspo.config.roll.roll_compat) ---
     pg_clip: Optional[float] = _f(
         None, "ROLL's symmetric clip range: when set and use_pg_clip_range is not true, both "
               "pg_clip_low and pg_clip_high take it (writing them too is an error). ROLL's default "
@@ -1498,7 +1498,7 @@ class PipelineConfig(SchemaBlock):
     def policy_parameters(self) -> Optional[int]:
         """The policy's parameter count when its config.json (or a built-in's registered config)
         says; None otherwise (for `memory_allocator: auto`). The reader is the config package's
-        (`roll_gspo.config.model_shape` knows model folders and the built-in registry, both above
+        (`roll_gspo.config.plan.model_shape` knows model folders and the built-in registry, both above
         the schema), installed when it is imported; without it the size is unknown."""
         reader = _POLICY_SIZE_READERS[-1] if _POLICY_SIZE_READERS else None
         if reader is None:

@@ -2,7 +2,7 @@
 which setting a key raises `ReadOnlyConfigError` naming its key path.
 
 Loading and validation fill and derive keys (`validate_config`'s normalise, derive and settle
-phases); what the run decides from them afterwards goes in its `RunPlan` (roll_gspo.config.plan),
+phases); what the run decides from them afterwards goes in its `RunPlan` (roll_gspo.config.plan.run_plan),
 never back into the config. A frozen config pickles and deep-copies frozen (Ray sends it to the
 workers as it is); `thawed` gives a writable copy and `replaced` a frozen copy with some keys
 changed, for code that derives a config of its own from a loaded one.
@@ -30,7 +30,7 @@ class ReadOnlyConfigError(dataclasses.FrozenInstanceError):
         self.path = path
         super().__init__(f"{path}: the config is read-only after loading. Set the key in the YAML or as an "
                          f"override ({path}=...); what the run derives from the keys is in its RunPlan "
-                         f"(roll_gspo.config.plan.build_run_plan), and `replaced(cfg, {{{path!r}: ...}})` makes a "
+                         f"(roll_gspo.config.plan.run_plan.build_run_plan), and `replaced(cfg, {{{path!r}: ...}})` makes a "
                          f"changed copy")
 
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
-from roll_gspo.config.schema import RoleConfig
+from roll_gspo.schema.config import RoleConfig
 from roll_gspo.strategies.train_engine import TrainEngineStrategy, build_optimizer, load_policy_model, use_cpu_threads
 
 # Batch keys DeepSpeed must take from training_args, never from strategy_config.

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from roll_gspo.config.schema import GeneratingArgs, RoleConfig
+from roll_gspo.schema.config import GeneratingArgs, RoleConfig
 from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, micro_batches, response_token_log_probs
 from roll_gspo.strategies.engine import (RequestHandle, RequestOutput, RequestTable, Sampling, TabledEngine,
                                          as_samples, generate_groups)

@@ -23,8 +23,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from roll_gspo.config.lora import peft_target_modules, split_names
-from roll_gspo.config.schema import ModelArgs
+from roll_gspo.config.checks.lora import peft_target_modules, split_names
+from roll_gspo.schema.config import ModelArgs
 
 logger = logging.getLogger("roll_gspo.lora")
 ADAPTER = "default"  # PEFT's adapter name

@@ -20,7 +20,7 @@ from typing import ContextManager, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from roll_gspo.config.schema import RoleConfig
+from roll_gspo.schema.config import RoleConfig
 from roll_gspo.models.causal_lm import disable_dropout, load_causal_lm, sparse_tied_embedding_grad
 from roll_gspo.strategies.lora import WeightEntry
 

@@ -9,9 +9,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from roll_gspo.config.rollout_logprobs import vllm_logprobs_mode
-from roll_gspo.config.schema import GeneratingArgs, RoleConfig
-from roll_gspo.config.vllm_prefill import CPU_ENGINE_DEFAULTS, prompt_split_problems
+from roll_gspo.config.plan.rollout_logprobs import vllm_logprobs_mode
+from roll_gspo.schema.config import GeneratingArgs, RoleConfig
+from roll_gspo.config.plan.vllm_prefill import CPU_ENGINE_DEFAULTS, prompt_split_problems
 from roll_gspo.sync.vllm_workers import WorkerBucketLoading, WorkerBucketRelay
 from roll_gspo.placement.device_mapping import tensor_parallel_size
 from roll_gspo.strategies.engine import (RequestHandle, RequestOutput, RequestTable, Sampling, TabledEngine,
@@ -27,7 +27,7 @@ def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int,
     """`vllm.LLM` arguments for a role: ours, then the YAML's `strategy_config` (written at
     `config_key`) over them. On CPU, prompts are admitted whole (no chunked prefill): vLLM cannot
     rewind a CPU request's seeded generator after a split prompt's thrown-away draw
-    (roll_gspo.config.vllm_prefill); engine keys that would still split one are refused."""
+    (roll_gspo.config.plan.vllm_prefill); engine keys that would still split one are refused."""
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
@@ -37,7 +37,7 @@ def vllm_engine_args(role: RoleConfig, *, max_model_len: int, seed: int,
         "seed": seed,
         "max_model_len": max_model_len,
         # The mode whose sampled-token log-probs are what the trainer scores (full distribution
-        # at the rollout temperature); see roll_gspo.config.rollout_logprobs. Where none is
+        # at the rollout temperature); see roll_gspo.config.plan.rollout_logprobs. Where none is
         # exact, processed ones are at least the sampled distribution (the config then refuses
         # old_logprob_source: rollout).
         "logprobs_mode": vllm_logprobs_mode(role.generating_args) or "processed_logprobs",

@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import ray
 import torch
 
-from roll_gspo.config.plan import RunPlan, build_run_plan
-from roll_gspo.config.schema import GeneratingArgs, PipelineConfig
+from roll_gspo.config.plan.run_plan import RunPlan, build_run_plan
+from roll_gspo.schema.config import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch, from_wire
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.rewards.shaping import decode_for_reward

@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import torch
 
 from roll_gspo.algorithms.gae import value_loss
-from roll_gspo.config.schema import PipelineConfig, RoleConfig
+from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, role_micro_batches, scatter_rows, take

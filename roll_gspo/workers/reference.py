@@ -6,7 +6,7 @@ from typing import Any, Dict
 
 import torch
 
-from roll_gspo.config.schema import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.distributed.micro_batching import role_micro_batches

@@ -29,7 +29,7 @@ from roll_gspo.schema.config import PipelineConfig, RewardConfig
 from roll_gspo.config.typed_walk import _build, _field_types, _schema_paths, _unwrap_optional, _walk  # noqa: F401
 
 # Where `--config NAME` is looked up when NAME is not a path (repository root relative).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 CONFIG_SEARCH_DIRS = (REPO_ROOT / "examples", REPO_ROOT / "configs")
 # Top-level keys that are not pipeline keys: Hydra's own, and `_name` anchors for interpolation.
 PASSTHROUGH_TOP_LEVEL = ("hydra", "defaults")

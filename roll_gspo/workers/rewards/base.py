@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence
 import torch
 
 from roll_gspo.catalog.reward_workers import PACKAGE, REWARD_WORKERS, RewardWorkerKind
-from roll_gspo.config.schema import RewardConfig
+from roll_gspo.schema.config import RewardConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.rewards import RewardProcess, checked_call, unfinished_think

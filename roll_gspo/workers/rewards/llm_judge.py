@@ -6,7 +6,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List, Optional, Sequence
 
-from roll_gspo.config.schema import RoleConfig
+from roll_gspo.schema.config import RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.rewards.judge import (DEFAULT_JUDGE_MAX_NEW_TOKENS, TRUNCATED_WARN_FRACTION, JudgeError,
                                      OpenAIJudgeClient, format_judge_prompt, parse_verdict, resolve_api_key)
