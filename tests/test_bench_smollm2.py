@@ -27,28 +27,53 @@ def test_curve_verdict_and_report(bench, tmp_path):
     curve = bench.learning_curve(records, {0: 60.0, 10: 600.0})
     assert [p["step"] for p in curve] == [0, 10, 20] and curve[0]["elapsed_s"] == 60.0
     assert curve[1]["mean_accuracy"] == pytest.approx(0.45) and curve[1]["mean_format_rate"] == pytest.approx(0.4)
-    result = bench.verdict(curve)
+    spread = {"x": {"answer": "7", "reply_share": 0.1, "gold_share": 0.05},
+              "y": {"answer": "3", "reply_share": 0.2, "gold_share": 0.1}}
+    result = bench.verdict(curve, shares=spread)
     # the mean rose by 0.175 and y fell: both fail
-    assert result["rise"] == pytest.approx(0.175) and not result["rise_ok"] and not result["no_task_falls"]
+    assert result["rise"] == pytest.approx(0.175) and not result["rise_ok"] and not result["every_task_rises"]
     assert result["task_change"]["y"] == pytest.approx(-0.05)
-    good = bench.verdict(curve[:2])
+    good = bench.verdict(curve[:2], shares=spread)
     assert good["pass"] and good["rise"] == pytest.approx(0.3)
     report = bench.format_report(curve[:2], good)
     assert "mean accuracy rise" in report and "+0.300" in report and "PASS" in report
     assert bench.verdict(curve[:1])["pass"] is False
+    assert not bench.verdict(curve[:2])["pass"]  # no validation replies: the answer rule cannot be read
     bench.plot(curve, str(tmp_path / "curve.png"))
     assert (tmp_path / "curve.png").stat().st_size > 1000
-    # a rise that is one answer repeated (x's accuracy equals what its most common answer scores) fails
-    collapsed = [dict(r, **{"val/x/constant_answer_accuracy": 0.5, "val/x/top_answer_share": 0.97,
-                            "val/y/constant_answer_accuracy": 0.1, "val/y/top_answer_share": 0.2})
-                 for r in (records[0], records[2])]
-    result = bench.verdict(bench.learning_curve(collapsed))
-    assert result["rise_ok"] and result["no_task_falls"] and result["beats_constant"] == {"x": False, "y": True}
-    assert not result["pass"]
-    report = bench.format_report(bench.learning_curve(collapsed), result)
-    assert "x vs one answer repeated" in report and "(top answer in 97% of replies)" in report
+    # a task that did not rise fails, as one that fell does
+    flat = bench.learning_curve([val(0, 0.2, 0.1), val(10, 0.2, 0.9)])
+    assert bench.verdict(flat, shares=spread)["rise_ok"] and not bench.verdict(flat, shares=spread)["pass"]
+    # a rise that is one answer repeated: x's most common answer in 97 % of replies, 30 % of the gold answers
+    collapsed = dict(spread, x={"answer": "1", "reply_share": 0.97, "gold_share": 0.3})
+    result = bench.verdict(curve[:2], shares=collapsed)
+    assert result["rise_ok"] and result["answer_spread_ok"] == {"x": False, "y": True} and not result["pass"]
+    report = bench.format_report(curve[:2], result)
+    assert "x top answer '1'" in report and "0.970   <= 2 x gold 0.300  NO" in report
     args = bench.parse_args(["--smoke", "seed=3"])
-    assert args.smoke and args.overrides == ["seed=3"] and args.minutes == 30.0
+    assert args.smoke and args.overrides == ["seed=3"] and args.minutes == 45.0
+
+
+def test_answer_shares_read_validation_replies(bench):
+    """The most common reply answer per task, its share of the replies and of the gold answers."""
+    import json
+
+    def reply(task, answer, gold):
+        return {"task": task, "answer": answer, "ground_truth": json.dumps({"answer": gold})}
+
+    records = [reply("x", "1", "1"), reply("x", "1", "2"), reply("x", "1", "3"), reply("x", "4", "4"),
+               reply("y", "5", "5"), reply("y", "6", "6")]
+    shares = bench.answer_shares(records)
+    assert shares["x"] == {"answer": "1", "reply_share": 0.75, "gold_share": 0.25}
+    assert shares["y"]["reply_share"] == 0.5 and shares["y"]["gold_share"] == 0.5
+
+
+def test_passk_table(bench):
+    text = bench.format_passk({"base": {"greedy_accuracy": 0.275, "pass@1": 0.2, "pass@8": 0.52},
+                               "final": {"greedy_accuracy": 0.5, "pass@1": 0.45, "pass@8": 0.6}})
+    lines = text.splitlines()
+    assert lines[0].split() == ["model", "greedy_accuracy", "pass@1", "pass@8"]
+    assert lines[1].split() == ["base", "0.275", "0.200", "0.520"] and lines[2].split()[-1] == "0.600"
 
 
 def test_the_smollm2_examples_load(tmp_path, monkeypatch):
@@ -58,7 +83,7 @@ def test_the_smollm2_examples_load(tmp_path, monkeypatch):
     of 200 held-out prompts each; the LoRA one changes only the adapter keys and the learning rate,
     the GRPO one only the policy loss."""
     from roll_gspo.config import load_config
-    from roll_gspo.config.checks.tasks import task_specs
+    from roll_gspo.config.plan.tasks import task_specs
 
     from roll_gspo.config.plan import cpu_precision
     from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
