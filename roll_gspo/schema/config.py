@@ -337,7 +337,8 @@ class FSDP2StrategyConfig(SchemaBlock):
     async_save_ckpt: bool = _refused_unless(
         False, "ROLL's asynchronous DCP checkpoint write.",
         "checkpoints are written synchronously, fsynced and published by an atomic rename "
-        "(docs/crash_safety.md); an asynchronous write could publish a folder before its shards are on disk.")
+        "([crash_safety.md](crash_safety.md)); an asynchronous write could publish a folder before its "
+        "shards are on disk.")
     save_only_model: bool = _refused_unless(
         False, "ROLL's checkpoints without optimizer state.",
         "a checkpoint holds the optimizer, LR schedule and RNG so that a resume continues exactly.")
@@ -685,7 +686,7 @@ class ToolWrapperConfig(SchemaBlock):
             "in the project's sandbox; tool_args `timeout`, ...; ROLL's `sandbox_type` is accepted, the "
             "sandbox is always on) or `function` (tool_args `function: pkg.module:func`, a type-hinted "
             "Python function called with hermes-style `<tool_call>{...}</tool_call>`, `timeout`). See "
-            "docs/agentic.md.")
+            "[agentic.md](agentic.md).")
 
 
 @dataclass
@@ -887,7 +888,7 @@ class PipelineConfig(SchemaBlock):
     # --- run keys ---
     pipeline: str = _f("rlvr", "Which pipeline `run_pipeline.py` runs: `rlvr` (GSPO/GRPO with "
                                "verifiable rewards), `agentic` (multi-turn episodes against environments "
-                               "and tools; docs/agentic.md) or `sft` (supervised fine-tuning).", PIPELINES)
+                               "and tools; [agentic.md](agentic.md)) or `sft` (supervised fine-tuning).", PIPELINES)
     exp_name: str = _f("roll_gspo", "Experiment name, used in log lines and tracker runs.")
     seed: int = _f(42, "Seed of data order, sampling and initialisation.")
     output_dir: str = _f("./output/${exp_name}", "Checkpoints, metrics.jsonl, plots and the final "
@@ -896,7 +897,7 @@ class PipelineConfig(SchemaBlock):
     logging_dir: Optional[str] = _f(None, "TensorBoard event files. Null: `<output_dir>/tensorboard`.")
     rollout_dump_dir: Optional[str] = _f(
         None, "Each step's trained samples as `step_<N>.jsonl.gz` (prompt, response, reward and its parts, "
-              "advantage, log-prob gap, weight version; agentic episodes turn by turn; docs/rollouts.md). "
+              "advantage, log-prob gap, weight version; agentic episodes turn by turn; [rollouts.md](rollouts.md)). "
               "Null: `<output_dir>/rollouts`. ROLL's key (its agentic pipeline dumps validation there).")
     rollout_data_dir: Optional[str] = field(default=None, metadata={
         "help": "verl's name (`trainer.rollout_data_dir`) for `rollout_dump_dir`.", "alias_of": "rollout_dump_dir",
@@ -907,7 +908,7 @@ class PipelineConfig(SchemaBlock):
     rollout_dump_samples: int = _f(
         64, "Trained samples written per step (the batch's first rows, so whole groups; -1: all, 0: no "
             "training samples written). Validation writes every prompt. Costs under 2 % of a step on the "
-            "examples (docs/rollouts.md).")
+            "examples ([rollouts.md](rollouts.md)).")
     max_steps: int = _f(100, "Pipeline steps (one rollout batch each).")
     query_filter_max_rounds: int = _f(
         4, "With a rewards.<domain>.query_filter_config: generations per step at most, the first "
@@ -925,7 +926,7 @@ class PipelineConfig(SchemaBlock):
         CheckpointConfig, "ROLL's checkpoint destination (`type: file_system`, `output_dir`).")
     fault_tolerance: FaultToleranceConfig = _sub(
         FaultToleranceConfig, "Replacing rollout ranks and reward workers that die or hang, and resuming "
-                              "automatically after a training rank died (docs/crash_safety.md).")
+                              "automatically after a training rank died ([crash_safety.md](crash_safety.md)).")
     system_envs: Dict[str, str] = _f(
         {}, "Environment variables set in every worker (all roles, rewards included) before it "
             "builds anything; a role's own `system_envs` wins. The driver keeps its environment. "
@@ -943,7 +944,7 @@ class PipelineConfig(SchemaBlock):
         None, "`auto`: resume from the newest complete checkpoint in output_dir if any; a path: "
               "that checkpoint (newer ones in output_dir move to `checkpoints/abandoned/`, kept); "
               "null: start fresh (refused if output_dir already has checkpoints, so nothing is "
-              "overwritten silently). Resumed steps equal an uninterrupted run's: docs/crash_safety.md.")
+              "overwritten silently). Resumed steps equal an uninterrupted run's: [crash_safety.md](crash_safety.md).")
     track_with: str = _f(
         "tensorboard", "Metric tracker besides metrics.jsonl (always written). tensorboard: event files "
                        "in logging_dir. wandb / swanlab / mlflow: that library's run (install the "
@@ -1095,7 +1096,7 @@ class PipelineConfig(SchemaBlock):
         TrainInferCorrectionConfig, "ROLL's rollout correction (train-inference mismatch): importance weights "
                                     "pi_old / pi_rollout on the policy loss (is_weight) and rejection of "
                                     "outliers (filters); needs the trainer's old-log-prob pass "
-                                    "(docs/algorithm.md, `Rollout correction`).")
+                                    "([algorithm.md](algorithm.md#rollout-correction-train-inference-mismatch)).")
     rollout_correction: RolloutCorrectionConfig = _sub(
         RolloutCorrectionConfig, "verl's names (`algorithm.rollout_correction`) for train_infer_correction; "
                                  "writing both blocks is an error.")
