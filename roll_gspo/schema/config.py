@@ -153,9 +153,8 @@ class ModelArgs(SchemaBlock):
     lora_alpha: Optional[int] = _f(
         None, "LoRA alpha; the update is scaled by lora_alpha / lora_rank. Null: 2 x lora_rank (ROLL's default).")
     lora_dropout: float = _f(
-        0.0, "PEFT's dropout on the adapter's input, in [0, 1). Accepted for ROLL's files, but every forward "
-             "pass here runs without dropout (old and new log-probs must score one policy), so a value > 0 only "
-             "warns.")
+        0.0, "PEFT's dropout on the adapter's input, in [0, 1). Accepted for ROLL's files, but every forward pass "
+             "here runs without dropout (old and new log-probs must score one policy), so it has no effect.")
     additional_target: Optional[str] = _f(
         None, "Modules trained in full beside the adapters (PEFT's modules_to_save; comma list of module "
               "names), saved in the adapter and merged into the synced weights. Refused with "
@@ -187,22 +186,20 @@ class TrainingArgs(SchemaBlock):
            "rollout batch is split into that many mini-batches (one optimizer step each).")
     warmup_steps: int = _f(0, "Optimizer steps of linear LR warm-up from 0 (>= 0).")
     lr_scheduler_type: str = _f("constant", "LR schedule after warm-up.", LR_SCHEDULERS)
-    max_grad_norm: float = _f(1.0, "Gradient clipping by global norm (0 disables; negative is refused).")
+    max_grad_norm: float = _f(1.0, "Gradient clipping by global norm (0 disables).")
     num_train_epochs: int = _f(1, "Passes over the data set (SFT pipeline only). An rlvr run ignores it, as "
                                   "ROLL does (max_steps counts its steps): accepted with one notice.")
 
 
 @dataclass
 class GeneratingArgs(SchemaBlock):
-    max_new_tokens: Optional[int] = _f(None, "Generated tokens cap (>= 1). Null means `response_length`; "
-                                             "0 is refused, not replaced.")
+    max_new_tokens: Optional[int] = _f(None, "Generated tokens cap (>= 1). Null means `response_length`.")
     temperature: float = _f(1.0, "Sampling temperature (>= 0). RL needs diversity inside a group: "
                                  "near 1.0 for training, 0 (greedy) for validation. The trainer scores "
                                  "at the same temperature.")
-    top_p: float = _f(1.0, "Nucleus sampling, in (0, 1]. Values < 1 bias the rollout away from the policy "
-                           "the trainer scores (full distribution), which the importance ratio does not "
-                           "correct. With old_logprob_source: rollout on vLLM it needs temperature 1 (or 0), "
-                           "else it is refused, and `auto` takes the trainer's (see old_logprob_source).")
+    top_p: float = _f(1.0, "Nucleus sampling, in (0, 1]. Values < 1 bias the rollout away from the policy the "
+                           "trainer scores (full distribution), which the importance ratio does not correct "
+                           "([algorithm.md](algorithm.md#old-log-probs-old_logprob_source)).")
     top_k: int = _f(-1, "Top-k sampling (-1 or 0: off). Same caveats as top_p.")
     num_return_sequences: Optional[int] = _f(
         None, "Responses per prompt (>= 1). Null means `num_return_sequences_in_group` (training) or 1 "
@@ -300,14 +297,14 @@ class FSDP2StrategyConfig(SchemaBlock):
     """`strategy_config` of fsdp2_train / fsdp2_infer: ROLL's FSDP2 keys. Checked like every block
     (unknown keys, types, refusals); read by roll_gspo.strategies.fsdp2_strategy."""
     fsdp_size: int = _f(
-        1, "Ranks one copy of the model is sharded over. <= 1 or >= world_size: all of the role's ranks "
-           "(FSDP; ROLL's recipes write their GPU count, which on fewer ranks means this). In between: "
-           "HSDP, world_size / fsdp_size replicas each sharded fsdp_size ways (world_size must be a "
-           "multiple), gradients reduce-scattered in a replica then all-reduced across replicas.")
+        1, "Ranks one copy of the model is sharded over. <= 1 or >= world_size: all of the role's ranks (FSDP; "
+           "ROLL's recipes write their GPU count, which on fewer ranks means this). In between: HSDP, world_size / "
+           "fsdp_size replicas each sharded fsdp_size ways, gradients reduce-scattered in a replica then "
+           "all-reduced across replicas.")
     param_dtype: Optional[str] = _f(
         None, "Compute dtype of the gathered parameters (FSDP2 MixedPrecisionPolicy.param_dtype). Null: "
-              "model_args.dtype, which sets it here (a value contradicting it is refused). fsdp2_train "
-              "keeps the sharded master weights and Adam's states in fp32 whatever this is.",
+              "model_args.dtype, which sets it here. fsdp2_train keeps the sharded master weights and Adam's states"
+              " in fp32 whatever this is.",
         [None] + list(FSDP2_DTYPES))
     reduce_dtype: Optional[str] = _f(
         None, "Dtype gradients are reduce-scattered and accumulated in (MixedPrecisionPolicy.reduce_dtype). "
@@ -360,14 +357,10 @@ class FSDP2StrategyConfig(SchemaBlock):
 
 @dataclass
 class RoleConfig(SchemaBlock):
-    model_args: ModelArgs = _sub(ModelArgs, "Which model the role loads and how. actor_train and "
-                                            "actor_infer must load the same folder (one policy).")
-    training_args: TrainingArgs = _sub(TrainingArgs, "Optimizer and batch keys (actor_train only; set "
-                                                     "elsewhere they are refused).")
-    generating_args: GeneratingArgs = _sub(GeneratingArgs, "Sampling keys (actor_infer only; set "
-                                                           "elsewhere they are refused).")
-    data_args: DataArgs = _sub(DataArgs, "Training prompts or SFT data (actor_train only; set "
-                                         "elsewhere they are refused).")
+    model_args: ModelArgs = _sub(ModelArgs, "Which model the role loads and how.")
+    training_args: TrainingArgs = _sub(TrainingArgs, "Optimizer and batch keys (actor_train only).")
+    generating_args: GeneratingArgs = _sub(GeneratingArgs, "Sampling keys (actor_infer only).")
+    data_args: DataArgs = _sub(DataArgs, "Training prompts or SFT data (actor_train only).")
     strategy_args: StrategyArgs = _sub(StrategyArgs, "Backend and its options.")
     world_size: int = _f(1, "Ranks (Ray actors) of this role; data-parallel for training. With a "
                             "device_mapping it is derived: len(device_mapping) / num_gpus_per_worker "
@@ -401,13 +394,12 @@ class RoleConfig(SchemaBlock):
                "reference's log-probs): max_tokens_per_microbatch_in_infer tokens per forward pass "
                "instead of infer_batch_size rows. Not read by actor_infer (vLLM schedules its own batches).")
     max_tokens_per_microbatch_in_train: int = _f(
-        0, "Token budget of one training micro-batch with use_dynamic_batching_in_train (rows x padded "
-           "length, padding included); must then be >= prompt_length + response_length (one sequence). "
-           "Larger: fewer, bigger passes (faster, more activation memory).")
+        0, "Token budget of one training micro-batch with use_dynamic_batching_in_train (rows x padded length, "
+           "padding included), at least one whole sequence. Larger: fewer, bigger passes (faster, more activation "
+           "memory).")
     max_tokens_per_microbatch_in_infer: Optional[int] = _f(
-        None, "Token budget of one log-prob pass with use_dynamic_batching_in_infer; must then be set, "
-              ">= prompt_length + response_length. Usually larger than the train budget (no activations "
-              "kept for a backward pass).")
+        None, "Token budget of one log-prob pass with use_dynamic_batching_in_infer, at least one whole sequence; "
+              "usually larger than the train budget (no activations kept for a backward pass).")
     sequence_length_round_in_train: int = _f(
         4, "Padded length of a dynamic training micro-batch: its longest row rounded up to a multiple of "
            "this (>= 1; at most the batch's width). Larger values give fewer distinct shapes (GPU kernels), "
@@ -420,8 +412,7 @@ class RoleConfig(SchemaBlock):
               "([roll_compat.md](roll_compat.md)).")
     pg_variant: Optional[str] = _f(
         None, "ROLL's policy-gradient variant (actor_train only): vanilla, ppo, tis, topr, cispo, kimi15. Acts as "
-              "policy_loss (vanilla -> reinforce, ppo -> ppo, the others by their name); writing both with "
-              "different meanings is an error.", ROLL_PG_VARIANTS)
+              "policy_loss (vanilla -> reinforce, ppo -> ppo, the others by their name).", ROLL_PG_VARIANTS)
     topr_positive_weight: Optional[float] = _f(
         None, "ROLL's name (actor_train only) for the top-level topr_positive_weight.")
     topr_negative_weight: Optional[float] = _f(
@@ -440,8 +431,8 @@ class QueryFilterConfig(SchemaBlock):
                      "filter_args.std_threshold; 0 is DAPO's); dropped prompts are replaced by new ones "
                      "([data_and_rewards.md](data_and_rewards.md#dynamic-sampling-and-domain-mix)).", QUERY_FILTERS)
     filter_args: Dict[str, Any] = _f(
-        {}, "mean_filter: `threshold_up`, `threshold_down`; std_filter: `std_threshold`. Other keys "
-            "are refused.")
+        {}, "mean_filter: `threshold_up` (default inf), `threshold_down` (default -1); std_filter: `std_threshold` "
+            "(default -1).")
 
 
 REWARD_TYPES = [None, "hard", "soft"]
@@ -496,8 +487,7 @@ class RewardConfig(SchemaBlock):
               "scores 0 with status `format`.")
     # --- code sandbox (ROLL's keys) ---
     use_local: bool = _f(
-        True, "CodeSandboxRewardWorker: run tests on this worker's machine (the only mode built; false "
-              "with `code_url` is refused: no remote sandbox client).")
+        True, "CodeSandboxRewardWorker: run tests on this worker's machine (the only mode built).")
     code_url: Optional[str] = _f(
         None, "CodeSandboxRewardWorker: URL of a remote sandbox service (ROLL's key). Not built: set "
               "`use_local: true`.")
@@ -552,15 +542,14 @@ class RewardConfig(SchemaBlock):
 class TaskConfig(SchemaBlock):
     """One task of `tasks` (roll_gspo.tasks): prompts generated from a source, scored by its own rule."""
     name: Optional[str] = _f(
-        None, "The task in its source: a reasoning-gym generator (`chain_sum`, `basic_arithmetic`, ...; "
-              "`rg:` prefix optional) or a built-in one (`builtin:arith`, `builtin:arith_easy`, `builtin:choice`). "
-              "Null: the block's key. An unknown name is refused with the nearest names.")
+        None, "The task in its source: a reasoning-gym generator (`chain_sum`, `basic_arithmetic`, ...; `rg:` "
+              "prefix optional) or a built-in one (`builtin:arith`, `builtin:arith_easy`, `builtin:choice`). Null: "
+              "the block's key.")
     source: Optional[str] = _f(None, "`reasoning_gym` or `builtin`. Null: the source that holds `name` (or "
                                      "its prefix's).", [None, "reasoning_gym", "builtin"])
     config: Dict[str, Any] = _f(
         {}, "The generator's own config (reasoning-gym: its config dataclass's fields, e.g. `{min_terms: 2, "
-            "max_terms: 2}`; builtin arith: `levels`). A key the task does not take is refused with the "
-            "source's message.")
+            "max_terms: 2}`; builtin arith: `levels`).")
     weight: float = _f(1.0, "Share of each rollout batch drawn from this task (normalised over the tasks, like "
                             "ROLL's domain_interleave_probs; 0: validation only).")
     train_size: int = _f(1000, "Training rows generated (>= 1), from seeds `seed .. seed+train_size-1`.")
@@ -568,8 +557,8 @@ class TaskConfig(SchemaBlock):
                             "roll_gspo.eval`.")
     seed: int = _f(0, "First seed of the training rows (reasoning-gym draws row i from seed + i).")
     val_seed: Optional[int] = _f(
-        None, "First seed of the validation rows. Null: seed + 1000000. Ranges overlapping the training "
-              "seeds are refused (builtin tasks keep validation prompts out of training themselves).")
+        None, "First seed of the validation rows, apart from the training seeds. Null: seed + 1000000 (builtin "
+              "tasks keep validation prompts out of training themselves).")
     system_prompt: Optional[str] = _f(
         None, "The system turn of every prompt (rendered with data_args.template, else the tokenizer's chat "
               "template). Null: the source's default (reasoning-gym: asks for the answer in "
@@ -583,8 +572,8 @@ class TaskConfig(SchemaBlock):
                "true: the task's own score, e.g. reasoning-gym's len(gold)/len(answer) for any answer holding "
                "the gold string (a negated answer, a digit slip, a list of guesses), which group normalisation "
                "turns into positive advantages for near misses. The format term is added either way.")
-    reward: str = _f("tasks", "The `rewards` block that scores this task's rows; its worker_cls must be "
-                              "`roll_gspo.workers.rewards.TaskRewardWorker` (or a subclass).")
+    reward: str = _f("tasks", "The `rewards` block, a TaskRewardWorker (or a subclass), that scores this task's "
+                              "rows.")
 
 
 @dataclass
@@ -765,14 +754,12 @@ class TrainInferISWeightConfig(SchemaBlock):
                "old policy and the rollout engine's, correcting the train-inference mismatch; runs the trainer's "
                "old-log-prob pass ([algorithm.md](algorithm.md#rollout-correction-train-inference-mismatch)).")
     weight_type: str = _f(
-        "token", "Level of the weight: `token` (one per token), `geometric` (exp of the mean token log-weight "
-                 "over the response: GSPO's length-normalised sequence unit), `sequence` (exp of the sum: the "
-                 "exact sequence weight, high variance on long responses). ROLL's `segment` (per turn) is "
-                 "refused: not built.", ["token", "geometric", "sequence", "segment"])
+        "token", "Level of the weight: `token` (one per token), `geometric` (exp of the mean token log-weight over "
+                 "the response: GSPO's length-normalised sequence unit), `sequence` (exp of the sum: the exact "
+                 "sequence weight, high variance on long responses).", ["token", "geometric", "sequence", "segment"])
     upper_bound: Optional[float] = _f(
-        1.2, "Truncate the weights at this bound (TIS); must be > 1 (a bound at or below 1 would cut every "
-             "weight the trainer favours). Null: no truncation (unbiased, unbounded variance). Truncated "
-             "tokens: `rollout_correction/clipped_fraction`.")
+        1.2, "Truncate the weights at this bound, above 1 (TIS). Null: no truncation (unbiased, unbounded "
+             "variance). Truncated tokens: `rollout_correction/clipped_fraction`.")
     detach: bool = _f(
         True, "ROLL: no gradient through the weight. Both log-probs are constants of the update here, so the "
               "weight never carries one either way.")
@@ -785,9 +772,8 @@ class TrainInferFilterConfig(SchemaBlock):
                               "normalisers (as verl and ROLL's recompute path: the step size does not move "
                               "with the rejection rate). Counted in `rollout_correction/masked_fraction` "
                               "(tokens) and `masked_seq_fraction` (whole responses).")
-    agg_type: str = _f("token", "Level tested: `token`, `geometric` (the response's length-normalised "
-                                "weight / mean difference), `sequence` (its product weight / summed "
-                                "difference). `segment` is refused: not built.",
+    agg_type: str = _f("token", "Level tested: `token`, `geometric` (the response's length-normalised weight / mean"
+                                " difference), `sequence` (its product weight / summed difference).",
                        ["token", "geometric", "sequence", "segment"])
     ratio_enabled: bool = _f(True, "Test the weight exp(old_logp - rollout_logp) against [ratio_low, ratio_high].")
     ratio_low: float = _f(0.8, "Lower bound of the weight (>= 0, < 1).")
@@ -847,7 +833,7 @@ class RolloutEndpointConfig(SchemaBlock):
     port: int = _f(0, "Port (0: a free one, printed at start).")
     token: Optional[str] = _f(
         None, "Bearer token every request must send (`Authorization: Bearer <token>`, the openai client's "
-              "`api_key`); required off loopback. Null: none (loopback only).")
+              "`api_key`). Null: none (loopback only).")
     model_name: str = _f("policy", "The model name clients send (`model=`) and `/v1/models` lists; another name "
                                    "is a 404.")
     tool_parser: Optional[str] = _f(
@@ -983,8 +969,8 @@ class PipelineConfig(SchemaBlock):
     prompt_length: int = _f(2048, "Maximum prompt tokens; longer prompts are filtered out and "
                                   "counted (`data/filtered_prompts`).")
     response_length: int = _f(4096, "Maximum generated tokens per response.")
-    ppo_epochs: int = _f(1, "Passes over each rollout batch. Optimizer steps per rollout = "
-                            "ppo_epochs * number of mini-batches; exactly 1 or more than 16 warns.")
+    ppo_epochs: int = _f(1, "Passes over each rollout batch. Optimizer steps per rollout = ppo_epochs * number of "
+                            "mini-batches.")
     pg_clip_low: float = _f(3e-4, "Lower clip: ratios below 1 - pg_clip_low are clipped. GSPO "
                                   "paper: 3e-4 (sequence ratios live near 1); GRPO: 0.2.")
     pg_clip_high: float = _f(4e-4, "Upper clip: ratios above 1 + pg_clip_high are clipped. GSPO "
@@ -1000,7 +986,7 @@ class PipelineConfig(SchemaBlock):
                 "([algorithm.md](algorithm.md#policy-losses-policy_loss)).", POLICY_LOSS_CHOICES)
     pg_variant: Optional[str] = _f(
         None, "ROLL's recipes write `pg_variant` at the top too (an anchor for `${pg_variant}` in exp_name); it "
-              "acts as actor_train.pg_variant (the two must agree).", ROLL_PG_VARIANTS)
+              "acts as actor_train.pg_variant.", ROLL_PG_VARIANTS)
     cispo_epsilon_low: float = _f(
         0.1, "policy_loss cispo: the IS weight is clipped below at 1 - cispo_epsilon_low (>= 0; 1 or more: no lower "
              "bound, TRL's and MiniMax-M1's form). ROLL's default 0.1; verl reads its clip_ratio_low here.")
@@ -1063,24 +1049,21 @@ class PipelineConfig(SchemaBlock):
         "`seq-mean-token-mean` with importance_sampling seq is exactly GSPO's objective; "
         "`token-mean` weights long responses more; `seq-mean-token-sum` favours long responses; "
         "`seq-mean-token-sum-norm` divides by a constant length (Dr.GRPO).", LOSS_AGG_MODES)
-    loss_norm_length: Optional[int] = _f(None, "T_norm of `seq-mean-token-sum-norm` (>= 1). Null: "
-                                               "response_length; 0 is refused, not replaced.")
+    loss_norm_length: Optional[int] = _f(None, "T_norm of `seq-mean-token-sum-norm` (>= 1). Null: response_length.")
     whiten_advantages: bool = _f(False, "Masked z-score of advantages over the batch, "
                                         "(A - mean) / sqrt(var + 1e-8): a batch whose advantages "
                                         "are all equal whitens to 0.")
     advantage_clip: Optional[float] = _f(None, "Clamp advantages to [-c, c] (null: off).")
     reward_clip: Optional[float] = _f(None, "Clamp rewards to [-c, c] after normalisation (null: off).")
     reward_norm: Optional[str] = _f(
-        None, "Reward normalisation before the estimator: null, `group` (per prompt), `batch`, "
-              "`running` (running statistics, saved in checkpoints). `group` with one response per "
-              "group (or `batch` with one per batch) is refused: it turns every reward into 0.",
+        None, "Reward normalisation before the estimator: null, `group` (per prompt), `batch`, `running` (running "
+              "statistics, saved in checkpoints).",
         REWARD_NORMS)
     reward_shift: bool = _f(False, "With reward_norm: only subtract the mean.")
-    reward_scale: bool = _f(False, "With reward_norm: only divide by the std. Both false: full "
-                                   "z-score; both true is an error. A set (group, batch, running "
-                                   "window) whose std is <= 1e-6, i.e. all rewards equal, is never "
-                                   "divided by it: scaled only it keeps its rewards, centred (z-score "
-                                   "or shift) it becomes 0; such prompt groups are counted in "
+    reward_scale: bool = _f(False, "With reward_norm: only divide by the std (with reward_shift false too: the full"
+                                   " z-score). A set (group, batch, running window) whose std is <= 1e-6, i.e. all "
+                                   "rewards equal, is never divided by it: scaled only it keeps its rewards, "
+                                   "centred it becomes 0; such prompt groups are counted in "
                                    "`reward/zero_std_groups`.")
     old_logprob_source: str = _f(
         "auto", "Where the ratio's old log-probs come from: `trainer` recomputes them (one more forward pass, "
@@ -1186,9 +1169,8 @@ class PipelineConfig(SchemaBlock):
                "mean 1 over the rollout batch (ROLL normalises per micro-batch, which makes its "
                "weights depend on per_device_train_batch_size).")
     value_clip: Optional[float] = _f(
-        None, "`adv_estimator: gae`: clip of the critic's value loss, 0.5 * max((V - R)^2, (clip(V, V_old "
-              "- c, V_old + c) - R)^2) (null: the plain squared error). Without a critic it has no effect, "
-              "as in ROLL, and a warning says so.")
+        None, "`adv_estimator: gae`: clip of the critic's value loss, 0.5 * max((V - R)^2, (clip(V, V_old - c, "
+              "V_old + c) - R)^2) (null: the plain squared error). Without a critic it has no effect, as in ROLL.")
     gamma: float = _f(1.0, "`adv_estimator: gae`: discount of later tokens' rewards, in [0, 1] (ROLL's default 1: "
                            "the response's reward is undiscounted).")
     lambd: float = _f(0.95, "`adv_estimator: gae`: GAE's lambda, in [0, 1]: 1 is the Monte-Carlo return minus "
@@ -1220,8 +1202,7 @@ class PipelineConfig(SchemaBlock):
         "not built; model-based reward workers load their model under rewards.<domain>.")
     # ROLL's LoRA anchors at the top level: they act only through `${lora_target}` etc. in a role's model_args.
     lora_target: Optional[str] = _f(None, "ROLL's top-level LoRA anchor, interpolated as `${lora_target}` into "
-                                          "actor_train/actor_infer model_args (where it acts); set with no role "
-                                          "LoRA-training it is refused.")
+                                          "actor_train/actor_infer model_args (where it acts).")
     lora_rank: Optional[int] = _f(None, "ROLL's top-level anchor for model_args.lora_rank (see lora_target).")
     lora_alpha: Optional[int] = _f(None, "ROLL's top-level anchor for model_args.lora_alpha (see lora_target).")
     lora_sync: str = _f(
@@ -1232,8 +1213,7 @@ class PipelineConfig(SchemaBlock):
 
     max_grad_norm: Optional[float] = _f(
         None, "ROLL's pipeline-level gradient clip (its FSDP2 and Megatron strategies read this one, not "
-              "training_args'): sets actor_train.training_args.max_grad_norm; both written with different "
-              "values is an error.")
+              "training_args'): sets actor_train.training_args.max_grad_norm.")
     # --- the agentic pipeline (docs/agentic.md) ---
     custom_envs: Dict[str, CustomEnvConfig] = field(
         default_factory=dict, metadata={"help": "`pipeline: agentic`: the environments by tag "
@@ -1295,18 +1275,17 @@ class PipelineConfig(SchemaBlock):
                           "add_token_level_kl needs it."})
     critic: Optional[RoleConfig] = field(
         default=None,
-        metadata={"help": "`adv_estimator: gae` (PPO): the value model's ranks, ROLL's `critic` block with the "
-                          "keys of actor_train (model_args, training_args, strategy_args `deepspeed_train` or "
-                          "`fsdp2_train`, world_size, device_mapping, infer_batch_size). The model is the folder's "
-                          "causal LM body with a new scalar head (model_name_or_path, null: `pretrain`). Required "
-                          "by gae, refused without it."})
+        metadata={"help": "`adv_estimator: gae` (PPO): the value model's ranks, ROLL's `critic` block with the keys"
+                          " of actor_train (model_args, training_args, strategy_args `deepspeed_train` or "
+                          "`fsdp2_train`, world_size, device_mapping, infer_batch_size); its model is the folder's "
+                          "causal LM body with a new scalar head (null: `pretrain`) "
+                          "([algorithm.md](algorithm.md#ppo-with-a-critic-adv_estimator-gae))."})
     teacher: Optional[RoleConfig] = field(
         default=None,
         metadata={"help": "`use_opd`: the frozen teacher model (ROLL's `teacher` block, the keys of `reference`: "
                           "model_args, strategy_args `hf_infer` or a frozen `deepspeed_train` / `fsdp2_train`, "
-                          "world_size, device_mapping, infer_batch_size). It scores the student's sampled tokens "
-                          "beside the reference pass; its tokenizer must be the student's. Started only with "
-                          "use_opd: true."})
+                          "world_size, device_mapping, infer_batch_size), scoring the student's sampled tokens "
+                          "beside the reference pass; started only with use_opd: true."})
     rewards: Dict[str, RewardConfig] = field(
         default_factory=lambda: {"math_rule": RewardConfig()},
         metadata={"help": "Reward workers per data domain (`rewards.<domain>.*`)."})
