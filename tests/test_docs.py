@@ -76,6 +76,33 @@ def test_help_texts_fit_in_four_lines():
                           f"does and its default, link the doc section; rules go in a @check doc): {too_long}")
 
 
+# Help texts that still state a refusal or a warning, because no registered check holds it: the
+# loader's ROLL translation (roll_gspo.config.roll.roll_compat), the start of a run, the engine at
+# start, or words about something else (a refused HTTP request, a run-time warning). A new entry
+# here is a rule to move into a check's `doc=` instead.
+RULES_OUTSIDE_CHECKS = {
+    "PipelineConfig.pg_clip", "PipelineConfig.use_pg_clip_range", "PipelineConfig.global_template",
+    "PipelineConfig.rollout_correction",  # the loader
+    "PipelineConfig.resume_from_checkpoint", "PipelineConfig.difficulty_loss_weight",  # the run's start
+    "ModelArgs.adapter_name_or_path", "FSDP2WrapPolicy.transformer_layer_cls_to_wrap",
+    "FSDP2WrapPolicy.wrap_lm_output",  # the engine or --dry-run, against the model
+    "RewardConfig.judge_max_retries", "RewardConfig.generating_args",  # a refused request; a run-time warning
+}
+RULE_WORDS = re.compile(r"\brefuse|\bis an error|\bwarns\b|\bmust agree")
+
+
+def test_help_texts_leave_rules_to_the_checks():
+    """A refusal or warning is said once, in its @check's doc (the reference's "Checks beyond types");
+    `_refused_unless` keys, ROLL switches accepted only off, say their one refusal themselves."""
+    stating = set()
+    for name, cls in inspect.getmembers(schema, inspect.isclass):
+        if cls.__module__ == schema.__name__ and dataclasses.is_dataclass(cls):
+            stating |= {f"{name}.{field.name}" for field in dataclasses.fields(cls)
+                        if "refused_unless" not in field.metadata and RULE_WORDS.search(field.metadata.get("help", ""))}
+    assert stating - RULES_OUTSIDE_CHECKS == set(), "help texts restating a rule: say it in the check's doc="
+    assert RULES_OUTSIDE_CHECKS - stating == set(), "no longer stated: drop them from RULES_OUTSIDE_CHECKS"
+
+
 def test_help_text_line_count_counts_wrapped_lines():
     assert rendered_lines("word " * 80) == 4
     assert rendered_lines("word " * 81) == 5
