@@ -186,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner
     from roll_gspo.agentic.tokens import ChatStitcher
     from roll_gspo.builtin.models import build_base_model
-    from roll_gspo.config.checks.agentic import manager_generating_args
+    from roll_gspo.config.plan.agentic import manager_generating_args
     from roll_gspo.distributed.cluster import Cluster
     from roll_gspo.workers.actor_infer import ActorInferWorker
 

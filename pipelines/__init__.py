@@ -13,7 +13,7 @@ def run_pipeline_from_config(cfg: PipelineConfig):
 
         return run_sft(cfg)
     if cfg.pipeline == "agentic":
-        from roll_gspo.config.checks.endpoint import uses_agent
+        from roll_gspo.config.plan.endpoint import uses_agent
 
         if uses_agent(cfg):  # an agent's episodes, played through the run's endpoint
             from pipelines.agent_source import run_agent_pipeline

@@ -25,7 +25,7 @@ from roll_gspo.agentic.episodes import trajectory_metrics
 from roll_gspo.agentic.health import HealthMonitor
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.checks.endpoint import uses_verifiers
+from roll_gspo.config.plan.endpoint import uses_verifiers
 from roll_gspo.envs.agents import agent_function, load_env
 from roll_gspo.serving.agents import AgentEpisode, agent_metrics, load_tasks, run_agent
 

@@ -42,8 +42,8 @@ from roll_gspo.algorithms.trajectory_advantages import (discounted_turn_returns,
     trajectory_advantages)
 from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.checks.async_rollout import generates_ahead, staleness_bound
-from roll_gspo.config.checks.agentic import env_manager_kind, error_penalty, manager_generating_args
+from roll_gspo.config.plan.async_mode import generates_ahead, staleness_bound
+from roll_gspo.config.plan.agentic import env_manager_kind, error_penalty, manager_generating_args
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.seeding import rollout_seeds

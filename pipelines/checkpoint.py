@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.roll.roll_compat import checkpoint_base
+from roll_gspo.lifecycle.checkpoint import checkpoint_base
 from roll_gspo.config.plan.rollout_logprobs import OldLogprobChoice
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, WorkerDiedError

@@ -6,7 +6,7 @@ import logging
 from typing import Optional
 
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.checks.endpoint import serves_endpoint, uses_agent
+from roll_gspo.config.plan.endpoint import serves_endpoint, uses_agent
 
 from pipelines.setup import RunClusters
 
@@ -16,7 +16,7 @@ logger = logging.getLogger("roll_gspo")
 def endpoint_sampling(cfg: PipelineConfig):
     """What the endpoint samples with: the rollout's generating_args (agentic: the training env
     manager's, max_new_tokens per turn), as the trainer's ratio assumes."""
-    from roll_gspo.config.checks.agentic import manager_generating_args
+    from roll_gspo.config.plan.agentic import manager_generating_args
     from roll_gspo.strategies.engine import Sampling
 
     gen = (manager_generating_args(cfg, cfg.train_env_manager) if cfg.pipeline == "agentic"

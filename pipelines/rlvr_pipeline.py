@@ -27,7 +27,7 @@ import torch
 
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.checks.async_rollout import staleness_bound
+from roll_gspo.config.plan.async_mode import staleness_bound
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.seeding import rollout_seeds

@@ -26,7 +26,7 @@ def load_prompts(cfg: PipelineConfig, tokenizer, data):
 
     files = list(data.file_name)
     if cfg.tasks:  # the tasks' rows of this split (training: instead of files, refused beside them)
-        from roll_gspo.config.checks.tasks import task_specs
+        from roll_gspo.config.plan.tasks import task_specs
         from roll_gspo.tasks import write_task_data
 
         files.append(write_task_data(task_specs(cfg), "train" if data is cfg.actor_train.data_args else "val"))

@@ -23,8 +23,8 @@ import os
 from typing import Callable, Dict, List, Optional
 
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.checks.async_rollout import generates_ahead, staleness_bound
-from roll_gspo.config.roll.roll_compat import checkpoint_base
+from roll_gspo.config.plan.async_mode import generates_ahead, staleness_bound
+from roll_gspo.lifecycle.checkpoint import checkpoint_base
 from roll_gspo.config.plan.run_plan import build_run_plan
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.batch_fields import RESPONSE_RATIOS, TRAINER_TENSORS, view

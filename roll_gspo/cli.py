@@ -132,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _auto_resume_from(cfg, exc: BaseException, used: int) -> Optional[str]:
     """The checkpoint `fault_tolerance.auto_resume_on_failure` resumes from after `exc`, or None."""
-    from roll_gspo.config.roll.roll_compat import checkpoint_base
+    from roll_gspo.lifecycle.checkpoint import checkpoint_base
     from roll_gspo.distributed.cluster import RestartsExhaustedError, is_memory_kill
     from roll_gspo.distributed.fault_tolerance import auto_resume_checkpoint
     from roll_gspo.lifecycle.checkpoint import complete_checkpoints
@@ -189,7 +189,7 @@ def _trace_to_log_file(exc: BaseException) -> None:
 
 def _resume_fits(cfg) -> bool:
     """Print what the resume will do (exact, resharded, converted) or why it is refused."""
-    from roll_gspo.config.roll.roll_compat import checkpoint_base
+    from roll_gspo.lifecycle.checkpoint import checkpoint_base
     from roll_gspo.lifecycle.reshape import describe_resume
 
     lines, problems = describe_resume(cfg, checkpoint_base(cfg))

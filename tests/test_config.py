@@ -746,7 +746,7 @@ def test_rollout_log_probs_that_are_not_the_trainers_are_refused(tmp_path, overr
     (ROLLOUT + ["actor_infer.model_args.dtype=bf16"], False),                # allowed, but not exact
 ])
 def test_exact_rollout_log_probs_are_accepted(tmp_path, overrides, exact):
-    from roll_gspo.config.plan.rollout_logprobs import rollout_logprobs_are_exact
+    from roll_gspo.config.plan.engine_logprobs import rollout_logprobs_are_exact
 
     cfg = load(tmp_path, overrides=overrides)
     ok, reason = rollout_logprobs_are_exact(cfg)

@@ -3,7 +3,7 @@ refusal, before any worker starts, naming the key (roll_gspo.config.checks.async
 import pytest
 
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.checks.async_rollout import staleness_bound
+from roll_gspo.config.plan.async_mode import staleness_bound
 from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 from tests.test_config import config_log, warning_messages  # noqa: F401  (the fixture)
 

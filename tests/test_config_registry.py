@@ -150,9 +150,9 @@ def test_roll_check_puts_a_finding_without_a_written_key_under_other_problems(ex
 
 
 def test_async_generation_ratio_has_one_check_module():
-    # Its rules live in async_rollout; the schema (roll_gspo/schema, below config) declares it; roll_keys
-    # lists it in ROLL's key table.
+    # Its rules live in checks/async_rollout, what a run derives from it in plan/async_mode; the schema
+    # (roll_gspo/schema, below config) declares it; roll_keys lists it in ROLL's key table.
     folder = REPO / "roll_gspo" / "config"
     naming = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.py") if "async_generation_ratio" in p.read_text())
-    assert naming == ["checks/async_rollout.py", "roll/roll_keys.py"]
+    assert naming == ["checks/async_rollout.py", "plan/async_mode.py", "roll/roll_keys.py"]
     assert "async_generation_ratio" in (REPO / "roll_gspo" / "schema" / "config.py").read_text()

@@ -357,7 +357,7 @@ def fsdp2_yaml(tmp_path, strategy_config, world_size=2, strategy_name="fsdp2_tra
 
 
 def test_roll_fsdp2_keys_load_and_act(tmp_path, caplog):
-    from roll_gspo.config.checks.fsdp2 import parse_fsdp2_config
+    from roll_gspo.config.plan.fsdp2 import parse_fsdp2_config
 
     recipe = {"fsdp_size": 16, "param_dtype": "fp32", "reduce_dtype": "float32", "reshard_after_forward": True,
               "offload_policy": False, "use_batched_model_update": False, "enable_mix_precision": True,

@@ -121,7 +121,8 @@ def test_bad_lora_input_fails_dry_run_naming_the_key(case, tmp_path, tiny_model,
 
 
 def test_target_forms_on_a_model(tiny_model):
-    from roll_gspo.config.checks.lora import peft_target_modules, resolve_lora_targets, weightless_model
+    from roll_gspo.config.checks.lora import weightless_model
+    from roll_gspo.config.plan.lora_targets import peft_target_modules, resolve_lora_targets
 
     model = weightless_model(tiny_model)
     every = resolve_lora_targets(model, "all-linear", "k")

@@ -10,7 +10,7 @@ import pytest
 from roll_gspo.algorithms import LOSS_SPECS
 from roll_gspo.config import ConfigError, load_config
 from roll_gspo.config.plan.run_plan import build_run_plan
-from roll_gspo.config.checks.policy_loss import policy_loss_options
+from roll_gspo.config.plan.policy_loss import policy_loss_options
 
 REPO = Path(__file__).resolve().parents[1]
 ROLL_DIR = REPO / "tests" / "data" / "roll"

@@ -16,7 +16,7 @@ import torch
 
 from roll_gspo.config import ConfigError, PipelineConfig, load_config, preflight
 from roll_gspo.config.roll import roll_compat
-from roll_gspo.config.load.loader import _schema_paths
+from roll_gspo.config.typed_walk import schema_paths
 
 REPO = Path(__file__).resolve().parents[1]
 ROLL_DIR = REPO / "tests" / "data" / "roll"
@@ -29,7 +29,7 @@ GPU_PLACEMENT = ("actor_train.device_mapping", "actor_infer.device_mapping", "re
 
 
 def _declared(path: str) -> bool:
-    paths = set(_schema_paths(PipelineConfig))
+    paths = set(schema_paths(PipelineConfig))
     return path in paths
 
 

@@ -14,7 +14,8 @@ from roll_gspo.algorithms import (LOSS_AGG_MODES, RejectionRule, kept_mask, kl_l
                                   rollout_correction)
 from roll_gspo.algorithms.rollout_correction import SEQUENCE_MEAN_METRICS
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source, correction_arguments
+from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
+from roll_gspo.config.plan.correction import correction_arguments
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
 
 DT = torch.float64

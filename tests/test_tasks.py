@@ -123,7 +123,7 @@ def test_a_correct_number_written_another_way_is_correct(key):
 
 
 def test_partial_credit_is_a_task_key(tmp_path):
-    from roll_gspo.config.checks.tasks import task_specs
+    from roll_gspo.config.plan.tasks import task_specs
 
     cfg = load_tasks_run(tmp_path, overrides=["tasks.sums.partial_credit=true"])
     specs = {s.key: s.resolved() for s in task_specs(cfg)}
@@ -228,7 +228,7 @@ def load_tasks_run(tmp_path, text=TASKS_RUN, overrides=()):
 
 def test_a_task_run_loads_and_its_rows_route_to_the_task_worker(tmp_path):
     from pipelines.setup import reward_routes
-    from roll_gspo.config.checks.tasks import task_specs
+    from roll_gspo.config.plan.tasks import task_specs
 
     cfg = load_tasks_run(tmp_path, overrides=["eval_steps=5"])
     assert cfg.eval_steps == 5  # the tasks' validation rows count as validation data

@@ -54,7 +54,7 @@ def test_verifiers_not_installed_is_refused_with_the_install_command(tmp_path, t
 
 
 def test_a_verifiers_config_loads_and_turns_the_endpoint_on(tmp_path, tiny_model):
-    from roll_gspo.config.checks.endpoint import uses_verifiers
+    from roll_gspo.config.plan.endpoint import uses_verifiers
 
     cfg = verifiers_config(tmp_path, tiny_model)
     assert uses_verifiers(cfg) and cfg.rollout_endpoint.enabled
@@ -114,7 +114,7 @@ def test_the_verifiers_example_loads(tiny_model, monkeypatch):
     """examples/example_verifiers.yaml: its env (examples/verifiers_envs/vf_arith.py) resolves and
     loads its tasks; the endpoint is on."""
     from roll_gspo.config import load_config
-    from roll_gspo.config.checks.endpoint import uses_verifiers
+    from roll_gspo.config.plan.endpoint import uses_verifiers
     from roll_gspo.serving.verifiers_env import load_env
 
     monkeypatch.syspath_prepend(os.path.join(os.path.dirname(ENVS), "..", "examples", "verifiers_envs"))

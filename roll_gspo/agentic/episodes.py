@@ -13,7 +13,7 @@ from typing import Dict, List
 import numpy as np
 
 from roll_gspo.agentic.trajectory import STOP_REASONS, EpisodeSpec, Trajectory
-from roll_gspo.config.checks.agentic import env_manager_kind
+from roll_gspo.config.plan.agentic import env_manager_kind
 from roll_gspo.schema.config import EnvManagerConfig, PipelineConfig
 from roll_gspo.data.prompts import allot
 from roll_gspo.lifecycle.seeding import rollout_seeds

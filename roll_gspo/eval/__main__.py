@@ -67,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     specs, settings = [], {}
     if args.config:
         from roll_gspo.config.load.loader import load_config
-        from roll_gspo.config.checks.tasks import task_specs
+        from roll_gspo.config.plan.tasks import task_specs
 
         cfg = load_config(args.config)
         specs = task_specs(cfg)

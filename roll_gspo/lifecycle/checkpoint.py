@@ -215,3 +215,9 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def checkpoint_base(cfg) -> str:
+    """The folder whose `checkpoints/` holds the run's checkpoints: checkpoint_config.output_dir
+    when set, else output_dir (never timestamped, so `resume_from_checkpoint: auto` finds them)."""
+    return cfg.checkpoint_config.output_dir or cfg.output_dir

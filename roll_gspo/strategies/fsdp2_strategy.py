@@ -20,7 +20,7 @@ from typing import Dict, Iterator, List, Optional
 import torch
 from torch.distributed.tensor import DTensor
 
-from roll_gspo.config.checks.fsdp2 import parse_fsdp2_config
+from roll_gspo.config.plan.fsdp2 import parse_fsdp2_config
 from roll_gspo.schema.config import FSDP2_DTYPES, RoleConfig
 from roll_gspo.models.causal_lm import TORCH_DTYPES
 from roll_gspo.strategies.deepspeed_offload import StateOffloader

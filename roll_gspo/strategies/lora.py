@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from roll_gspo.config.checks.lora import peft_target_modules, split_names
+from roll_gspo.config.plan.lora_targets import peft_target_modules, split_names
 from roll_gspo.schema.config import ModelArgs
 
 logger = logging.getLogger("roll_gspo.lora")

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from roll_gspo.config.plan.rollout_logprobs import vllm_logprobs_mode
+from roll_gspo.config.plan.engine_logprobs import vllm_logprobs_mode
 from roll_gspo.schema.config import GeneratingArgs, RoleConfig
 from roll_gspo.config.plan.vllm_prefill import CPU_ENGINE_DEFAULTS, prompt_split_problems
 from roll_gspo.sync.vllm_workers import WorkerBucketLoading, WorkerBucketRelay

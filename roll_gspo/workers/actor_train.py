@@ -13,8 +13,8 @@ import torch
 
 from roll_gspo.algorithms import (SEQUENCE_MEAN_METRICS, aggregate_loss, kept_mask, kl_loss, loss_normalisers,
                                   policy_loss, response_ratios, rollout_correction)
-from roll_gspo.config.checks.policy_loss import policy_loss_options
-from roll_gspo.config.plan.rollout_logprobs import correction_arguments, correction_enabled
+from roll_gspo.config.plan.policy_loss import policy_loss_options
+from roll_gspo.config.plan.correction import correction_arguments, correction_enabled
 from roll_gspo.config.plan.run_plan import RunPlan, build_run_plan
 from roll_gspo.placement.colocation import memory_gb
 from roll_gspo.schema.config import PipelineConfig, RoleConfig

@@ -12,15 +12,9 @@ from roll_gspo.catalog.estimators import ESTIMATORS, names
 from roll_gspo.config.findings import Finding, error, notice
 from roll_gspo.config.checks.registry import check
 from roll_gspo.config.checks.role_reads import is_written
-from roll_gspo.schema.config import CustomEnvConfig, EnvManagerConfig, GeneratingArgs, PipelineConfig
+from roll_gspo.config.plan.agentic import ENV_MANAGER_CLASSES, env_manager_kind
+from roll_gspo.schema.config import CustomEnvConfig, EnvManagerConfig, PipelineConfig
 
-# ROLL's env manager classes -> how a trajectory becomes samples here.
-ENV_MANAGER_CLASSES = {
-    "traj": "traj", "step": "step",
-    "roll.pipeline.agentic.env_manager.traj_env_manager.TrajEnvManager": "traj",
-    "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager": "step",
-    "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager": "step",
-}
 TEMPLATE_FIELDS = {"observation", "turn_idx", "actions_left", "max_response_length", "suffix"}
 
 
@@ -40,28 +34,6 @@ def infer_agentic_pipeline(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[
     cfg.pipeline = "agentic"
     return [notice("pipeline", f"pipeline: agentic, since the config writes {', '.join(written)} and no `pipeline` "
                                f"(ROLL picks it by the start script); write `pipeline: agentic` to silence this")]
-
-
-def env_manager_kind(cfg: PipelineConfig) -> str:
-    """`traj` or `step`: how the training tags' episodes become samples (all tags agree)."""
-    kinds = {ENV_MANAGER_CLASSES.get(cfg.custom_envs[tag].env_manager_cls) for tag in cfg.train_env_manager.tags
-             if tag in cfg.custom_envs}
-    known = {kind for kind in kinds if kind is not None}
-    return known.pop() if len(known) == 1 else "traj"
-
-
-def error_penalty(env_cfg: CustomEnvConfig) -> float:
-    """Reward of a step that ends an episode because its env failed."""
-    if env_cfg.error_penalty is not None:
-        return float(env_cfg.error_penalty)
-    value = env_cfg.env_config.get("format_penalty", 0.0)
-    return float(value) if isinstance(value, (int, float)) else 0.0
-
-
-def manager_generating_args(cfg: PipelineConfig, manager: EnvManagerConfig) -> GeneratingArgs:
-    """The manager's sampling, filled (fill_agentic_defaults has run). The training manager's
-    temperature / top_p / top_k are actor_infer's (`training_sampling_problems`)."""
-    return manager.generating_args or cfg.actor_infer.generating_args
 
 
 # The keys that shape the sampling distribution. The trainer, the reference, vLLM's logprobs_mode,
@@ -230,7 +202,7 @@ def agentic_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] 
                      ("validation", "validation plays val_env_manager's episodes")):
         if yaml_keys is not None and any(k == key or k.startswith(key + ".") for k in yaml_keys):
             problems.append(error(key, f"{key}: not read by the agentic pipeline ({why}); remove it"))
-    from roll_gspo.config.checks.endpoint import uses_agent
+    from roll_gspo.config.plan.endpoint import uses_agent
 
     problems += [p for p in _manager_problems(cfg, "train_env_manager", cfg.train_env_manager, cfg.rollout_batch_size,
                                               "rollout_batch_size")

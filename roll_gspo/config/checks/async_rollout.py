@@ -25,25 +25,10 @@ from roll_gspo.config.plan.engine_logprobs import rollout_logprobs_bias
 from roll_gspo.config.findings import Finding, error, warning
 from roll_gspo.config.checks.registry import check
 from roll_gspo.schema.config import PipelineConfig
-from roll_gspo.config.checks.correction import correction_enabled
+from roll_gspo.config.plan.async_mode import KEY, generates_ahead, staleness_bound
+from roll_gspo.config.plan.correction import correction_enabled
 
-KEY = "async_generation_ratio"
 POOL_KEY = "async_pool_batches"
-# Why `old_logprob_source: auto` takes the rollout engine's log-probs with it (rollout_logprobs).
-ASYNC_OLD_LOGPROBS = (f"{KEY} >= 1 trains on responses sampled by earlier weights (k >= 2: several versions per "
-                      f"response), which only the rollout engine's per-token log-probs still describe")
-
-
-def generates_ahead(cfg: PipelineConfig) -> bool:
-    """The rollout engine generates the next step's responses while the trainer trains."""
-    return bool(cfg.async_generation_ratio)
-
-
-def staleness_bound(cfg: PipelineConfig) -> Optional[int]:
-    """k of `async_generation_ratio: k` for k >= 2 (request pools, partial rollouts, the staleness
-    bound); None for 0 and 1, whose paths are unchanged."""
-    ratio = cfg.async_generation_ratio
-    return int(ratio) if ratio >= 2 else None
 
 
 @check("check", keys=(KEY, POOL_KEY),
@@ -101,7 +86,7 @@ def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
 
 def _agent_problems(cfg: PipelineConfig, setting: str) -> List[Finding]:
     """An agent's episodes (the user's code through the rollout endpoint) with either async mode."""
-    from roll_gspo.config.checks.endpoint import uses_agent
+    from roll_gspo.config.plan.endpoint import uses_agent
 
     if not uses_agent(cfg):
         return []

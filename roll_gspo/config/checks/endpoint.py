@@ -12,28 +12,13 @@ from typing import AbstractSet, List, Optional
 
 from roll_gspo.config.findings import Finding, error, notice
 from roll_gspo.config.checks.registry import check
+from roll_gspo.config.plan.endpoint import serves_endpoint, uses_agent
 from roll_gspo.schema.config import AgentConfig, PipelineConfig
 from roll_gspo.envs.agents import agent_function, load_env, load_tasks
 from roll_gspo.utils.net import is_loopback
 
 KEY = "rollout_endpoint"
 AGENT = "agent"
-
-
-def uses_agent(cfg: PipelineConfig) -> bool:
-    """The agentic run's episodes are an agent's (`agent.agent_func` or a verifiers environment,
-    `agent.verifiers_env`), not custom_envs'."""
-    return cfg.pipeline == "agentic" and bool(cfg.agent.agent_func or cfg.agent.verifiers_env)
-
-
-def uses_verifiers(cfg: PipelineConfig) -> bool:
-    """The agent is a verifiers environment (`agent.verifiers_env`)."""
-    return cfg.pipeline == "agentic" and bool(cfg.agent.verifiers_env) and not cfg.agent.agent_func
-
-
-def serves_endpoint(cfg: PipelineConfig) -> bool:
-    """The run serves the rollout endpoint (written, or turned on by an agent)."""
-    return cfg.has_rollout() and (cfg.rollout_endpoint.enabled or uses_agent(cfg))
 
 
 @check("derive", keys=(f"{KEY}.enabled",), doc="`agent.agent_func` or `agent.verifiers_env` set: the rollout endpoint on (its episodes go "

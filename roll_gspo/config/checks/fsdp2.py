@@ -1,7 +1,7 @@
 """The `strategy_config` of `fsdp2_train` / `fsdp2_infer` (ROLL's FSDP2 keys): checked against
 `schema.FSDP2StrategyConfig` like every block of the config (unknown keys with a "did you mean",
 types, choices, values refused with their reason), then read by the strategy through
-`parse_fsdp2_config`.
+`roll_gspo.config.plan.fsdp2.parse_fsdp2_config`.
 
 A DeepSpeed config is an open mapping handed to DeepSpeed; an FSDP2 one is this project's own
 reading of ROLL's keys, so every key is declared, and one that cannot act is refused or, where ROLL
@@ -9,35 +9,16 @@ ignores it too (dtype keys of a frozen engine), accepted with a notice.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import List
 
-from roll_gspo.config.roll import roll_compat
-from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.findings import Finding, error, notice
+from roll_gspo.config.plan.fsdp2 import fsdp2_config_problems, parse_fsdp2_config
 from roll_gspo.config.checks.registry import check
-from roll_gspo.config.typed_walk import _build, _walk
-from roll_gspo.schema.config import FSDP2_DTYPES, FSDP2StrategyConfig, PipelineConfig
+from roll_gspo.schema.config import FSDP2_DTYPES, PipelineConfig
 
 FSDP2_STRATEGIES = ("fsdp2_train", "fsdp2_infer")
 # Keys a frozen engine has no use for (it reduces no gradients); ROLL ignores them there too.
 TRAINING_ONLY_KEYS = ("reduce_dtype", "enable_mix_precision", "reduce_scatter_during_grad_accumulation")
-
-
-def fsdp2_config_problems(path: str, strategy_config: Dict[str, Any]) -> List[Finding]:
-    """Problems of one FSDP2 strategy_config written at `path` (dotted, for the messages)."""
-    problems: List[Finding] = []
-    checked = _walk(strategy_config, FSDP2StrategyConfig, path, problems)
-    if not problems:
-        roll_compat.refused_value_problems(FSDP2StrategyConfig, checked, strategy_config, problems, path=path)
-    return problems
-
-
-def parse_fsdp2_config(strategy_config: Dict[str, Any], path: str = "strategy_config") -> FSDP2StrategyConfig:
-    """The typed FSDP2 options (defaults for keys left out); ConfigError when they do not check."""
-    problems = fsdp2_config_problems(path, strategy_config)
-    if problems:
-        raise ConfigError(problems)
-    return _build(FSDP2StrategyConfig, _walk(strategy_config, FSDP2StrategyConfig, path, []))
 
 
 def _fsdp2_roles(cfg: PipelineConfig):

@@ -34,7 +34,7 @@ MUTATING_PHASES = ("normalise", "derive", "settle")
 # The modules that declare steps, in the order their steps run within a phase.
 CHECK_MODULES = tuple(f"roll_gspo.config.{name}" for name in (
     "checks.validate", "checks.rewards", "checks.async_rollout", "checks.correction", "checks.role_reads",
-    "checks.agentic", "checks.endpoint", "roll.roll_compat", "checks.policy_loss", "checks.fsdp2", "checks.lora",
+    "checks.agentic", "checks.endpoint", "checks.roll", "checks.policy_loss", "checks.fsdp2", "checks.lora",
     "checks.critic", "checks.tasks", "checks.placement", "checks.fault_tolerance", "checks.warm_start", "checks.opd"))
 
 

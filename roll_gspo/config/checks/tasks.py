@@ -3,20 +3,15 @@ source and takes its config, sizes and seeds make sense, a reward block of TaskR
 it, and no data file or domain mix competes with the tasks' own."""
 from __future__ import annotations
 
-import dataclasses
 from typing import List
 
 from roll_gspo.config.findings import Finding, error
 from roll_gspo.config.checks.registry import check
 from roll_gspo.schema.config import PipelineConfig
-from roll_gspo.tasks import TaskSpec, spec_problems
+from roll_gspo.config.plan.tasks import task_specs
+from roll_gspo.tasks import spec_problems
 
 TASK_WORKER = "roll_gspo.workers.rewards.TaskRewardWorker"
-
-
-def task_specs(cfg: PipelineConfig) -> List[TaskSpec]:
-    """The run's tasks as `TaskSpec`s (unresolved), in the YAML's order."""
-    return [TaskSpec(key=key, **dataclasses.asdict(task)) for key, task in cfg.tasks.items()]
 
 
 @check("check", keys=("tasks", "actor_train.data_args.file_name", "actor_train.data_args.domain_interleave_probs"),

@@ -15,7 +15,8 @@ from roll_gspo.catalog.policy_losses import LOSS_SPECS, canonical_loss
 from roll_gspo.config.plan.engine_logprobs import rollout_logprobs_are_exact, rollout_logprobs_bias, vllm_dtype_name
 from roll_gspo.config.findings import Finding, error, notice, warning
 from roll_gspo.config.checks.registry import check, run_steps
-from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source, correction_enabled
+from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
+from roll_gspo.config.plan.correction import correction_enabled
 from roll_gspo.config.plan.vllm_prefill import prompt_split_problems
 from roll_gspo.schema.config import FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
 

@@ -18,7 +18,8 @@ import sys
 import typing
 from typing import Any, List, Optional
 
-from roll_gspo.config.load.loader import REPO_ROOT, _field_types, _unwrap_optional
+from roll_gspo.config.load.loader import REPO_ROOT
+from roll_gspo.config.typed_walk import field_types, unwrap_optional
 from roll_gspo.schema.config import FSDP2StrategyConfig, PipelineConfig, RewardConfig
 from roll_gspo.schema.config import is_block_type
 
@@ -85,7 +86,7 @@ _ROLES = ("actor_train", "actor_infer", "reference")
 
 
 def _format_type(tp: Any) -> str:
-    inner, optional = _unwrap_optional(tp)
+    inner, optional = unwrap_optional(tp)
     origin = typing.get_origin(inner)
     if origin is list:
         (item,) = typing.get_args(inner)
@@ -133,7 +134,7 @@ def _key_line(path: str, field: dataclasses.Field, tp: Any, default: Any) -> str
 def _section(instance: Any, path: str, level: int, title_help: str, note: str = "") -> List[str]:
     """Lines of one dataclass block: its scalar keys, then one subsection per nested block."""
     cls = type(instance)
-    types = _field_types(cls)
+    types = field_types(cls)
     fields = dataclasses.fields(cls)
     lines = [f"{'#' * level} `{path}`" if path else f"{'#' * level} Top-level keys", ""]
     if title_help:
@@ -143,7 +144,7 @@ def _section(instance: Any, path: str, level: int, title_help: str, note: str = 
     nested = []
     for field in fields:
         tp = types[field.name]
-        inner, _ = _unwrap_optional(tp)
+        inner, _ = unwrap_optional(tp)
         full = f"{path}.{field.name}" if path else field.name
         value = getattr(instance, field.name)
         if is_block_type(inner):
@@ -207,7 +208,7 @@ def _schema_field(path: str):
         if part not in fields:
             return None
         field = fields[part]
-        inner, _ = _unwrap_optional(_field_types(cls)[part])
+        inner, _ = unwrap_optional(field_types(cls)[part])
         cls = inner if dataclasses.is_dataclass(inner) else (
             typing.get_args(inner)[1] if typing.get_origin(inner) is dict else None)
         if part == "strategy_config":  # the ROLL keys listed below it are FSDP2's (a schema of their own)

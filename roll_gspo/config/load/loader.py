@@ -25,8 +25,8 @@ from roll_gspo.config.roll import roll_compat
 from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.findings import Finding, notice
 from roll_gspo.schema.config import PipelineConfig, RewardConfig
-# The strict typed walk (also FSDP2's strategy_config's); re-exported for reference.py and tests.
-from roll_gspo.config.typed_walk import _build, _field_types, _schema_paths, _unwrap_optional, _walk  # noqa: F401
+# The strict typed walk (typed_walk; FSDP2's strategy_config is walked the same way, plan/fsdp2).
+from roll_gspo.config.typed_walk import build, field_types, walk
 
 # Where `--config NAME` is looked up when NAME is not a path (repository root relative).
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -185,7 +185,7 @@ def interpolation_anchors(raw: Dict[str, Any]) -> Set[str]:
             referenced.update(m.group(1) for m in _INTERPOLATION_ROOT.finditer(node))
 
     visit(raw)
-    schema_keys = set(_field_types(PipelineConfig))
+    schema_keys = set(field_types(PipelineConfig))
     return {key for key in raw if isinstance(key, str) and key in referenced and key not in schema_keys}
 
 
@@ -220,7 +220,7 @@ def load_config_dict(raw_cfg: DictConfig,
     roll_compat.normalise_roll_values(raw)
     anchors = {k for k in raw if isinstance(k, str) and (k.startswith("_") or k in roll_compat.DEEPSPEED_ANCHORS)}
     anchors |= interpolation_anchors(raw)
-    unread = sorted(k for k in from_defaults if k in raw and k not in anchors and k not in _field_types(PipelineConfig))
+    unread = sorted(k for k in from_defaults if k in raw and k not in anchors and k not in field_types(PipelineConfig))
     notices = []
     if unread:
         anchors |= set(unread)
@@ -229,7 +229,7 @@ def load_config_dict(raw_cfg: DictConfig,
     pipeline_keys = {k: v for k, v in raw.items() if k not in anchors}
 
     problems: List[Finding] = []
-    _walk(pipeline_keys, PipelineConfig, "", problems)  # unknown keys, on what the user wrote
+    walk(pipeline_keys, PipelineConfig, "", problems)  # unknown keys, on what the user wrote
     if problems:
         raise ConfigError(problems, notices)
 
@@ -247,14 +247,14 @@ def load_config_dict(raw_cfg: DictConfig,
         resolved.pop(key, None)
     _normalise_legacy_values(resolved)
     roll_compat.normalise_roll_values(resolved)
-    checked = _walk(resolved, PipelineConfig, "", problems)
+    checked = walk(resolved, PipelineConfig, "", problems)
     if problems:
         raise ConfigError(problems, notices)
     # ROLL's names and multi-key semantics, knowing which keys the user wrote.
     roll_compat.apply_roll_compat(PipelineConfig, checked, pipeline_keys, problems)
     if problems:
         raise ConfigError(problems, notices)
-    return _build(PipelineConfig, checked), notices
+    return build(PipelineConfig, checked), notices
 
 
 def written_key_paths(raw_cfg: DictConfig) -> Set[str]:

@@ -3,20 +3,18 @@
 whole forward pass is saved; the trainer's where anything needs them, e.g. the rollout correction,
 whose weights compare the two).
 
-What the engine's log-probs are (vLLM's modes, dtype, bias) is `engine_logprobs`'; the rollout
-correction's keys are `train_infer_correction`'s; asynchronous rollout's rules `async_rollout`'s.
-Their names used with these are re-exported here.
+What the engine's log-probs are (vLLM's modes, dtype, bias) is `engine_logprobs`'; whether the rollout
+correction acts is `correction`'s; whether generation runs ahead is `async_mode`'s.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from roll_gspo.config.checks.async_rollout import ASYNC_OLD_LOGPROBS, generates_ahead
-from roll_gspo.config.plan.engine_logprobs import (VLLM_DTYPE_SPELLINGS, rollout_logprobs_are_exact,  # noqa: F401
-                                              rollout_logprobs_bias, truncates, vllm_dtype_name, vllm_logprobs_mode)
+from roll_gspo.config.plan.async_mode import ASYNC_OLD_LOGPROBS, generates_ahead
+from roll_gspo.config.plan.engine_logprobs import rollout_logprobs_are_exact, rollout_logprobs_bias
 from roll_gspo.schema.config import PipelineConfig
-from roll_gspo.config.checks.correction import correction_arguments, correction_enabled  # noqa: F401
+from roll_gspo.config.plan.correction import correction_enabled
 
 
 @dataclass(frozen=True)

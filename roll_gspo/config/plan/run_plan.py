@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from roll_gspo.config.plan.model_shape import policy_shape
-from roll_gspo.config.checks.policy_loss import describe_policy_loss
+from roll_gspo.config.plan.policy_loss import describe_policy_loss
 from roll_gspo.config.plan.rollout_logprobs import OldLogprobChoice, choose_old_logprob_source
 from roll_gspo.placement.cluster_plan import ClusterSpec, gpu_roles, plan_cluster
 from roll_gspo.placement.colocation import colocation, offload_between_phases, offload_reason, sleep_level

@@ -1,7 +1,7 @@
 """ROLL's configuration surface on this project's one schema.
 
 A ROLL RLVR YAML runs here with at most its strategy names changed. Every ROLL key is a field of
-``schema.py`` (with help text); this module holds what makes those fields act or be refused:
+``roll_gspo/schema/config.py`` (with help text); this module holds what makes those fields act or be refused:
 
 * ``resolve_aliases``: ROLL names declared beside their field (``_alias`` in schema.py), e.g.
   ``max_ckpt_to_keep`` -> ``save_total_limit``; writing both with different values is an error.
@@ -14,7 +14,7 @@ A ROLL RLVR YAML runs here with at most its strategy names changed. Every ROLL k
   add a line when a worker lands).
 * ``hydra_block_problems``: which ``hydra:`` keys a YAML may hold (run_pipeline.py composes with
   Hydra but does not run under ``@hydra.main``).
-* the steps `roll_compat.*` (registry): checks on the built config.
+* the steps `roll_compat.*`, checks on the built config, are `roll_gspo.config.checks.roll`'s.
 
 The table of every ROLL key for the docs is in ``roll_keys.py``.
 
@@ -27,9 +27,8 @@ import dataclasses
 import typing
 from typing import Any, Dict, List, Optional
 
-from roll_gspo.catalog.reward_workers import REWARD_WORKERS, loads_model
-from roll_gspo.config.findings import Finding, error, warning
-from roll_gspo.config.checks.registry import check
+from roll_gspo.catalog.reward_workers import REWARD_WORKERS
+from roll_gspo.config.findings import Finding, error
 from roll_gspo.schema.config import is_block_type
 
 # Top-level blocks of configs/deepspeed_zero*.yaml (ROLL's DeepSpeed presets), composed in by a
@@ -401,79 +400,6 @@ def hydra_block_problems(hydra_block: Any) -> List[Finding]:
     return problems
 
 
-# --------------------------------------------------------------------------------------------
-# Checks on the built config
-# --------------------------------------------------------------------------------------------
-@check("check", keys=("<role>.model_args.model_type", "<role>.model_args.attn_implementation",
-                      "<role>.strategy_args.strategy_name", "actor_infer.strategy_args.strategy_config.block_size",
-                      "difficulty_low_threshold", "entropy_loss_coef", "num_gpus_per_node",
-                      "actor_train.data_args.preprocessing_num_workers"),
-       doc="ROLL values that cannot act here: a `model_type` on a policy role, flash_attention_2 on CPU, a "
-           "frozen engine training or deepspeed_infer sampling, a CPU vLLM `block_size` not a multiple of 32, "
-           "difficulty thresholds out of order", name="roll_compat.semantics")
-def _roll_semantics(cfg, yaml_keys) -> List[Finding]:
-    problems = []
-    for name in ("actor_train", "actor_infer", "reference"):
-        role = getattr(cfg, name)
-        if role.model_args.model_type is not None:
-            problems.append(error(f"{name}.model_args.model_type", f"{name}.model_args.model_type = "
-                                                                   f"{role.model_args.model_type!r}: a policy role is "
-                                                                   f"a causal LM; model_type is for reward models "
-                                                                   f"(leave it null)"))
-        if role.model_args.attn_implementation == "flash_attention_2" and not role.num_gpus_per_worker:
-            problems.append(error(f"{name}.model_args.attn_implementation",
-                                  f"{name}.model_args.attn_implementation: flash_attention_2 (ROLL's fa2) needs a CUDA "
-                                  f"GPU and runs on CPU nowhere; use sdpa on CPU"))
-    for domain, reward in cfg.rewards.items():  # a judge or reward model loaded by hf_infer on CPUs
-        if (reward.model_args.attn_implementation == "flash_attention_2" and not reward.num_gpus_per_worker
-                and reward.strategy_args.strategy_name == "hf_infer"
-                and loads_model(reward.worker_cls)):
-            key = f"rewards.{domain}.model_args.attn_implementation"
-            problems.append(error(key, f"{key}: flash_attention_2 (ROLL's fa2) needs a CUDA GPU and runs on CPU "
-                                       f"nowhere; use sdpa on CPU"))
-    if cfg.actor_infer.strategy_args.strategy_name == "deepspeed_infer":
-        problems.append(error("actor_infer.strategy_args.strategy_name",
-                              "actor_infer.strategy_args.strategy_name: deepspeed_infer scores but does not sample; "
-                              "use vllm or hf_infer"))
-    infer = cfg.actor_infer
-    block = (infer.strategy_args.strategy_config or {}).get("block_size")
-    if infer.strategy_args.strategy_name == "vllm" and not infer.num_gpus_per_worker and block and block % 32:
-        key = "actor_infer.strategy_args.strategy_config.block_size"
-        problems.append(error(key, f"{key} = {block}: vLLM's CPU attention needs a multiple of 32 (ROLL's 16 is a "
-                                   f"GPU value); use 32 on CPU"))
-    frozen = cfg.actor_train.strategy_args.strategy_name
-    if frozen in ("deepspeed_infer", "fsdp2_infer"):
-        problems.append(error("actor_train.strategy_args.strategy_name",
-                              f"actor_train.strategy_args.strategy_name: {frozen} is a frozen engine; use "
-                              f"{frozen.replace('_infer', '_train')}"))
-    if not 0.0 <= cfg.difficulty_low_threshold <= cfg.difficulty_high_threshold <= 1.0 and cfg.difficulty_mask:
-        problems.append(error("difficulty_low_threshold", f"difficulty_low_threshold / difficulty_high_threshold = "
-                                                          f"{cfg.difficulty_low_threshold} / "
-                                                          f"{cfg.difficulty_high_threshold}: need 0 <= low <= high <= "
-                                                          f"1"))
-    if cfg.entropy_loss_coef < 0:
-        problems.append(error("entropy_loss_coef", f"entropy_loss_coef: must be >= 0, got {cfg.entropy_loss_coef}"))
-    if cfg.num_gpus_per_node < 1:
-        problems.append(error("num_gpus_per_node", f"num_gpus_per_node: must be >= 1, got {cfg.num_gpus_per_node}"))
-    if cfg.actor_train.data_args.preprocessing_num_workers is not None and \
-            cfg.actor_train.data_args.preprocessing_num_workers < 1:
-        problems.append(error("actor_train.data_args.preprocessing_num_workers",
-                              "actor_train.data_args.preprocessing_num_workers: must be >= 1 or null"))
-    return problems
-
-
-@check("normalise", keys=("<role>.strategy_args.strategy_config",),
-       doc="Megatron keys of a deepspeed_* role turned into their DeepSpeed form (data-parallel sizes of 1 "
-           "dropped, `use_distributed_optimizer` as ZeRO stage 1, `recompute_granularity: full` as gradient "
-           "checkpointing); refuses model parallelism, selective recompute and other Megatron/FSDP options",
-       name="roll_compat.megatron_keys")
-def _megatron_keys(cfg, yaml_keys) -> List[Finding]:
-    problems: List[Finding] = []
-    for name in ("actor_train", "reference") + (("critic",) if cfg.critic is not None else ()):
-        problems += foreign_strategy_key_problems(name, getattr(cfg, name))
-    return problems
-
-
 # Megatron-LM / FSDP keys of ROLL's megatron_* / fsdp2_* strategy_config: DeepSpeed would ignore
 # them silently, so a YAML whose strategy name was changed to deepspeed_* must drop them.
 FOREIGN_STRATEGY_KEYS = (
@@ -559,35 +485,3 @@ def under_dataset_dir(name: str, dataset_dir: Optional[str]) -> str:
     return name
 
 
-def checkpoint_base(cfg) -> str:
-    """The folder whose `checkpoints/` holds the run's checkpoints: checkpoint_config.output_dir
-    when set, else output_dir (never timestamped, so `resume_from_checkpoint: auto` finds them)."""
-    return cfg.checkpoint_config.output_dir or cfg.output_dir
-
-
-@check("warn", keys=("value_clip",), doc="`value_clip` without a critic (it clips a critic's value loss)",
-       name="roll_compat.value_clip")
-def _roll_warnings(cfg, yaml_keys) -> List[Finding]:
-    if cfg.value_clip is not None and not cfg.uses_critic():
-        return [warning("value_clip", f"value_clip = {cfg.value_clip} has no effect: it clips a critic's value loss "
-                                      f"and this run has no critic (adv_estimator {cfg.adv_estimator}); ROLL ignores "
-                                      f"it too without gae. Remove it to silence this warning.")]
-    return []
-
-
-@check("normalise", keys=("max_grad_norm", "actor_train.training_args.max_grad_norm"),
-       doc="ROLL's top-level `max_grad_norm` acts as actor_train.training_args.max_grad_norm; refused when "
-           "both are written and differ", name="roll_compat.grad_norm")
-def _pipeline_grad_norm(cfg, yaml_keys) -> List[Finding]:
-    """ROLL's top-level `max_grad_norm` (what its FSDP2/Megatron strategies clip with) acts as
-    actor_train.training_args.max_grad_norm; both written and different is a contradiction."""
-    if cfg.max_grad_norm is None:
-        return []
-    args = cfg.actor_train.training_args
-    key = "actor_train.training_args.max_grad_norm"
-    if yaml_keys is not None and key in yaml_keys and args.max_grad_norm != cfg.max_grad_norm:
-        return [error("max_grad_norm", f"max_grad_norm = {cfg.max_grad_norm} contradicts {key} = {args.max_grad_norm}: "
-                                       f"ROLL reads the top-level one in its FSDP2/Megatron strategies and "
-                                       f"training_args' in DeepSpeed; write one")]
-    args.max_grad_norm = cfg.max_grad_norm
-    return []
