@@ -143,15 +143,6 @@ def gguf_config(path: str, cache_dir: Optional[str] = None) -> Dict[str, object]
     return dict(_read_gguf(*_file_key(path)))
 
 
-def gguf_problem(path: str, cache_dir: Optional[str] = None) -> Optional[str]:
-    """Why GGUF file `path` cannot be converted, or None (for the config preflight)."""
-    try:
-        gguf_config(path, cache_dir)
-    except (GGUFError, FileNotFoundError) as exc:
-        return str(exc)
-    return None
-
-
 def _choose_pad(tokenizer) -> None:
     """Pad distinct from eos where the vocabulary has an unknown/end-of-text token (module doc)."""
     eos = tokenizer.eos_token_id

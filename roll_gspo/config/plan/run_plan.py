@@ -12,7 +12,7 @@ starts (on GPUs; on CPU Ray picks a rank's node at run time, and the route says 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from roll_gspo.config.plan.model_shape import policy_shape
 from roll_gspo.config.plan.policy_loss import describe_policy_loss
@@ -72,13 +72,6 @@ class RunPlan:
             if role.name == name:
                 return role
         raise KeyError(f"the run starts no role {name!r} (it starts {', '.join(r.name for r in self.roles)})")
-
-    def has_role(self, name: str) -> bool:
-        return any(role.name == name for role in self.roles)
-
-    @property
-    def vllm_sleeps(self) -> bool:
-        return self.sleep_level is not None
 
     def lines(self) -> List[str]:
         """The plan as `--dry-run` prints it: a short "run plan" section."""
@@ -176,8 +169,3 @@ def freeze_config(cfg: PipelineConfig) -> PipelineConfig:
     """Make a loaded, validated config read-only (in place; returns it): setting a key then raises
     `ReadOnlyConfigError` naming its path. What the run derives goes in its `RunPlan`."""
     return cfg if is_frozen(cfg) else freeze(cfg)
-
-
-def plan_roles(plan: RunPlan) -> Dict[str, RolePlan]:
-    """The plan's roles by name."""
-    return {role.name: role for role in plan.roles}
