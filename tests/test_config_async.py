@@ -3,8 +3,8 @@ refusal, before any worker starts, naming the key (roll_gspo.config.checks.async
 import pytest
 
 from roll_gspo.config import ConfigError, load_config
-from roll_gspo.config.plan.async_mode import staleness_bound
 from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
+from roll_gspo.config.plan.run_plan import build_run_plan
 from tests.test_config import config_log, warning_messages  # noqa: F401  (the fixture)
 
 K2 = ["async_generation_ratio=2"]
@@ -16,11 +16,22 @@ def refusal(example, overrides):
     return str(info.value)
 
 
+def rollout_mode(example, overrides):
+    """(rollout_depth, staleness_bound) of the example's run plan."""
+    plan = build_run_plan(load_config(example, overrides))
+    return plan.rollout_depth, plan.staleness_bound
+
+
+@pytest.mark.parametrize("ratio, mode", [(0, (0, None)), (1, (1, None)), ("1.0", (1, None)), (2, (1, 2)), (3, (1, 3))])
+def test_the_run_plan_decides_the_rollout_depth_and_the_bound_once(ratio, mode):
+    """0: synchronous; 1 (1.0 is 1): one step ahead; k >= 2: one step ahead and a bound of k versions."""
+    assert rollout_mode("example_gspo.yaml", [f"async_generation_ratio={ratio}"]) == mode
+
+
 def test_k2_is_accepted_with_rollout_log_probs_or_trainer_with_a_correction():
     cfg = load_config("example_gspo.yaml", K2)
-    assert staleness_bound(cfg) == 2 and cfg.async_pool_batches == 2.0
+    assert build_run_plan(cfg).staleness_bound == 2 and cfg.async_pool_batches == 2.0
     assert choose_old_logprob_source(cfg).source == "rollout"
-    assert staleness_bound(load_config("example_gspo.yaml", ["async_generation_ratio=1.0"])) is None  # 1.0 is 1
     decoupled = load_config("example_gspo.yaml", K2 + ["old_logprob_source=trainer",
                                                        "train_infer_correction.is_weight.enabled=true"])
     assert choose_old_logprob_source(decoupled).source == "trainer"
@@ -41,7 +52,7 @@ def test_k2_refusals_name_the_key(overrides, expected):
 
 
 def test_agentic_runs_take_both_modes_but_an_agents_episodes_are_refused():
-    assert staleness_bound(load_config("example_agentic.yaml", K2)) == 2
+    assert rollout_mode("example_agentic.yaml", K2) == (1, 2)
     assert choose_old_logprob_source(load_config("example_agentic.yaml", ["async_generation_ratio=1"])).source == \
         "rollout"
     for overrides in (K2, ["async_generation_ratio=1"]):

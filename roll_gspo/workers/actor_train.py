@@ -79,7 +79,6 @@ class ActorTrainWorker(RankWorker):
         self.weight_sender = None
         # train_infer_correction: keywords of algorithms.rollout_correction, None when off
         self.correction = correction_arguments(cfg) if cfg.has_rollout() and correction_enabled(cfg) else None
-        self._lag_gaps: Dict[str, Any] = {}  # k >= 2: the micro-batch's log-prob gap per token lag, and its tokens
 
     @functools.cached_property
     def loss_options(self) -> Dict[str, Any]:
@@ -227,14 +226,13 @@ class ActorTrainWorker(RankWorker):
             # Held through backward: gradient checkpointing re-runs each layer's forward there, routers
             # included, and a recomputed layer must route as the first pass did.
             with self._routing(replay):
-                loss, micro_metrics, token_count = self._micro_loss(micro, num_seqs, num_tokens, before_any_update,
-                                                                    aux_seqs)
+                loss, micro_metrics, token_count, lag_gaps = self._micro_loss(micro, num_seqs, num_tokens,
+                                                                              before_any_update, aux_seqs)
                 self._check_finite(loss, micro_metrics)
                 self.strategy.backward_and_step(loss, boundary=index == passes - 1)
             metrics.add_micro(micro_metrics, token_count)
-            for key, (gap, count) in getattr(self, "_lag_gaps", {}).items():  # each lag's mean over its tokens
+            for key, (gap, count) in lag_gaps.items():  # each lag's mean over its tokens
                 metrics.add_micro({key: gap}, count)
-            self._lag_gaps = {}
         for index in range(len(plans), passes):
             self.strategy.backward_and_step(padding_pass(self.engine, self.temperature).sum() * 0.0,
                                             boundary=index == passes - 1)
@@ -257,10 +255,13 @@ class ActorTrainWorker(RankWorker):
         metrics.add_micro({k: v for k, v in values.items() if k in SEQUENCE_MEAN_METRICS}, responses)
 
     def _micro_loss(self, micro: Batch, num_seqs: float, num_tokens: float, before_any_update: bool,
-                    aux_seqs: Optional[float] = None) -> "tuple[torch.Tensor, Dict[str, float], float]":
+                    aux_seqs: Optional[float] = None
+                    ) -> "tuple[torch.Tensor, Dict[str, float], float, Dict[str, Tuple[float, float]]]":
         """The loss of one micro-batch (policy loss, KL, MoE aux, entropy bonus), normalised by the
         mini-batch's `num_seqs` / `num_tokens` over all ranks (of the kept tokens; the MoE aux loss
-        by `aux_seqs`, default `num_seqs`); its metrics and their weight (kept tokens)."""
+        by `aux_seqs`, default `num_seqs`); its metrics and their weight (kept tokens); with a
+        staleness bound, the trainer-rollout log-prob gap per token lag, each with its weight (its
+        tokens; empty otherwise)."""
         cfg = self.cfg
         full_mask = loss_mask(micro)
         micro_mask = kept_loss_mask(micro)  # tokens the rollout correction rejects leave every term of the loss
@@ -294,19 +295,18 @@ class ActorTrainWorker(RankWorker):
             self._note_response_ratios(micro["row_index"], log_probs.detach(), micro["old_log_probs"], full_mask)
         token_count = float(micro_mask.sum())
         micro_metrics = {**pg_metrics,
+        lag_gaps: Dict[str, Tuple[float, float]] = {}
                          "actor/entropy": float((entropy * micro_mask).sum() / max(token_count, 1.0))}
         if before_any_update and "rollout_log_probs" in micro:
             # Trainer vs rollout engine on the same, not yet updated, policy.
             gap = (log_probs.detach() - micro["rollout_log_probs"]).abs()
             micro_metrics["rollout/logprob_gap"] = float((gap * full_mask).sum() / max(float(full_mask.sum()), 1.0))
-            if "token_lags" in micro:  # async_generation_ratio k >= 2: the gap per lag (trainer - token version)
-                for lag in range(int(cfg.async_generation_ratio) + 1):  # every lag on every rank: same keys
+            if "token_lags" in micro:  # a staleness bound k >= 2: the gap per lag (trainer - token version)
+                for lag in range(self.plan.staleness_bound + 1):  # every lag on every rank: same keys
                     own = full_mask * (micro["token_lags"] == lag)
                     count = float(own.sum())
-                    self._lag_gaps = getattr(self, "_lag_gaps", {})
-                    self._lag_gaps[f"rollout/logprob_gap/lag{lag}"] = (
-                        float((gap * own).sum()) / max(count, 1.0), count)
-        return loss, micro_metrics, token_count
+                    lag_gaps[f"rollout/logprob_gap/lag{lag}"] = (float((gap * own).sum()) / max(count, 1.0), count)
+        return loss, micro_metrics, token_count, lag_gaps
 
     def _note_response_ratios(self, rows: torch.Tensor, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
                               mask: torch.Tensor) -> None:

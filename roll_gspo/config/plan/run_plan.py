@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from roll_gspo.config.plan.async_mode import generates_ahead, staleness_bound
 from roll_gspo.config.plan.model_shape import policy_shape
 from roll_gspo.config.plan.policy_loss import describe_policy_loss
 from roll_gspo.config.plan.rollout_logprobs import OldLogprobChoice, choose_old_logprob_source
@@ -66,6 +67,11 @@ class RunPlan:
     weight_routes: Tuple[str, ...]  # one line per rollout rank (or worker): how the weights reach it
     policy_parameters: Optional[int]  # the policy's size when its shape is known before it is built
     policy_loss: Optional[str] = None  # which policy loss runs, in words (policy_loss_checks); None: sft
+    # async_generation_ratio, decided here once: the rollouts generated ahead of the step that trains
+    # them (0: synchronous; 1: one step ahead, for ratio 1 and k >= 2), and k >= 2's staleness bound
+    # (the pooled sources' partial rollouts; None for 0 and 1).
+    rollout_depth: int = 0
+    staleness_bound: Optional[int] = None
 
     def role(self, name: str) -> RolePlan:
         for role in self.roles:
@@ -87,11 +93,20 @@ class RunPlan:
                 out.append(f"  offload between phases: off ({self.offload_reason})")
         if self.policy_loss is not None:
             out.append(f"  policy loss: {self.policy_loss}")
+        if self.weight_sync_transport is not None:
+            out.append(f"  rollout: {self.rollout_mode()}")
         if self.old_logprobs is not None:
             out.append(f"  old log-probs: {self.old_logprobs.source} ({self.old_logprobs.reason})")
         out.append(f"  reference log-probs: {_REFERENCE_TEXT[self.reference]}")
         out.append(f"  critic: {'yes (adv_estimator gae)' if self.critic else 'none'}")
         return out
+
+    def rollout_mode(self) -> str:
+        """How generation overlaps training, in words."""
+        if self.staleness_bound is not None:
+            return (f"one step ahead, work in flight across steps (request or episode pools), a staleness bound "
+                    f"of {self.staleness_bound} versions")
+        return "one step ahead of training" if self.rollout_depth else "synchronous"
 
     def text(self) -> str:
         return "\n".join(self.lines())
@@ -162,6 +177,8 @@ def build_run_plan(cfg: PipelineConfig, model_is_moe: Optional[bool] = None,
         weight_routes=routes,
         policy_parameters=shape.num_parameters() if shape is not None else None,
         policy_loss=describe_policy_loss(cfg) if rollout else None,
+        rollout_depth=int(rollout and generates_ahead(cfg)),
+        staleness_bound=staleness_bound(cfg) if rollout else None,
     )
 
 
