@@ -295,8 +295,8 @@ class ActorTrainWorker(RankWorker):
             self._note_response_ratios(micro["row_index"], log_probs.detach(), micro["old_log_probs"], full_mask)
         token_count = float(micro_mask.sum())
         micro_metrics = {**pg_metrics,
-        lag_gaps: Dict[str, Tuple[float, float]] = {}
                          "actor/entropy": float((entropy * micro_mask).sum() / max(token_count, 1.0))}
+        lag_gaps: Dict[str, Tuple[float, float]] = {}
         if before_any_update and "rollout_log_probs" in micro:
             # Trainer vs rollout engine on the same, not yet updated, policy.
             gap = (log_probs.detach() - micro["rollout_log_probs"]).abs()
