@@ -136,30 +136,37 @@ class Intervals:
 
 
 def timed_source(intervals: Intervals, lengths: List[int]):
-    """PromptGroupSource whose generation calls are timed into `intervals`, and every trained
-    response's length appended to `lengths`."""
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    """The RLVR source the run plan picks, its generation calls timed into `intervals` and every
+    trained response's length appended to `lengths` (a `make_source` for the trainer loop)."""
+    from pipelines.rlvr_pipeline import PooledPromptGroupSource, PromptGroupSource
 
-    class TimedSource(PromptGroupSource):
-        def produce(self, step, timings):
-            if self.bound is not None:  # start_ahead + finish_ahead: start_ahead's watcher times it
-                return super().produce(step, timings)
+    def timed(base):
+        class TimedSource(base):
+            def start_ahead(self, step):
+                start = time.perf_counter()
+                calls = super().start_ahead(step)
+                intervals.watch(calls, start)
+                return calls
+
+            def step_metrics(self, rollout, step_seconds):
+                lengths.extend(int(n) for n in rollout.batch["response_mask"].sum(-1).tolist())
+                return super().step_metrics(rollout, step_seconds)
+
+        return TimedSource
+
+    class TimedPlainSource(timed(PromptGroupSource)):
+        def produce(self, step, timings):  # the pooled source's goes through start_ahead, whose watcher times it
             start = time.perf_counter()
             rollout = super().produce(step, timings)
             intervals.add(start, time.perf_counter())
             return rollout
 
-        def start_ahead(self, step):
-            start = time.perf_counter()
-            calls = super().start_ahead(step)
-            intervals.watch(calls, start)
-            return calls
+    def make(cfg, tokenizer, plan):
+        if plan.staleness_bound is not None:
+            return timed(PooledPromptGroupSource)(cfg, tokenizer, plan.staleness_bound)
+        return TimedPlainSource(cfg, tokenizer)
 
-        def step_metrics(self, rollout, step_seconds):
-            lengths.extend(int(n) for n in rollout.batch["response_mask"].sum(-1).tolist())
-            return super().step_metrics(rollout, step_seconds)
-
-    return TimedSource
+    return make
 
 
 def length_stats(lengths: Sequence[float]) -> Dict[str, float]:

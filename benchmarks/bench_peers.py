@@ -549,7 +549,7 @@ class PipelineRunner:
     def __init__(self, overrides: List[str], ray_address: Optional[str] = None, config: str = DEFAULT_CONFIG):
         import ray
 
-        from pipelines.rlvr_pipeline import PromptGroupSource
+        from pipelines.rlvr_pipeline import make_prompt_group_source
         from pipelines.trainer_loop import TrainerLoop
         from roll_gspo.config import load_config
 
@@ -558,7 +558,7 @@ class PipelineRunner:
             ray.init(address=ray_address, log_to_driver=False)
         else:
             init_local_ray(required_cpus(cfg))
-        self.pipeline = TrainerLoop(cfg, PromptGroupSource)
+        self.pipeline = TrainerLoop(cfg, make_prompt_group_source)
         self.step_index = 0
         self.breakdown = False
 

@@ -356,12 +356,12 @@ def run_interleaved(args, cfg, overrides: List[str], workdir: str) -> Dict[str, 
     the pipeline's metrics and wall times, the recorded inputs, thread facts, probe and raw timings."""
     import ray
 
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
 
     init_local_ray(required_cpus(cfg), log_to_driver=args.verbose)
     start = time.perf_counter()
-    pipeline = TrainerLoop(cfg, PromptGroupSource)
+    pipeline = TrainerLoop(cfg, make_prompt_group_source)
     startup = time.perf_counter() - start
     # `auto` resolved by the pipeline: the raw trainer and the probe do the old-log-prob pass only
     # when the pipeline does.

@@ -8,8 +8,10 @@ timeouts, raises and NaN rewards end an episode with `agent.failure_reward`, cou
 episode's record at the endpoint is its trajectory: the exact prompt ids, the ids and log-probs the
 rollout engine sampled (mask 1) and what the client sent back between turns (mask 0); the agent's
 return value is the reward on its last turn. From there it is the agentic pipeline's own path
-(`EpisodeSource.samples`, `EpisodeSource.advantages`: ROLL's reward_normalization, per group with
-`traj_group_id`), trained by the same trainer loop.
+(`EpisodeSamples`, held as the environments' source holds it: the samples, and the advantages of
+ROLL's reward_normalization, per group with `traj_group_id`), trained by the same trainer loop.
+Its episodes are played when a step takes them: an agent's code cannot be paused at a weight sync
+nor replayed from a checkpoint, so validation refuses `async_generation_ratio` with it.
 
 `VerifiersSource` is the same source with a verifiers environment as the agent
 (`agent.verifiers_env`, `roll_gspo.serving.verifiers_env`): its taskset's tasks, its `Env`'s
@@ -25,34 +27,36 @@ from roll_gspo.agentic.episodes import trajectory_metrics
 from roll_gspo.agentic.health import HealthMonitor
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
 from roll_gspo.config import PipelineConfig
+from roll_gspo.config.plan.run_plan import RunPlan
 from roll_gspo.config.plan.endpoint import uses_verifiers
 from roll_gspo.envs.agents import agent_function, load_env
 from roll_gspo.serving.agents import AgentEpisode, agent_metrics, load_tasks, run_agent
 
-from pipelines.agentic_pipeline import EpisodeSource, adjust_to_mini_batches
+from pipelines.agentic_pipeline import EpisodeSamples, adjust_to_mini_batches
 from pipelines.common import timed
 from pipelines.setup import RunClusters
-from pipelines.sources import RewardFuture, Rollout
+from pipelines.sources import RewardFuture, Rollout, RolloutSource
 from pipelines.trainer_loop import run_loop
 
 logger = logging.getLogger("roll_gspo")
 TAG = "agent"
 
 
-class AgentSource(EpisodeSource):
-    """Agentic rollouts whose environment is an agent run through the rollout endpoint."""
+class AgentSource(RolloutSource):
+    """Agentic rollouts whose environment is an agent run through the rollout endpoint, turned into
+    samples as the environments' episodes are (`EpisodeSamples`)."""
 
-    def __init__(self, cfg: PipelineConfig, tokenizer):  # noqa: D107  (no EpisodeSource.__init__: no envs)
+    def __init__(self, cfg: PipelineConfig, tokenizer):
         from roll_gspo.data.prompts import PromptSampler
 
         self.cfg = cfg
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.episodes = EpisodeSamples(cfg, self.pad_id, step_wise=False)  # one sample per episode segment
         self.group_size = cfg.train_env_manager.group_size
         tasks = self._load()
         self.sampler = PromptSampler([{"task": task, "index": i} for i, task in enumerate(tasks)],
                                      cfg.rollout_batch_size // self.group_size, seed=cfg.seed,
                                      shuffle=cfg.agent.shuffle)
-        self.step_wise = False  # one sample per episode segment
         self.health = HealthMonitor([])
         self.server = None  # connect()
 
@@ -84,7 +88,7 @@ class AgentSource(EpisodeSource):
         with timed(timings, "generate"):
             episodes = asyncio.run(self._play([t["task"] for t in tasks]))
         rows, episode_of = self._rows(episodes, step)
-        batch = self.samples(rows, step)
+        batch = self.episodes.samples(rows, step)
         batch["episode_id"] = [episode_of[id(t)] for t in rows]
         trainable = bool(batch["loss_mask"].sum())
         if not trainable:
@@ -119,9 +123,13 @@ class AgentSource(EpisodeSource):
             rows = adjust_to_mini_batches(rows, self.cfg, step)
         return rows, episode_of
 
+    def advantages(self, batch):
+        """The samples' advantages (`EpisodeSamples.advantages`)."""
+        return self.episodes.advantages(batch)
+
     def step_metrics(self, rollout: Rollout, step_seconds: float) -> Dict[str, float]:
         """The agentic metrics and the endpoint's counters (`endpoint/*`, totals of the run)."""
-        metrics = super().step_metrics(rollout, step_seconds)
+        metrics = self.episodes.step_metrics(rollout, step_seconds)
         metrics.update({f"endpoint/{k}": float(v) for k, v in self.server.metrics().items()})
         return metrics
 
@@ -163,7 +171,13 @@ class VerifiersSource(AgentSource):
         return rubric_metrics(episodes)
 
 
+def make_agent_source(cfg: PipelineConfig, tokenizer, plan: RunPlan) -> AgentSource:
+    """The source of an agent's episodes (`agent.agent_func`) or a verifiers environment's
+    (`agent.verifiers_env`); played when a step takes them, in every plan validation lets through."""
+    return (VerifiersSource if uses_verifiers(cfg) else AgentSource)(cfg, tokenizer)
+
+
 def run_agent_pipeline(cfg: PipelineConfig) -> Dict[str, float]:
     """Train `cfg`'s agentic run on an agent's episodes (`agent.agent_func`) or a verifiers
     environment's (`agent.verifiers_env`) to the end; the last step's metrics."""
-    return run_loop(cfg, VerifiersSource if uses_verifiers(cfg) else AgentSource)
+    return run_loop(cfg, make_agent_source)

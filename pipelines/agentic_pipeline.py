@@ -8,19 +8,22 @@ token ids; observations and tool results masked out of the loss); their rewards 
 environments'. The loop scores the old policy (and the reference for a KL term), takes the source's
 advantages (per group of trajectories, or per turn), trains and syncs the weights.
 
-Asynchronous (docs/async.md): with `async_generation_ratio: 1` the next step's episodes play in a
-driver thread while the trainer trains, joined before the weight sync (every turn sampled by one
-version, nothing in flight at a checkpoint). With k >= 2 episodes stay in flight across steps in
-an `EpisodePool` (roll_gspo.agentic.episode_pool): cut between turns, each turn stamped with the
-version that sampled it, trajectories whose oldest turn would be trained more than k versions late
-dropped and counted; a checkpoint saves the held episodes, whose envs a resume replays.
+What a source makes of its played trajectories (samples, advantages, step metrics) is
+`EpisodeSamples`', which the agent's sources (pipelines.agent_source) hold too.
+
+Asynchronous (docs/async.md), as the run plan says: one step ahead (the loop's rollout buffer) the
+next step's episodes play in a driver thread while the trainer trains, joined before the weight
+sync (every turn sampled by one version, nothing in flight at a checkpoint). With a staleness
+bound k >= 2 `make_episode_source` builds `PooledEpisodeSource`: episodes stay in flight across
+steps in an `EpisodePool` (roll_gspo.agentic.episode_pool), cut between turns, each turn stamped
+with the version that sampled it, trajectories whose oldest turn would be trained more than k
+versions late dropped and counted; a checkpoint saves the held episodes, whose envs a resume replays.
 """
 from __future__ import annotations
 
 import itertools
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -42,14 +45,15 @@ from roll_gspo.algorithms.trajectory_advantages import (discounted_turn_returns,
     trajectory_advantages)
 from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.plan.async_mode import generates_ahead, staleness_bound
 from roll_gspo.config.plan.agentic import env_manager_kind, error_penalty, manager_generating_args
+from roll_gspo.config.plan.run_plan import RunPlan
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.seeding import rollout_seeds
 from roll_gspo.strategies.engine import Sampling
 
 from pipelines.common import timed
+from pipelines.pools import PoolTally, groups_to_add
 from pipelines.rollout_records import episode_meta, episode_validation_records
 from pipelines.setup import RunClusters
 from pipelines.sources import RewardFuture, Rollout, RolloutSource
@@ -82,126 +86,15 @@ def build_env_setups(cfg: PipelineConfig) -> Dict[str, EnvSetup]:
     return setups
 
 
-class EpisodeSource(RolloutSource):
-    """Agentic rollouts: episodes played against environments, turned into samples, their rewards
-    the environments' (known when the episodes end)."""
+class EpisodeSamples:
+    """Played trajectories as the trainer's samples, their advantages and a step's metrics: what every
+    agentic source (environments' episodes, an agent's, a verifiers environment's) makes of its
+    episodes. `step_wise`: a sample per turn (env_manager_cls: step), else one per trajectory."""
 
-    pool: Optional[EpisodePool] = None  # async_generation_ratio k >= 2 (a subclass without envs has none)
-    ahead = False
+    def __init__(self, cfg: PipelineConfig, pad_id: int, step_wise: bool):
+        self.cfg, self.pad_id, self.step_wise = cfg, pad_id, step_wise
 
-    def __init__(self, cfg: PipelineConfig, tokenizer):
-        self.cfg = cfg
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        stitcher = ChatStitcher(tokenizer, cfg.actor_train.data_args.template)
-        setups = build_env_setups(cfg)
-        self.train_gen = manager_generating_args(cfg, cfg.train_env_manager)
-        self.val_gen = manager_generating_args(cfg, cfg.val_env_manager)
-        self.train_runner = EpisodeRunner(stitcher, setups, sequence_length=cfg.sequence_length,
-                                          max_new_tokens=self.train_gen.max_new_tokens,
-                                          threads=cfg.train_env_manager.max_env_num_per_worker)
-        self.val_runner = EpisodeRunner(stitcher, setups, sequence_length=cfg.sequence_length,
-                                        max_new_tokens=self.val_gen.max_new_tokens,
-                                        threads=cfg.val_env_manager.max_env_num_per_worker)
-        self.step_wise = env_manager_kind(cfg) == "step"
-        self.health = HealthMonitor([tag for tag, s in setups.items()
-                                     if s.config.tool_wrapper is not None and s.config.tool_wrapper.tool_configs])
-        self.actor_infer: Any = None  # connect()
-        self.submitter: Callable[[Any, str], SubmitFn] = _not_connected  # connect(): (gen, name) -> turn_submitter
-        # async_generation_ratio 1 and k >= 2: the metrics of the rollout generated ahead (a resumed run's
-        # first step logs them as the uninterrupted run did); k >= 2: the episode pool and its drops so far.
-        self.ahead = generates_ahead(cfg)
-        self.ahead_metrics: Dict[str, float] = {}
-        self.bound = staleness_bound(cfg)
-        self.pool = EpisodePool(self.train_runner) if self.bound is not None else None
-        self.dropped_total = 0
-
-    def connect(self, clusters: RunClusters) -> None:
-        """The rollout engine the episodes' turns are generated on: each rank's engine loop
-        (continuous batching) from now on, a replaced rank's too (before it takes the weights and
-        the turns it held are sent to it again)."""
-        self.actor_infer = actor_infer = clusters.actor_infer
-        actor_infer.execute_all("start_engine_loop")
-        if isinstance(actor_infer, ReplaceableCluster):
-            actor_infer.on_replaced.append(lambda rank, worker: ray.get(worker.start_engine_loop.remote()) or "")
-        self.submitter = lambda gen, name: turn_submitter(actor_infer, gen, name)
-
-    # -- rollouts -----------------------------------------------------------------------------------
-    def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
-        """rollout_batch_size episodes as samples (a trajectory each, or a turn each with
-        env_manager_cls: step); health warnings; not trainable when no token was generated.
-        k >= 2: the first step's rollout from the episode pool, as every later one."""
-        cfg = self.cfg
-        if self.pool is not None:
-            with timed(timings, "generate"):
-                return self.finish_ahead(self.start_ahead(step))
-        with timed(timings, "generate"):
-            trajectories = self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train", self.train_gen,
-                                      self.train_runner)
-        return self._rollout(trajectories, step, {})
-
-    def start_ahead(self, step: int) -> Tuple[int, Future]:
-        """`step`'s episodes started in a driver thread (k >= 2: the pool's advance for `step`): they
-        play while the trainer trains; `finish_ahead` joins them before the weight sync."""
-        cfg, pool, bound = self.cfg, self.pool, self.bound
-        if pool is None or bound is None:
-            return step, _in_thread(lambda: self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train",
-                                                       self.train_gen, self.train_runner))
-        manager = cfg.train_env_manager
-        size = manager.group_size
-        quota = cfg.rollout_batch_size // size
-        new = max(0, math.ceil(cfg.async_pool_batches * quota) - len(pool.held))
-        specs = episode_specs(manager, new * size, cfg.seed, step, "train")
-        bases = turn_seed_bases(cfg.seed, step, len(specs), "train")
-        submit = self.submitter(self.train_gen, f"train-{step}")
-        return step, _in_thread(lambda: pool.advance(specs, bases, size, quota, step, bound, submit))
-
-    def finish_ahead(self, started: Tuple[int, Future]) -> Rollout:
-        """The rollout of the episodes `start_ahead` started, once they are played (k >= 2: the
-        pool's complete groups, with the advance's counts)."""
-        step, future = started
-        if self.pool is None:
-            rollout = self._rollout(future.result(), step, {})
-        else:
-            groups, counts = future.result()
-            self.dropped_total += counts.dropped_past_bound
-            rollout = self._rollout(self._sampleable([t for g in groups for t in g.episodes]), step, {
-                "rollout/partial_groups": float(counts.partial_groups),
-                "rollout/dropped_past_bound": float(counts.dropped_past_bound),
-                "rollout/dropped_past_bound_total": float(self.dropped_total),
-                "rollout/continuations": float(counts.continuations),
-                "rollout/reprefill_tokens": float(counts.reprefill_tokens),
-                "rollout/new_groups": float(counts.new_groups),
-                "rollout/turns": float(counts.turns), "rollout/rounds": float(counts.rounds)})
-        self.ahead_metrics = dict(rollout.metrics)
-        return rollout
-
-    def restore(self, batch: Batch) -> Rollout:
-        """The rollout generated ahead again, from the batch a checkpoint saved and the metrics the
-        driver state kept of it (its trajectories are gone)."""
-        return Rollout(batch, RewardFuture.ready(), dict(self.ahead_metrics),
-                       weight_versions=list(batch["weight_version"]), trainable=bool(batch["loss_mask"].sum()))
-
-    def _rollout(self, trajectories: List[Trajectory], step: int, extra: Dict[str, float]) -> Rollout:
-        """Played trajectories as `step`'s rollout: samples, health warnings (its counters in the
-        metrics, as of this rollout), trajectory metrics."""
-        batch = self.samples(trajectories, step)
-        self.health.check(step, trajectories)
-        trainable = bool(batch["loss_mask"].sum())
-        if not trainable:  # no generated token at all (every opening too long, every reset failed)
-            logger.warning("step %d: no trajectory has a generated token (stops: %s); nothing to train on, the "
-                           "step is skipped", step, {t.stop_reason for t in trajectories})
-        metrics = {**trajectory_metrics(trajectories, "traj"), **(self.health.metrics() if trainable else {}), **extra}
-        return Rollout(batch, RewardFuture.ready(), metrics, weight_versions=list(batch["weight_version"]),
-                       trainable=trainable)
-
-    def _play(self, manager, count: int, step: int, stream: str, gen, runner: EpisodeRunner) -> List[Trajectory]:
-        """`count` episodes of `manager`'s envs, their turns generated by the rollout engine."""
-        specs = episode_specs(manager, count, self.cfg.seed, step, stream)
-        submit = self.submitter(gen, f"{stream}-{step}")
-        return self._sampleable(runner.run(specs, None, turn_seed_fn(self.cfg.seed, step, len(specs), stream),
-                                           submit=submit))
-
-    def _sampleable(self, trajectories: List[Trajectory]) -> List[Trajectory]:
+    def sampleable(self, trajectories: List[Trajectory]) -> List[Trajectory]:
         """Ended trajectories ready to be samples: one whose env failed at reset gets a pad prompt
         (an empty sample, in no loss)."""
         for t in trajectories:
@@ -245,7 +138,6 @@ class EpisodeSource(RolloutSource):
         batch["episode"] = episode_meta([t for t, _ in rows])  # the rollout files' turns
         return batch
 
-    # -- advantages, metrics ------------------------------------------------------------------------
     def advantages(self, batch: Batch):
         """ROLL's agentic chain: normalise in sets (episodes whose env never started in none),
         reward_clip, the token-level KL penalty (add_token_level_kl), whiten, advantage_clip."""
@@ -269,6 +161,109 @@ class EpisodeSource(RolloutSource):
                 "throughput/agent_tokens_per_s": agent_tokens / max(step_seconds, 1e-9),
                 "data/samples": float(len(rollout.batch))}
 
+
+class EpisodeSource(RolloutSource):
+    """Agentic rollouts: episodes played against environments, turned into samples
+    (`EpisodeSamples`), their rewards the environments' (known when the episodes end); a step's
+    episodes played when it takes them, or one step ahead in a driver thread."""
+
+    def __init__(self, cfg: PipelineConfig, tokenizer):
+        self.cfg = cfg
+        stitcher = ChatStitcher(tokenizer, cfg.actor_train.data_args.template)
+        setups = build_env_setups(cfg)
+        self.train_gen = manager_generating_args(cfg, cfg.train_env_manager)
+        self.val_gen = manager_generating_args(cfg, cfg.val_env_manager)
+        self.train_runner = EpisodeRunner(stitcher, setups, sequence_length=cfg.sequence_length,
+                                          max_new_tokens=self.train_gen.max_new_tokens,
+                                          threads=cfg.train_env_manager.max_env_num_per_worker)
+        self.val_runner = EpisodeRunner(stitcher, setups, sequence_length=cfg.sequence_length,
+                                        max_new_tokens=self.val_gen.max_new_tokens,
+                                        threads=cfg.val_env_manager.max_env_num_per_worker)
+        self.episodes = EpisodeSamples(cfg, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+                                       step_wise=env_manager_kind(cfg) == "step")
+        self.health = HealthMonitor([tag for tag, s in setups.items()
+                                     if s.config.tool_wrapper is not None and s.config.tool_wrapper.tool_configs])
+        self.actor_infer: Any = None  # connect()
+        self.submitter: Callable[[Any, str], SubmitFn] = _not_connected  # connect(): (gen, name) -> turn_submitter
+        # The metrics of the rollout generated ahead (a resumed run's first step logs them as the
+        # uninterrupted run did).
+        self.ahead_metrics: Dict[str, float] = {}
+
+    def connect(self, clusters: RunClusters) -> None:
+        """The rollout engine the episodes' turns are generated on: each rank's engine loop
+        (continuous batching) from now on, a replaced rank's too (before it takes the weights and
+        the turns it held are sent to it again)."""
+        self.actor_infer = actor_infer = clusters.actor_infer
+        actor_infer.execute_all("start_engine_loop")
+        if isinstance(actor_infer, ReplaceableCluster):
+            actor_infer.on_replaced.append(lambda rank, worker: ray.get(worker.start_engine_loop.remote()) or "")
+        self.submitter = lambda gen, name: turn_submitter(actor_infer, gen, name)
+
+    # -- rollouts -----------------------------------------------------------------------------------
+    def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
+        """rollout_batch_size episodes as samples (a trajectory each, or a turn each with
+        env_manager_cls: step); health warnings; not trainable when no token was generated."""
+        with timed(timings, "generate"):
+            trajectories = self._play_train(step)
+        return self._rollout(trajectories, step, {})
+
+    def start_ahead(self, step: int) -> Tuple[int, Future]:
+        """`step`'s episodes started in a driver thread: they play while the trainer trains;
+        `finish_ahead` joins them before the weight sync."""
+        return step, _in_thread(lambda: self._play_train(step))
+
+    def finish_ahead(self, started: Tuple[int, Future]) -> Rollout:
+        """The rollout of the episodes `start_ahead` started, once they are played."""
+        step, future = started
+        return self._kept_ahead(self._rollout(future.result(), step, {}))
+
+    def _kept_ahead(self, rollout: Rollout) -> Rollout:
+        """`rollout`, generated ahead: its metrics kept for the driver state (its trajectories are gone
+        once trained; a checkpoint holds its batch)."""
+        self.ahead_metrics = dict(rollout.metrics)
+        return rollout
+
+    def restore(self, batch: Batch) -> Rollout:
+        """The rollout generated ahead again, from the batch a checkpoint saved and the metrics the
+        driver state kept of it (its trajectories are gone)."""
+        return Rollout(batch, RewardFuture.ready(), dict(self.ahead_metrics),
+                       weight_versions=list(batch["weight_version"]), trainable=bool(batch["loss_mask"].sum()))
+
+    def _rollout(self, trajectories: List[Trajectory], step: int, extra: Dict[str, float]) -> Rollout:
+        """Played trajectories as `step`'s rollout: samples, health warnings (its counters in the
+        metrics, as of this rollout), trajectory metrics."""
+        batch = self.episodes.samples(trajectories, step)
+        self.health.check(step, trajectories)
+        trainable = bool(batch["loss_mask"].sum())
+        if not trainable:  # no generated token at all (every opening too long, every reset failed)
+            logger.warning("step %d: no trajectory has a generated token (stops: %s); nothing to train on, the "
+                           "step is skipped", step, {t.stop_reason for t in trajectories})
+        metrics = {**trajectory_metrics(trajectories, "traj"), **(self.health.metrics() if trainable else {}), **extra}
+        return Rollout(batch, RewardFuture.ready(), metrics, weight_versions=list(batch["weight_version"]),
+                       trainable=trainable)
+
+    def _play_train(self, step: int) -> List[Trajectory]:
+        """`step`'s rollout_batch_size training episodes."""
+        cfg = self.cfg
+        return self._play(cfg.train_env_manager, cfg.rollout_batch_size, step, "train", self.train_gen,
+                          self.train_runner)
+
+    def _play(self, manager, count: int, step: int, stream: str, gen, runner: EpisodeRunner) -> List[Trajectory]:
+        """`count` episodes of `manager`'s envs, their turns generated by the rollout engine."""
+        specs = episode_specs(manager, count, self.cfg.seed, step, stream)
+        submit = self.submitter(gen, f"{stream}-{step}")
+        return self.episodes.sampleable(runner.run(specs, None, turn_seed_fn(self.cfg.seed, step, len(specs), stream),
+                                                   submit=submit))
+
+    # -- advantages, metrics: the samples' ---------------------------------------------------------
+    def advantages(self, batch: Batch):
+        """The samples' advantages (`EpisodeSamples.advantages`)."""
+        return self.episodes.advantages(batch)
+
+    def step_metrics(self, rollout: Rollout, step_seconds: float) -> Dict[str, float]:
+        """The samples' step metrics (`EpisodeSamples.step_metrics`)."""
+        return self.episodes.step_metrics(rollout, step_seconds)
+
     # -- validation ---------------------------------------------------------------------------------
     def validate(self, step: int) -> Dict[str, float]:
         """val_batch_size episodes of val_env_manager at its own sampling (greedy by default); the same
@@ -290,30 +285,87 @@ class EpisodeSource(RolloutSource):
 
     # -- checkpoints --------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        """The health monitor's counters; generating ahead: the metrics of the rollout generated
-        ahead (its trajectories are gone; the checkpoint holds its batch); k >= 2: the drops so far."""
-        state: Dict[str, Any] = {"sampler": None, "running_stats": None, "health": self.health.state_dict()}
-        if self.ahead:
-            state["episodes_ahead"] = {"ahead_metrics": dict(self.ahead_metrics), "dropped_total": self.dropped_total}
-        return state
+        """The health monitor's counters and the metrics of the rollout generated ahead (its
+        trajectories are gone; the checkpoint holds its batch)."""
+        return {"sampler": None, "running_stats": None, "health": self.health.state_dict(),
+                "episodes_ahead": {"ahead_metrics": dict(self.ahead_metrics)}}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Back to the counters and metrics a checkpoint saved (older checkpoints hold none)."""
         if state.get("health"):
             self.health.load_state_dict(state["health"])
         ahead = state.get("episodes_ahead")
-        if self.ahead and isinstance(ahead, dict):
+        if isinstance(ahead, dict):
             self.ahead_metrics = dict(ahead["ahead_metrics"])
-            self.dropped_total = int(ahead["dropped_total"])
+
+
+class PooledEpisodeSource(EpisodeSource):
+    """Agentic rollouts with a staleness bound k >= 2: episode groups stay in flight across steps in
+    an `EpisodePool`, cut between turns; every rollout (the first step's too) is the pool's complete
+    groups, their turns sampled by up to k + 1 weight versions."""
+
+    def __init__(self, cfg: PipelineConfig, tokenizer, staleness_bound: int):
+        super().__init__(cfg, tokenizer)
+        self.pool = EpisodePool(self.train_runner)
+        self.staleness_bound = staleness_bound
+        self.tally = PoolTally()
+
+    def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
+        """The first step's rollout from the episode pool, as every later one."""
+        with timed(timings, "generate"):
+            return self.finish_ahead(self.start_ahead(step))
+
+    def start_ahead(self, step: int) -> Tuple[int, Future]:
+        """The pool's advance for `step` started in a driver thread: new groups for those it no longer
+        holds, its quota a rollout batch of groups; `finish_ahead` joins it before the weight sync."""
+        cfg, pool, bound = self.cfg, self.pool, self.staleness_bound
+        manager = cfg.train_env_manager
+        size = manager.group_size
+        quota = cfg.rollout_batch_size // size
+        new = groups_to_add(cfg.async_pool_batches, quota, len(pool.held))
+        specs = episode_specs(manager, new * size, cfg.seed, step, "train")
+        bases = turn_seed_bases(cfg.seed, step, len(specs), "train")
+        submit = self.submitter(self.train_gen, f"train-{step}")
+        return step, _in_thread(lambda: pool.advance(specs, bases, size, quota, step, bound, submit))
+
+    def finish_ahead(self, started: Tuple[int, Future]) -> Rollout:
+        """The pool's complete groups once the advance `start_ahead` started is done, with its counts."""
+        step, future = started
+        groups, counts = future.result()
+        metrics = {**self.tally.metrics(counts.partial_groups, counts.as_dict()),
+                   "rollout/turns": float(counts.turns), "rollout/rounds": float(counts.rounds)}
+        trajectories = self.episodes.sampleable([t for g in groups for t in g.episodes])
+        return self._kept_ahead(self._rollout(trajectories, step, metrics))
+
+    def state_dict(self) -> Dict[str, Any]:
+        """As the plain source's, and the groups dropped past the bound so far."""
+        state = super().state_dict()
+        state["episodes_ahead"] = {**state["episodes_ahead"], "dropped_total": self.tally.dropped_total}
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Back to where a checkpoint's driver state was."""
+        super().load_state_dict(state)
+        ahead = state.get("episodes_ahead")
+        if isinstance(ahead, dict):
+            self.tally.dropped_total = int(ahead.get("dropped_total", 0))
 
     def pool_states(self) -> Optional[List[Any]]:
-        """k >= 2: the episode pool's held groups (what a checkpoint saves); None otherwise."""
-        return [self.pool.state()] if self.pool is not None else None
+        """The episode pool's held groups (what a checkpoint saves)."""
+        return [self.pool.state()]
 
     def load_pool_states(self, states: Optional[List[Any]]) -> None:
         """The held groups a checkpoint saved, their envs replayed, before the first advance."""
-        if self.pool is not None and states:
+        if states:
             self.pool.load_state(states[0])
+
+
+def make_episode_source(cfg: PipelineConfig, tokenizer, plan: RunPlan) -> EpisodeSource:
+    """The agentic source for the plan's rollout mode: episodes in flight under a staleness bound,
+    else a step's episodes played for it (when it takes them, or one step ahead: the loop's buffer)."""
+    if plan.staleness_bound is not None:
+        return PooledEpisodeSource(cfg, tokenizer, plan.staleness_bound)
+    return EpisodeSource(cfg, tokenizer)
 
 
 def _not_connected(gen, name: str) -> SubmitFn:
@@ -404,4 +456,4 @@ def adjust_to_mini_batches(samples: list, cfg: PipelineConfig, step: int) -> lis
 def run_agentic(cfg: PipelineConfig) -> Dict[str, float]:
     """Train `cfg`'s agentic run on its environments' episodes to the end; the last step's metrics
     (an agent's or a verifiers environment's episodes: pipelines.agent_source.run_agent_pipeline)."""
-    return run_loop(cfg, EpisodeSource)
+    return run_loop(cfg, make_episode_source)

@@ -8,32 +8,33 @@ while the loop's log-prob passes run. With dynamic sampling (a reward block's
 drops. Its advantages: per group (`adv_estimator`, with ROLL's per-response loss weights) or, for
 PPO, GAE over the critic's values.
 
-With `async_generation_ratio` k >= 2 every rollout comes from the rollout ranks' request pools
-(roll_gspo.strategies.request_pool): each call keeps `async_pool_batches` rollout batches of prompt
-groups in flight over the ranks, takes the first complete groups, holds the cut partial responses
-to continue them under the next weights, and drops what would be trained more than k versions
-after its oldest token was sampled (docs/async.md).
+It generates each rollout with one call over the rollout ranks, when the step takes it
+(synchronous) or while the step before trains (one step ahead: the loop's rollout buffer). With a
+staleness bound k >= 2 in the run plan (`async_generation_ratio` k) `make_prompt_group_source`
+builds `PooledPromptGroupSource` instead, the same prompts and scoring with every rollout from the
+rollout ranks' request pools (pipelines.pools, roll_gspo.strategies.request_pool): each call keeps
+`async_pool_batches` rollout batches of prompt groups in flight over the ranks, takes the first
+complete groups, holds the cut partial responses to continue them under the next weights, and
+drops what would be trained more than k versions after its oldest token was sampled (docs/async.md).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-import ray
 import torch
 
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.plan.async_mode import staleness_bound
+from roll_gspo.config.plan.run_plan import RunPlan
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.seeding import rollout_seeds
 
 from pipelines.common import timed
 from pipelines.critic import gae_advantages_and_returns
+from pipelines.pools import PoolTally, RequestPools, groups_to_add
 from pipelines.reward_scoring import RewardScorer, accuracies, sample_metrics
 from pipelines.rollout_records import validation_records
 from pipelines.setup import RunClusters, check_domains, load_prompts, reward_routes
@@ -44,7 +45,8 @@ logger = logging.getLogger("roll_gspo")
 
 
 class PromptGroupSource(RolloutSource):
-    """RLVR's rollouts: G responses to each of rollout_batch_size prompts, rewarded by rule (or model)."""
+    """RLVR's rollouts: G responses to each of rollout_batch_size prompts, rewarded by rule (or model),
+    each rollout one generation call (sampled now, or one step ahead)."""
 
     def __init__(self, cfg: PipelineConfig, tokenizer):
         from roll_gspo.data.prompts import PromptSampler
@@ -65,33 +67,13 @@ class PromptGroupSource(RolloutSource):
         self.query_filters = {name: reward.query_filter_config for name, reward in cfg.rewards.items()
                               if reward.query_filter_config.type != "no_filter"}
         self.running_stats = RunningMeanStd() if cfg.reward_norm == "running" else None
-        self.actor_infer = self.scorer = None  # connect()
-        # async_generation_ratio k >= 2: the request pools' bound, the groups each rank held after its
-        # last advance, the drops so far, and the metrics of the rollout generated ahead (a resumed
-        # run's first step logs them as the uninterrupted run did).
-        self.bound = staleness_bound(cfg)
-        self.pool_held: List[int] = []
-        self.dropped_total = 0
-        self.ahead_metrics: Dict[str, float] = {}
-        self.ahead_step = 0  # the step of the last pool advance, and the ranks it advanced
-        self.pool_ranks: List[int] = []
-        # Replaceable rollout ranks: each rank's pool as its last advance left it, for a new process
-        # that replaces it (the call it then gets again continues the same groups).
-        self.pool_copies: Optional[Dict[int, Any]] = None
+        self.actor_infer: Any = None  # connect()
+        self.scorer: Any = None  # connect()
 
     def connect(self, clusters: RunClusters) -> None:
         """Generation on the rollout engine, scores from the reward clusters."""
         self.actor_infer = clusters.actor_infer
         self.scorer = RewardScorer(clusters.rewards, self.domain_of_worker, self.cfg.fault_tolerance)
-        if self.bound is not None and isinstance(self.actor_infer, ReplaceableCluster):
-            self.pool_copies = {}
-            self.actor_infer.on_replaced.append(self._give_pool)
-
-    def _give_pool(self, rank: int, worker) -> str:
-        """A replaced rollout rank's hook (k >= 2): the groups its pool held after its last advance."""
-        state = self.pool_copies.get(rank) if self.pool_copies is not None else None
-        ray.get(worker.load_pool_state.remote(state))
-        return f"its request pool's {len(state['held'])} held groups given back" if state else ""
 
     def _mix(self) -> Dict[str, float]:
         """The training mix (domain -> share): each task's weight with `tasks`, else ROLL's
@@ -105,11 +87,7 @@ class PromptGroupSource(RolloutSource):
 
     # -- rollouts -----------------------------------------------------------------------------------
     def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
-        """G responses per prompt (dynamic sampling: scored already, and only informative groups).
-        k >= 2: the first step's rollout from the request pools, as every later one."""
-        if self.bound is not None:
-            with timed(timings, "generate"):
-                return self.finish_ahead(self.start_ahead(step))
+        """G responses per prompt (dynamic sampling: scored already, and only informative groups)."""
         if self.query_filters:
             batch, metrics = self._generate_informative_groups(self.sampler.next_batch(), step, timings)
             return self._rollout(batch, RewardFuture.ready(lambda: self.scorer.metrics(batch)), metrics)
@@ -119,102 +97,23 @@ class PromptGroupSource(RolloutSource):
 
     def start_ahead(self, step: int) -> list:
         """`step`'s prompts drawn and their generation started: the calls, for `finish_ahead`."""
-        if self.bound is not None:
-            return self._advance_pools(step)
         return self.actor_infer.dispatch_async("generate", self._prompt_batch(self.sampler.next_batch(), step, "train"),
                                                skip_empty=True, gen=self.cfg.actor_infer.generating_args)
 
     def finish_ahead(self, started: list) -> Rollout:
         """The rollout of the calls `start_ahead` returned, once they are done."""
-        if self.bound is not None:
-            counts: Dict[str, int] = {}
-            batch = self._collect_pools(started, counts)
-            data_metrics: Dict[str, float] = {}
-            if self.query_filters:  # the reward workers are idle now: score, refill under the same weights
-                step = self.ahead_step
-                batch, data_metrics = self._informative_groups(batch, lambda items, rounds: self._collect_pools(
-                    self._advance_pools(step, items, f"train-round{rounds}"), counts))
-            self.dropped_total += counts["dropped_past_bound"]
-            self.ahead_metrics = {
-                "rollout/partial_groups": float(sum(self.pool_held)),
-                "rollout/dropped_past_bound": float(counts["dropped_past_bound"]),
-                "rollout/dropped_past_bound_total": float(self.dropped_total),
-                "rollout/continuations": float(counts["continuations"]),
-                "rollout/reprefill_tokens": float(counts["reprefill_tokens"]),
-                "rollout/new_groups": float(counts["new_groups"]), **data_metrics}
-            return self.restore(batch)
         return self.restore(self.actor_infer.collect(started))
 
     def restore(self, batch: Batch) -> Rollout:
-        """A rollout of generated responses, their rewards to be scored (scored already: dynamic
-        sampling with request pools)."""
+        """A rollout of generated responses, their rewards to be scored."""
+        return self._generated(batch, {})
+
+    def _generated(self, batch: Batch, metrics: Dict[str, float]) -> Rollout:
+        """The rollout of generated responses with the source's `metrics`, its rewards scored while the
+        loop's log-prob passes run (or, scored already by dynamic sampling, their metrics)."""
         rewards = (RewardFuture.ready(lambda: self.scorer.metrics(batch)) if "scores" in batch
                    else self.scorer.future(batch))
-        return self._rollout(batch, rewards, dict(self.ahead_metrics))
-
-    # -- request pools (async_generation_ratio k >= 2) ---------------------------------------------------
-    def _shares(self, total: int) -> List[int]:
-        """`total` split over the rollout ranks, the first ones taking one more."""
-        ranks = self.actor_infer.world_size
-        return [total // ranks + (1 if rank < total % ranks else 0) for rank in range(ranks)]
-
-    def _advance_pools(self, step: int, refill: Optional[List[dict]] = None, stream: str = "train") -> list:
-        """Each rollout rank's pool advanced for `step`: new prompts for the groups it no longer
-        holds (taken or dropped; all of them at the first call), quota its share of
-        rollout_batch_size. `refill` (dynamic sampling's further rounds, same weights): those
-        prompts instead, each rank returning as many complete groups as it takes new prompts; ranks
-        with none are not advanced. Returns the calls (their ranks in `pool_ranks`)."""
-        cfg = self.cfg
-        held = self.pool_held or [0] * self.actor_infer.world_size
-        if refill is None:
-            quotas = self._shares(cfg.rollout_batch_size)
-            # Each rank's pool is async_pool_batches of its own quota: split apart, an uneven split
-            # could give a rank more than k quotas, which the staleness bound then drops.
-            sizes = [math.ceil(cfg.async_pool_batches * quota) for quota in quotas]
-            new = [max(0, size - count) for size, count in zip(sizes, held)]
-            items = self.sampler.next_batch(size=sum(new)) if sum(new) else []
-        else:
-            new = quotas = self._shares(len(refill))
-            items = refill
-        prompts = self._prompt_batch(items, step, stream)
-        starts = [sum(new[:rank]) for rank in range(len(new))]
-        self.ahead_step = step
-        self.pool_ranks = [rank for rank in range(len(new)) if refill is None or quotas[rank]]
-        copy = {"with_state": True} if self.pool_copies is not None else {}
-        return [self.actor_infer.call_async(
-            rank, "advance", prompts.select(range(starts[rank], starts[rank] + new[rank])), quotas[rank], step,
-            self.bound, gen=cfg.actor_infer.generating_args, **copy) for rank in self.pool_ranks]
-
-    def _collect_pools(self, calls: list, counts: Dict[str, int]) -> Batch:
-        """The advanced ranks' complete groups as one batch; their counts added to `counts`, the
-        groups each holds now to `pool_held`."""
-        results = self.actor_infer.gather(calls)
-        held = self.pool_held or [0] * self.actor_infer.world_size
-        for rank, (_, rank_counts, *state) in zip(self.pool_ranks, results):
-            held[rank] = rank_counts["partial_groups"]
-            for key, value in rank_counts.items():
-                counts[key] = counts.get(key, 0) + value
-            if self.pool_copies is not None and state:
-                self.pool_copies[rank] = state[0]
-        self.pool_held = held
-        return Batch.concat([rows for rows, *_ in results])
-
-    def pool_states(self) -> Optional[List[Any]]:
-        """k >= 2: every rollout rank's held groups (what a checkpoint saves); None otherwise."""
-        return self.actor_infer.execute_all("pool_state") if self.bound is not None else None
-
-    def load_pool_states(self, states: Optional[List[Any]]) -> None:
-        """The rollout ranks' held groups a checkpoint saved, before the first advance."""
-        if self.bound is None or states is None:
-            return
-        workers = self.actor_infer.workers
-        if len(states) != len(workers):
-            raise ValueError(f"the checkpoint holds the request pools of {len(states)} rollout ranks, this run has "
-                             f"{len(workers)}: resume with the same actor_infer world_size")
-        self.actor_infer.gather([self.actor_infer.call_async(rank, "load_pool_state", s) for rank, s in enumerate(states)])
-        self.pool_held = [len(s["held"]) if s else 0 for s in states]
-        if self.pool_copies is not None:
-            self.pool_copies = dict(enumerate(states))
+        return self._rollout(batch, rewards, metrics)
 
     def _rollout(self, batch: Batch, rewards: RewardFuture, metrics: Dict[str, float]) -> Rollout:
         """The rollout of a generated batch, with the trainer's tensors added."""
@@ -383,23 +282,104 @@ class PromptGroupSource(RolloutSource):
         return {**metrics, "val/samples": float(len(batch)), "time/validation_s": time.perf_counter() - start}
 
     def state_dict(self) -> Dict[str, object]:
-        """The prompt sampler's position and the running reward statistics (k >= 2: the drops so
-        far and the metrics of the rollout generated ahead)."""
-        state: Dict[str, object] = {"sampler": self.sampler.state_dict(),
-                                    "running_stats": self.running_stats.state_dict() if self.running_stats else None}
-        if self.bound is not None:
-            state["request_pools"] = {"dropped_total": self.dropped_total, "ahead_metrics": self.ahead_metrics}
-        return state
+        """The prompt sampler's position and the running reward statistics."""
+        return {"sampler": self.sampler.state_dict(),
+                "running_stats": self.running_stats.state_dict() if self.running_stats else None}
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Back to the sampler position and reward statistics a checkpoint saved."""
         self.sampler.load_state_dict(state["sampler"])
         if self.running_stats is not None and state.get("running_stats"):
             self.running_stats.load_state_dict(state["running_stats"])
+
+
+class PooledPromptGroupSource(PromptGroupSource):
+    """RLVR's rollouts with a staleness bound k >= 2: the same prompts, scoring and advantages, every
+    rollout (the first step's too) the complete groups of the rollout ranks' request pools
+    (`RequestPools`), responses spanning up to k weight versions."""
+
+    def __init__(self, cfg: PipelineConfig, tokenizer, staleness_bound: int):
+        super().__init__(cfg, tokenizer)
+        self.pools = RequestPools(staleness_bound, cfg.actor_infer.generating_args)
+        self.tally = PoolTally()
+        # The metrics of the rollout generated ahead (a resumed run's first step logs them as the
+        # uninterrupted run did).
+        self.ahead_metrics: Dict[str, float] = {}
+
+    def connect(self, clusters: RunClusters) -> None:
+        """As the plain source; the rollout ranks' pools advance from now on."""
+        super().connect(clusters)
+        self.pools.connect(clusters.actor_infer)
+
+    def produce(self, step: int, timings: Dict[str, float]) -> Rollout:
+        """The first step's rollout from the request pools, as every later one."""
+        with timed(timings, "generate"):
+            return self.finish_ahead(self.start_ahead(step))
+
+    def start_ahead(self, step: int) -> list:
+        """Each rollout rank's pool advanced for `step`: new prompts for the groups it no longer
+        holds (taken or dropped; all of them at the first call), its quota its share of
+        rollout_batch_size. Each rank's pool is async_pool_batches of its own quota: split apart,
+        an uneven split could give a rank more than k quotas, which the staleness bound then drops."""
+        quotas = self.pools.shares(self.cfg.rollout_batch_size)
+        new = [groups_to_add(self.cfg.async_pool_batches, quota, held) for quota, held in zip(quotas, self.pools.held)]
+        items = self.sampler.next_batch(size=sum(new)) if sum(new) else []
+        return self.pools.advance(step, self._prompt_batch(items, step, "train"), new, quotas, range(len(new)))
+
+    def _refill(self, items: List[dict], rounds: int, counts: Dict[str, int]) -> Batch:
+        """Dynamic sampling's further round `rounds` (same weights, same step): `items` as new
+        prompts, each rank returning as many complete groups as it takes; ranks with none idle."""
+        step, quotas = self.pools.step, self.pools.shares(len(items))
+        calls = self.pools.advance(step, self._prompt_batch(items, step, f"train-round{rounds}"), quotas, quotas,
+                                   [rank for rank, quota in enumerate(quotas) if quota])
+        return self.pools.collect(calls, counts)
+
+    def finish_ahead(self, started: list) -> Rollout:
+        """The pools' complete groups (dynamic sampling: scored, filtered and refilled while the reward
+        workers are idle, under the same weights), with the advance's `rollout/*` counts."""
+        counts: Dict[str, int] = {}
+        batch = self.pools.collect(started, counts)
+        data_metrics: Dict[str, float] = {}
+        if self.query_filters:
+            batch, data_metrics = self._informative_groups(
+                batch, lambda items, rounds: self._refill(items, rounds, counts))
+        self.ahead_metrics = {**self.tally.metrics(sum(self.pools.held), counts), **data_metrics}
+        return self.restore(batch)
+
+    def restore(self, batch: Batch) -> Rollout:
+        """A rollout of the pools' groups (scored already with dynamic sampling), with the metrics of
+        the advance that returned it."""
+        return self._generated(batch, dict(self.ahead_metrics))
+
+    def pool_states(self) -> Optional[List[Any]]:
+        """Every rollout rank's held groups (what a checkpoint saves)."""
+        return self.pools.states()
+
+    def load_pool_states(self, states: Optional[List[Any]]) -> None:
+        """The rollout ranks' held groups a checkpoint saved, before the first advance."""
+        if states is not None:
+            self.pools.load_states(states)
+
+    def state_dict(self) -> Dict[str, object]:
+        """As the plain source's, and the drops so far and the metrics of the rollout generated ahead."""
+        return {**super().state_dict(), "request_pools": {"dropped_total": self.tally.dropped_total,
+                                                          "ahead_metrics": self.ahead_metrics}}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        """Back to where a checkpoint's driver state was."""
+        super().load_state_dict(state)
         pools = state.get("request_pools")
-        if self.bound is not None and isinstance(pools, dict):
-            self.dropped_total = int(pools["dropped_total"])
+        if isinstance(pools, dict):
+            self.tally.dropped_total = int(pools["dropped_total"])
             self.ahead_metrics = dict(pools["ahead_metrics"])
+
+
+def make_prompt_group_source(cfg: PipelineConfig, tokenizer, plan: RunPlan) -> PromptGroupSource:
+    """RLVR's source for the plan's rollout mode: request pools under a staleness bound, else one
+    generation call per rollout (synchronous or one step ahead: the loop's buffer decides)."""
+    if plan.staleness_bound is not None:
+        return PooledPromptGroupSource(cfg, tokenizer, plan.staleness_bound)
+    return PromptGroupSource(cfg, tokenizer)
 
 
 def _scale_counts(counts: Dict[str, int], total: int) -> Dict[str, int]:
@@ -414,4 +394,4 @@ def run_rlvr(cfg: PipelineConfig) -> Dict[str, float]:
     finished one is reused) first, and RL continues from its model (pipelines.rft_warm_start)."""
     from pipelines.rft_warm_start import warm_start
 
-    return run_loop(warm_start(cfg), PromptGroupSource)
+    return run_loop(warm_start(cfg), make_prompt_group_source)

@@ -1,7 +1,14 @@
 """What a `TrainerLoop` trains on and where it comes from: a `Rollout` (one step's samples, their
 rewards as a future, the source's metrics, the weight versions that sampled them) and the
 `RolloutSource` contract a pipeline's producer of rollouts fulfils (prompt groups for RLVR,
-episodes for agentic runs)."""
+episodes for agentic runs).
+
+A pipeline hands the loop a `MakeSource`: given the run plan, it builds the source of the plan's
+rollout mode. Each mode is a component of its own, never a branch inside a source: synchronous and
+one step ahead are the loop's `RolloutBuffer` (pipelines.rollout_buffer) over a plain source
+(`PromptGroupSource`, `EpisodeSource`); a staleness bound k >= 2 is a pooled source
+(`PooledPromptGroupSource`, `PooledEpisodeSource`) over pools (pipelines.pools); an agent's
+episodes are `AgentSource`'s (pipelines.agent_source)."""
 from __future__ import annotations
 
 import abc
@@ -17,6 +24,9 @@ from roll_gspo.models.causal_lm import build_sequences
 from pipelines.common import timed
 
 if TYPE_CHECKING:
+    from roll_gspo.config.plan.run_plan import RunPlan
+    from roll_gspo.schema.config import PipelineConfig
+
     from pipelines.setup import RunClusters
 
 _NOT_STARTED = object()
@@ -87,7 +97,7 @@ class RolloutSource(abc.ABC):
         """`step`'s rollout, sampled now by the rollout engine's current weights."""
 
     def start_ahead(self, step: int) -> Any:
-        """Start sampling `step`'s rollout without waiting for it (a buffer of depth 1); returns what
+        """Start sampling `step`'s rollout without waiting for it (a buffer of depth >= 1); returns what
         `finish_ahead` takes."""
         raise NotImplementedError(f"{type(self).__name__} does not generate ahead")
 
@@ -116,8 +126,8 @@ class RolloutSource(abc.ABC):
     validation_records: List[Dict[str, Any]] = []  # the last validate's samples (read by the loop's writer)
 
     def pool_states(self) -> Optional[List[Any]]:
-        """What the rollout ranks hold in flight between steps (`async_generation_ratio` k >= 2: each
-        rank's request pool); a checkpoint saves it beside the rollouts generated ahead. None: nothing."""
+        """What a pooled source holds in flight between steps (each rollout rank's request pool, or
+        the episode pool); a checkpoint saves it beside the rollouts generated ahead. None: nothing."""
         return None
 
     def load_pool_states(self, states: Optional[List[Any]]) -> None:
@@ -129,6 +139,10 @@ class RolloutSource(abc.ABC):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Back to where `state` (a checkpoint's driver state) was."""
+
+
+# How a pipeline builds its source: (config, tokenizer, run plan) -> the source of the plan's rollout mode.
+MakeSource = Callable[["PipelineConfig", Any, "RunPlan"], RolloutSource]
 
 
 def add_sequence_tensors(batch: Batch, pad_id: int) -> None:

@@ -3,11 +3,13 @@ for RLVR, episodes for agentic runs; `pipelines.sources`), scores it with the re
 policy, estimates advantages, trains ppo_epochs x mini-batches, syncs the new weights into the
 rollout engine, and around the steps: validation, checkpoints, metrics, the final model.
 
-With `async_generation_ratio: 1` the rollout buffer between source and loop is one step deep
-(`pipelines.rollout_buffer`): the rollout engine generates step N+1's responses while step N scores
-and trains; they are sampled by the weights of step N-1, and the importance ratio's old log-probs
-are the rollout engine's own (the policy that sampled them). With `async_generation_ratio` k >= 2
-the buffer has the same shape, and the source's rollouts come from request pools whose responses
+The run plan decides the rollout mode once (`RunPlan.rollout_depth`, `RunPlan.staleness_bound`) and
+everything here reads it. With `async_generation_ratio: 1` the rollout buffer between source and
+loop is one step deep (`pipelines.rollout_buffer`): the rollout engine generates step N+1's
+responses while step N scores and trains; they are sampled by the weights of step N-1, and the
+importance ratio's old log-probs are the rollout engine's own (the policy that sampled them). With
+`async_generation_ratio` k >= 2 the buffer has the same shape, and the source the pipeline's
+`make_source` picks for the plan takes its rollouts from pools (pipelines.pools) whose responses
 may span several weight versions (partial rollouts); the loop checks that none is trained more
 than k versions after its oldest token was sampled, logs the staleness histogram and gives the
 trainer each token's lag (the log-prob gap per lag; docs/async.md).
@@ -20,19 +22,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from roll_gspo.config import PipelineConfig
-from roll_gspo.config.plan.async_mode import generates_ahead, staleness_bound
 from roll_gspo.lifecycle.checkpoint import checkpoint_base
-from roll_gspo.config.plan.run_plan import build_run_plan
+from roll_gspo.config.plan.run_plan import RunPlan, build_run_plan
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.batch_fields import RESPONSE_RATIOS, TRAINER_TENSORS, view
 from roll_gspo.distributed.cluster import WorkerDiedError
 from roll_gspo.distributed.fault_tolerance import regeneration_note
 from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.checkpoint import resolve_resume
-from roll_gspo.lifecycle.reshape import prepare_resume, resume_actions
+from roll_gspo.lifecycle.reshape import ResumeAction, prepare_resume, resume_actions
 from roll_gspo.lifecycle.graceful_stop import GracefulStop
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 from roll_gspo.metrics.rollouts import RolloutWriter
@@ -49,7 +50,7 @@ from pipelines.endpoint import start_endpoint, stop_endpoint
 from pipelines.rollout_buffer import RolloutBuffer
 from pipelines.rollout_records import train_records
 from pipelines.setup import log_colocation, start_clusters
-from pipelines.sources import RewardFuture, Rollout, RolloutSource, add_sequence_tensors
+from pipelines.sources import MakeSource, RewardFuture, Rollout, add_sequence_tensors
 
 logger = logging.getLogger("roll_gspo")
 
@@ -58,28 +59,16 @@ class TrainerLoop:
     """Owns the clusters and trains on what `source` produces: log-prob passes, advantages (the
     source's estimate), train and sync, checkpoints, metrics, the run loop."""
 
-    def __init__(self, cfg: PipelineConfig, make_source: Callable[[PipelineConfig, object], RolloutSource]):
+    def __init__(self, cfg: PipelineConfig, make_source: MakeSource):
         from transformers import AutoTokenizer
 
-        self.cfg = cfg = prepare_models(
-            cfg, ["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else [])
-            + (["teacher"] if cfg.uses_teacher() else []))
-        self.resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
-        # Another training shape than the checkpoint's: refused here, before any worker starts, or
-        # converted here (DeepSpeed's universal checkpoint) for the workers to load.
-        self.resume_actions = resume_actions(cfg, self.resume_dir) if self.resume_dir else []
-        for action in self.resume_actions:
-            (logger.info if action.kind == "exact" else logger.warning)("resume: %s", action.line())
-        if self.resume_dir:
-            prepare_resume(self.resume_dir, self.resume_actions)
+        self.cfg = cfg = prepare_models(cfg, _roles_with_models(cfg))
+        self.resume_dir, self.resume_actions = self._resolve_resume(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_train.model_args.model_name_or_path)
-        # What the run decided (offload, old log-probs, reference, routes): the loop and workers read it.
-        self.plan = build_run_plan(cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
-        self.old_logprobs = self.plan.old_logprobs
-        logger.info("old log-probs from the %s (%s)", self.old_logprobs.source, self.old_logprobs.reason)
-        self.source = make_source(cfg, self.tokenizer)  # its data (or environments), before any worker starts
-        self.buffer = RolloutBuffer(self.source, depth=1 if generates_ahead(cfg) else 0, last_step=cfg.max_steps)
-        self.bound = staleness_bound(cfg)  # k >= 2: the most versions a trained sample may lag; None otherwise
+        self.plan = self._plan(cfg)  # what the run decided: the loop, the source and the workers read it
+        self.old_logprobs = self.plan.old_logprobs  # `auto` may move it during the run (_follow_logprob_gap)
+        self.source = make_source(cfg, self.tokenizer, self.plan)  # its data (or envs), before any worker starts
+        self.buffer = RolloutBuffer(self.source, self.plan.rollout_depth, last_step=cfg.max_steps)
         self.response_ratios: Dict[int, tuple] = {}  # the last train call's {row: (ratio, clipped)}
         self.stalls = StallWatch()  # a phase far above its median, throughput collapsing: one line each
         self.rollout_files = RolloutWriter(cfg.rollout_dump_dir if cfg.rollout_dump_samples else None,
@@ -87,7 +76,35 @@ class TrainerLoop:
         self.start_step = self.trained_step = 0  # trained_step: the step of the trainer's weights
         self.stopped_by = None  # the signal that stopped run() early, if one did
         self.offload = log_colocation(cfg, self.plan)
-        # Workers: Ray, the GPU reservation, one cluster per role (then the checkpoint, if resuming).
+        self._start_roles()
+        self._prepare_rank_replacement()
+        self._restore_or_first_sync()
+
+    # -- starting up ---------------------------------------------------------------------------------
+    @staticmethod
+    def _resolve_resume(cfg: PipelineConfig) -> Tuple[Optional[str], List[ResumeAction]]:
+        """The checkpoint folder to resume from (None: a fresh run) and what resuming it takes. Another
+        training shape than the checkpoint's is refused here, before any worker starts, or converted
+        here (DeepSpeed's universal checkpoint) for the workers to load."""
+        resume_dir = resolve_resume(checkpoint_base(cfg), cfg.resume_from_checkpoint)
+        actions = resume_actions(cfg, resume_dir) if resume_dir else []
+        for action in actions:
+            (logger.info if action.kind == "exact" else logger.warning)("resume: %s", action.line())
+        if resume_dir:
+            prepare_resume(resume_dir, actions)
+        return resume_dir, actions
+
+    @staticmethod
+    def _plan(cfg: PipelineConfig) -> RunPlan:
+        """The run's decisions (offload, old log-probs, reference, routes, the rollout mode), the
+        policy's MoE-ness read from its built folder; where the old log-probs come from is logged."""
+        plan = build_run_plan(cfg, model_is_moe=folder_is_moe(cfg.actor_train.model_args.model_name_or_path))
+        logger.info("old log-probs from the %s (%s)", plan.old_logprobs.source, plan.old_logprobs.reason)
+        return plan
+
+    def _start_roles(self) -> None:
+        """Ray, the GPU reservation, one cluster per role, the rollout endpoint; the source connected."""
+        cfg = self.cfg
         clusters = start_clusters(cfg, self.plan)
         self.placement, self.actor_train, self.actor_infer = (clusters.placement, clusters.actor_train,
                                                               clusters.actor_infer)
@@ -96,19 +113,25 @@ class TrainerLoop:
         self.teacher = clusters.teacher  # use_opd: the frozen teacher's ranks; None otherwise
         clusters.endpoint = self.endpoint = start_endpoint(cfg, clusters, self.tokenizer)  # rollout_endpoint
         self.source.connect(clusters)
-        # Rollout ranks that die or hang are replaced (roll_gspo.distributed.replaceable): a new one gets
-        # the trainer's weights; `rollout_version` is the step of the weights the rollout ranks hold,
-        # `weights_synced` whether the trainer's are still those (then the new rank samples exactly
-        # what the lost one would have).
+
+    def _prepare_rank_replacement(self) -> None:
+        """Rollout ranks that die or hang are replaced (roll_gspo.distributed.replaceable): a new one
+        gets the trainer's weights (`_give_weights`); `rollout_version` is the step of the weights the
+        rollout ranks hold, `weights_synced` whether the trainer's are still those (then the new rank
+        samples exactly what the lost one would have)."""
         self.rollout_version, self.weights_synced = 0, True
         # During a sync that lost a rank: the version that sync stamps (None: the ranks' own).
         self.resyncing, self.resync_version = False, None
         self.replaceable = self.actor_infer if isinstance(self.actor_infer, ReplaceableCluster) else None
         if self.replaceable is not None:
             self.replaceable.on_replaced.append(self._give_weights)
+
+    def _restore_or_first_sync(self) -> None:
+        """Resuming: the checkpoint's state, the rollout engine then holding the trainer's weights. A
+        run that starts from a LoRA adapter: the rollout engine, started from the base model, takes it."""
         if self.resume_dir:
             self._load_checkpoint(self.resume_dir)
-        elif cfg.actor_train.model_args.adapter_name_or_path:  # the rollout engine starts from the base model
+        elif self.cfg.actor_train.model_args.adapter_name_or_path:
             self.sync_weights(version=0)
 
     # -- one step -----------------------------------------------------------------------------------
@@ -128,8 +151,9 @@ class TrainerLoop:
         timings: Dict[str, float] = {}
         rollout = self.buffer.take(step, timings)
         batch, metrics = rollout.batch, dict(rollout.metrics)
-        if self.bound is not None and rollout.trainable:
-            metrics.update(self._check_staleness(step, batch))
+        bound = self.plan.staleness_bound
+        if bound is not None and rollout.trainable:
+            metrics.update(self._check_staleness(step, batch, bound))
         if not rollout.trainable:  # not one generated token (agentic: every episode ended at its opening)
             return {**metrics, **self._step_metrics(step, rollout, timings)}
         if self.offload:  # shared GPUs: the rollout engine frees its memory for the passes below
@@ -237,7 +261,7 @@ class TrainerLoop:
             "rollout/old_logprobs_from_rollout": float(self.old_logprobs.source == "rollout"),
             **self.source.step_metrics(rollout, step_seconds)}
 
-    def _check_staleness(self, step: int, batch: Batch) -> Dict[str, float]:
+    def _check_staleness(self, step: int, batch: Batch, bound: int) -> Dict[str, float]:
         """k >= 2: every row's staleness (the trainer's version before this step's update, step - 1,
         minus its oldest token's), refused past the bound (the pools drop such groups: one reaching
         the trainer is a bug); its metrics, and `token_lags` (B, T) for the log-prob gap per lag."""
@@ -245,17 +269,17 @@ class TrainerLoop:
 
         trainer_version = step - 1
         staleness = [trainer_version - int(v) for v in batch["weight_version"]]
-        if max(staleness) > self.bound or min(staleness) < 0:
+        if max(staleness) > bound or min(staleness) < 0:
             raise RuntimeError(f"step {step}: a sample of staleness {max(staleness)} (weight version "
                                f"{min(batch['weight_version'])}, trainer version {trainer_version}) reached the "
-                               f"trainer; async_generation_ratio = {self.bound} bounds it (not trained)")
+                               f"trainer; async_generation_ratio = {bound} bounds it (not trained)")
         lags = torch.zeros(batch["response_mask"].shape)
         for row, versions in enumerate(batch["token_weight_versions"]):
             lags[row, :len(versions)] = trainer_version - torch.tensor(versions, dtype=torch.float32)
         batch["token_lags"] = lags
         return {"rollout/staleness_mean": sum(staleness) / len(staleness),
                 "rollout/staleness_max": float(max(staleness)),
-                **{f"rollout/staleness_hist/{j}": float(staleness.count(j)) for j in range(self.bound + 1)}}
+                **{f"rollout/staleness_hist/{j}": float(staleness.count(j)) for j in range(bound + 1)}}
 
     def _follow_logprob_gap(self, step: int, gap) -> None:
         """auto outside fp32: the rollout engine's old log-probs while the measured trainer-rollout
@@ -428,13 +452,20 @@ class TrainerLoop:
             self.placement.shutdown()
 
 
-def run_loop(cfg: PipelineConfig, make_source: Callable[[PipelineConfig, object], RolloutSource]) -> Dict[str, float]:
-    """Train on `make_source`'s rollouts until max_steps (or a stop signal); the last step's metrics."""
+def run_loop(cfg: PipelineConfig, make_source: MakeSource) -> Dict[str, float]:
+    """Train on the rollouts of the source `make_source` builds for the run's plan until max_steps (or
+    a stop signal); the last step's metrics."""
     loop = TrainerLoop(cfg, make_source)
     try:
         return loop.run()
     finally:
         loop.shutdown()
+
+
+def _roles_with_models(cfg: PipelineConfig) -> List[str]:
+    """The roles whose models the run loads (built-in models are built first)."""
+    return (["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else [])
+            + (["teacher"] if cfg.uses_teacher() else []))
 
 
 def _split_sync_metrics(per_rank: List[Dict[str, float]]):

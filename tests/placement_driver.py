@@ -56,7 +56,7 @@ def pinned_pipeline(model: str, out_dir: str) -> dict:
 
     import torch
 
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.distributed.batch import Batch
     from tests.test_pipeline_e2e import write_config
@@ -64,7 +64,7 @@ def pinned_pipeline(model: str, out_dir: str) -> dict:
     cfg = write_config(Path(out_dir), model, max_steps=1, num_gpus_per_node=4, rollout_batch_size=2,
                        actor_train={"device_mapping": [0], "world_size": 1, "num_cpus_per_worker": 0.5},
                        actor_infer={"device_mapping": [4], "num_cpus_per_worker": 0.5})
-    pipeline = TrainerLoop(cfg, PromptGroupSource)
+    pipeline = TrainerLoop(cfg, make_prompt_group_source)
     try:
         fixed = Batch(meta={"prompt_ids": [[20, 21, 15, 22], [23, 24, 15]], "response_ids": [[20, 21, 1], [22, 1]]})
         pipeline._add_sequence_tensors(fixed)

@@ -280,7 +280,7 @@ def test_step_wise_samples_and_batch_adjustment(tok):
     is made a multiple of the mini-batch (batch_adjust_mode); step_reinforce credits each turn."""
     from types import SimpleNamespace
 
-    from pipelines.agentic_pipeline import EpisodeSource, adjust_to_mini_batches as _adjust
+    from pipelines.agentic_pipeline import EpisodeSamples, adjust_to_mini_batches as _adjust
     from roll_gspo.schema.config import PipelineConfig
 
     runner = EpisodeRunner(ChatStitcher(tok), _setups([None]), sequence_length=64, max_new_tokens=8)
@@ -288,11 +288,10 @@ def test_step_wise_samples_and_batch_adjustment(tok):
                               lambda i, n: n)
     cfg = PipelineConfig(adv_estimator="step_reinforce", step_reward_gamma=0.5)
     cfg.actor_train.training_args.per_device_train_batch_size = 4
-    pipeline = EpisodeSource.__new__(EpisodeSource)
-    pipeline.cfg, pipeline.step_wise, pipeline.pad_id = cfg, True, 0
-    batch = pipeline.samples(trajectories, 1)  # 2 episodes x 3 turns = 6 samples -> copy up to 8
+    episodes = EpisodeSamples(cfg, pad_id=0, step_wise=True)
+    batch = episodes.samples(trajectories, 1)  # 2 episodes x 3 turns = 6 samples -> copy up to 8
     assert len(batch) == 8 and batch["loss_mask"].sum(-1).tolist() == [2.0] * 8
-    advantages, _ = EpisodeSource.advantages(pipeline, batch)
+    advantages, _ = episodes.advantages(batch)
     first_turn, last_turn = float(advantages[0, 0]), float(advantages[2, 0])
     assert first_turn > last_turn  # returns G_0 = 1.75 > G_1 = 1.5 > G_2 = 1 (reward 1 a turn, gamma 0.5)
     samples = list(range(6))

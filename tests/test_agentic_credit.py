@@ -37,14 +37,11 @@ def _trajectory(group: str, index: int, rewards, *, gen: int = 2, ctx: int = 1, 
 
 
 def _pipeline(step_wise: bool, **keys):
-    from pipelines.agentic_pipeline import EpisodeSource
+    from pipelines.agentic_pipeline import EpisodeSamples
 
     if "reward_normalization" in keys:
         keys["reward_normalization"] = RewardNormalizationConfig(**keys["reward_normalization"])
-    cfg = PipelineConfig(**keys)
-    pipeline = EpisodeSource.__new__(EpisodeSource)
-    pipeline.cfg, pipeline.step_wise, pipeline.pad_id = cfg, step_wise, 0
-    return pipeline
+    return EpisodeSamples(PipelineConfig(**keys), pad_id=0, step_wise=step_wise)
 
 
 def _zscore(values):
@@ -199,7 +196,7 @@ def test_an_episode_that_never_started_is_outside_its_group_baseline():
     trajectories = runner.run(specs, _engine(tok), lambda i, n: n)
     assert [t.opened for t in trajectories] == [True, True, True, False]
     assert [t.reward for t in trajectories] == [1.0, 1.0, 1.0, 0.0]
-    trajectories[3].prompt_ids = [0]  # as EpisodeSource._play leaves it
+    trajectories[3].prompt_ids = [0]  # as EpisodeSamples.sampleable leaves it
     pipeline = _pipeline(False, reward_normalization={"grouping": "traj_group_id", "method": "mean_std"})
     batch = pipeline.samples(trajectories, step=1)
     advantages, metrics = pipeline.advantages(batch)
@@ -229,7 +226,7 @@ def test_an_episode_whose_opening_does_not_fit_is_outside_its_group_baseline(cap
     assert "sequence_length" in caplog.text and "long" in caplog.text
     assert trajectory_metrics(trajectories, "traj")["traj/opening_too_long"] == 1
     pipeline = _pipeline(False, reward_normalization={"grouping": "traj_group_id", "method": "mean_std"})
-    batch = pipeline.samples(pipeline._sampleable(trajectories), step=1)
+    batch = pipeline.samples(pipeline.sampleable(trajectories), step=1)
     assert batch["input_ids"].shape[1] <= 64  # the unplayable opening is an empty sample, not a row past the budget
     advantages, metrics = pipeline.advantages(batch)
     assert float(advantages.abs().max()) == 0.0  # three equal winners: no signal (not +0.577 each)

@@ -81,16 +81,24 @@ class FakeScorer:
         return {}
 
 
+def pooled_source(cfg, tokenizer, cluster, scorer):
+    """The source the run plan of `cfg` (k >= 2) picks, connected to `cluster`'s ranks, scoring with `scorer`."""
+    from pipelines.rlvr_pipeline import PooledPromptGroupSource, make_prompt_group_source
+    from roll_gspo.config.plan.run_plan import build_run_plan
+
+    source = make_prompt_group_source(cfg, tokenizer, build_run_plan(cfg))
+    assert isinstance(source, PooledPromptGroupSource)
+    source.connect(types.SimpleNamespace(actor_infer=cluster, rewards={}))
+    source.scorer = scorer
+    return source
+
+
 def source_with_fakes(ranks=2):
-    from pipelines.rlvr_pipeline import PromptGroupSource
     from roll_gspo.builtin.tokenizer import build_tokenizer
 
     cfg = load_config("example_gspo.yaml", K2_FILTERED)
     tokenizer = build_tokenizer()
-    source = PromptGroupSource(cfg, tokenizer)
-    source.actor_infer = FakeCluster([FakeRank(tokenizer, cfg) for _ in range(ranks)])
-    source.scorer = FakeScorer()
-    return source
+    return pooled_source(cfg, tokenizer, FakeCluster([FakeRank(tokenizer, cfg) for _ in range(ranks)]), FakeScorer())
 
 
 def run_steps(source, steps):
@@ -142,7 +150,6 @@ def test_query_filter_is_accepted_with_k2():
 def test_each_ranks_pool_is_k_quotas_of_its_own_at_an_uneven_split():
     """rollout_batch_size 5 on 2 rollout ranks: quotas 3 and 2, pools of 2 batches each 2 x its own
     quota (6 and 4; split apart they were 5 and 5, rank 1 holding 2.5 quotas, past the bound)."""
-    from pipelines.rlvr_pipeline import PromptGroupSource
     from pipelines.sources import RewardFuture
     from roll_gspo.builtin.tokenizer import build_tokenizer
 
@@ -150,13 +157,11 @@ def test_each_ranks_pool_is_k_quotas_of_its_own_at_an_uneven_split():
                                             "num_return_sequences_in_group=2", "response_length=8",
                                             "actor_train.training_args.per_device_train_batch_size=5"])
     tokenizer = build_tokenizer()
-    source = PromptGroupSource(cfg, tokenizer)
     cluster = FakeCluster([FakeRank(tokenizer, cfg) for _ in range(2)])
     advanced = []
     call = cluster.call_async
     cluster.call_async = lambda rank, method, prompts, quota, *a, **k: (
         advanced.append((rank, len(prompts), quota)) or call(rank, method, prompts, quota, *a, **k))
-    source.actor_infer = cluster
-    source.scorer = types.SimpleNamespace(future=lambda batch: RewardFuture.ready())
+    source = pooled_source(cfg, tokenizer, cluster, types.SimpleNamespace(future=lambda batch: RewardFuture.ready()))
     source.produce(1, {})
     assert advanced == [(0, 6, 3), (1, 4, 2)]

@@ -258,7 +258,7 @@ def test_colocated_run_on_cpu_sleeps_offloads_and_syncs_exactly(tmp_path, tiny_m
     import ray
     import torch
 
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.distributed.batch import Batch
     from tests.test_pipeline_e2e import write_config
@@ -267,7 +267,7 @@ def test_colocated_run_on_cpu_sleeps_offloads_and_syncs_exactly(tmp_path, tiny_m
     cfg = write_config(tmp_path, tiny_model, is_offload_states=True, offload_train_params=True,
                        system_envs={"ROLL_GSPO_OFFLOAD_ON_CPU": "1"},
                        actor_infer={"strategy_args": {"strategy_config": {"sleep_level": 2}}})
-    pipeline = TrainerLoop(cfg, PromptGroupSource)
+    pipeline = TrainerLoop(cfg, make_prompt_group_source)
     try:
         infer, train = pipeline.actor_infer.workers[0], pipeline.actor_train.workers[0]
 

@@ -89,7 +89,7 @@ def test_an_agent_config_loads_and_turns_the_endpoint_on(tmp_path, tiny_model):
 def test_an_openai_client_agent_trains_through_the_endpoint(tmp_path, tiny_model, ray_session):
     """2 steps of an agent's episodes: each trained row's generated ids and their log-probs are what
     the endpoint returned to the agent (the engine's), the agent's return its reward, metrics logged."""
-    from pipelines.agent_source import AgentSource
+    from pipelines.agent_source import make_agent_source
     from pipelines.trainer_loop import TrainerLoop
     from tests import agent_fns
 
@@ -97,7 +97,7 @@ def test_an_openai_client_agent_trains_through_the_endpoint(tmp_path, tiny_model
     # the trained rows, the same for either engine (vLLM behind the endpoint in a run: test_resume_reshape).
     cfg = agent_config(tmp_path, tiny_model, actor_infer={"strategy_args": {"strategy_name": "hf_infer"}})
     agent_fns.SEEN.clear()
-    loop = TrainerLoop(cfg, AgentSource)
+    loop = TrainerLoop(cfg, make_agent_source)
     batches = []
     produce = loop.source.produce
 

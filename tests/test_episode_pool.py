@@ -232,15 +232,16 @@ LAKE = {"env_type": "frozen_lake", "max_tokens_per_step": 3, "agent_system_templ
 
 
 def episode_source(tmp_path, tok, ratio):
-    """The agentic source of a two-tag FrozenLake config (episodes of at most 2 and 4 turns), its
-    turns from a scripted engine."""
-    from pipelines.agentic_pipeline import EpisodeSource
+    """The agentic source the run plan picks for a two-tag FrozenLake config (episodes of at most 2
+    and 4 turns), its turns from a scripted engine."""
+    from pipelines.agentic_pipeline import make_episode_source
+    from roll_gspo.config.plan.run_plan import build_run_plan
     from tests.test_agentic_e2e import small_config
 
     cfg = small_config(tmp_path, async_generation_ratio=ratio, eval_steps=0,
                        custom_envs={"Short": {**LAKE, "max_steps": 2}, "Long": {**LAKE, "max_steps": 4}},
                        train_env_manager={"tags": ["Short", "Long"], "num_env_groups": 2, "group_size": 4})
-    source, engine = EpisodeSource(cfg, tok), ScriptedEngine()
+    source, engine = make_episode_source(cfg, tok, build_run_plan(cfg)), ScriptedEngine()
     source.submitter = lambda gen, name: engine.submit
     return source, engine
 

@@ -314,7 +314,7 @@ def test_lora_run_syncs_exactly_with_colocation_and_kl(tmp_path, tiny_model, ray
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.lifecycle.checkpoint import complete_checkpoints
     from tests.test_pipeline_e2e import load_weights, read_metrics
@@ -325,7 +325,7 @@ def test_lora_run_syncs_exactly_with_colocation_and_kl(tmp_path, tiny_model, ray
                       system_envs={"ROLL_GSPO_OFFLOAD_ON_CPU": "1"},
                       actor_train={"training_args": {"learning_rate": 2e-2}},
                       actor_infer={"strategy_args": {"strategy_config": {"sleep_level": 2}}})
-    pipeline = TrainerLoop(cfg, PromptGroupSource)
+    pipeline = TrainerLoop(cfg, make_prompt_group_source)
     try:
         assert pipeline.reference is None  # the KL's reference is actor_train without its adapter
         pipeline.run()

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
                           moe_aux_loss_coef=0.01, gradient_checkpointing=True)),
 ])
 def test_moe_two_steps_vllm_matches_trainer(tmp_path, tiny_moe_model, ray_session, zero_stage, update, algorithm):
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
 
     algorithm = dict(algorithm)
@@ -29,7 +29,7 @@ def test_moe_two_steps_vllm_matches_trainer(tmp_path, tiny_moe_model, ray_sessio
     cfg = write_config(tmp_path, tiny_moe_model, max_steps=2, vllm_weight_update=update, **algorithm,
                        actor_train={"strategy_args": {"strategy_config": {"zero_optimization": {"stage": zero_stage}}},
                                     "model_args": {"gradient_checkpointing": checkpointing}})
-    pipeline = TrainerLoop(cfg, PromptGroupSource)
+    pipeline = TrainerLoop(cfg, make_prompt_group_source)
     try:
         fixed = Batch(meta={"prompt_ids": [[20, 21, 15, 22], [23, 24, 15], [25, 15, 26, 27, 28]],
                             "response_ids": [[20, 21, 1], [22, 1], [23, 24, 25, 1]]})

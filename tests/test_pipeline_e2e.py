@@ -205,10 +205,10 @@ def run_observing_sync(cfg):
     [(vLLM's log-probs, the trainer's)] before step 1, after step 1, after step 2, ..."""
     import ray
 
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
 
-    pipeline = TrainerLoop(cfg, PromptGroupSource)
+    pipeline = TrainerLoop(cfg, make_prompt_group_source)
     try:
         mode = ray.get(pipeline.actor_infer.workers[0].__ray_call__.remote(lambda w: w.strategy.update_mode))
         fixed = Batch(meta={"prompt_ids": [[20, 21, 15, 22], [23, 24, 15], [25, 15, 26, 27, 28]],

@@ -274,7 +274,7 @@ def test_pipeline_two_ranks_resume_on_one_and_train_on(tmp_path, tiny_model, ray
     the step, and the endpoint stops with the run."""
     import openai
 
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.cli import main
     from roll_gspo.config import load_config
@@ -295,7 +295,7 @@ def test_pipeline_two_ranks_resume_on_one_and_train_on(tmp_path, tiny_model, ray
             "DeepSpeed's universal checkpoint") in printed, printed
     with caplog.at_level(logging.INFO, logger="roll_gspo"):
         loop = TrainerLoop(load_config(config_path, ["resume_from_checkpoint=auto", *ONE_RANK,
-                                                     "rollout_endpoint.enabled=true"]), PromptGroupSource)
+                                                     "rollout_endpoint.enabled=true"]), make_prompt_group_source)
     try:
         address = loop.endpoint.address
         assert f"rollout endpoint: {address}" in caplog.text and address.startswith("http://127.0.0.1:")

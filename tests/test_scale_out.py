@@ -138,7 +138,7 @@ def test_weight_sync_reaches_every_tensor_parallel_worker(tmp_path, tiny_model, 
     many buckets, so a layer's tensors span buckets)."""
     import ray
 
-    from pipelines.rlvr_pipeline import PromptGroupSource
+    from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
     from roll_gspo.distributed.batch import Batch
     from tests.test_pipeline_e2e import write_config
@@ -147,7 +147,7 @@ def test_weight_sync_reaches_every_tensor_parallel_worker(tmp_path, tiny_model, 
     cfg = write_config(tmp_path, tiny_model, max_steps=2, weight_sync_transport=transport,
                        weight_sync_bucket_mb=bucket_mb, weight_sync_timeout_s=300,
                        actor_infer={"strategy_args": {"strategy_config": engine}, "num_cpus_per_worker": tp_size})
-    pipeline = TrainerLoop(cfg, PromptGroupSource)
+    pipeline = TrainerLoop(cfg, make_prompt_group_source)
     try:
         infer = pipeline.actor_infer.workers[0]
         assert ray.get(infer.weight_receivers.remote()) == tp_size

@@ -66,12 +66,12 @@ def test_a_multi_turn_verifiers_env_trains_through_the_endpoint(tmp_path, tiny_m
     ids and log-probs what the engine sampled for the trace's two turns, its reward the rubric's."""
     import vf_two_turns
 
-    from pipelines.agent_source import VerifiersSource
+    from pipelines.agent_source import make_agent_source
     from pipelines.trainer_loop import TrainerLoop
 
     cfg = verifiers_config(tmp_path, tiny_model)
     vf_two_turns.SEEN.clear()
-    loop = TrainerLoop(cfg, VerifiersSource)
+    loop = TrainerLoop(cfg, make_agent_source)
     batches = []
     produce = loop.source.produce
 
