@@ -124,15 +124,46 @@ def test_the_walk_sees_lazy_imports():
     assert "roll_gspo.lifecycle.checkpoint" in GRAPH["roll_gspo.cli"]
 
 
-def test_no_pipeline_module_imports_another_modules_private_name():
-    # A driver reaching into another's underscore helpers is how the agentic pipeline came to lean
-    # on the RLVR one; shared code is public in the module that owns it (`pipelines.common`, ...).
+def private_imports(module: str, source: str) -> List[str]:
+    """`module -> other.name` for each private name `source` imports from another project module
+    (relative imports included)."""
     reached = []
-    for module, path in MODULES.items():
-        if _concept(module) != "pipelines":
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
             continue
-        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
-                reached += [f"{module} -> {node.module}.{a.name}" for a in node.names
-                            if a.name.startswith("_") and node.module.split(".")[0] in ("pipelines", "roll_gspo")]
+        if not (node.level or (node.module or "").split(".")[0] in ("pipelines", "roll_gspo")):
+            continue
+        base = "." * node.level + (node.module or "")
+        reached += [f"{module} -> {base}.{a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return reached
+
+
+def test_no_module_imports_another_modules_private_name():
+    # Reaching into another module's underscore helpers is how the agentic pipeline came to lean on
+    # the RLVR one; shared code is public in the module that owns it (`pipelines.common`, typed_walk's
+    # `walk`, `losses.bool_mask`, ...).
+    reached = [line for module, path in MODULES.items()
+               for line in private_imports(module, open(path, encoding="utf-8").read())]
     assert reached == []
+
+
+def test_the_private_import_scan_sees_relative_and_absolute_imports():
+    found = private_imports("x", "from .losses import _mask, public\nfrom roll_gspo.a import _b\nimport os\n"
+                                 "from os.path import _joinrealpath\nfrom __future__ import annotations\n")
+    assert found == ["x -> .losses._mask", "x -> roll_gspo.a._b"]
+
+
+# Who may import a module of roll_gspo.config.checks besides the checks themselves: the package's face
+# (validate_config, preflight) and load/ (the loader runs the checks, the reference lists them,
+# roll_check reports them). Run-time code reads the run plan (roll_gspo.config.plan) and the frozen config.
+CHECK_READERS = {"roll_gspo.config", "roll_gspo.config.load.loader", "roll_gspo.config.load.config_reference",
+                 "roll_gspo.config.load.roll_check"}
+
+
+def test_no_run_time_module_imports_a_check_module():
+    assert CHECK_READERS <= set(MODULES)
+    wrong = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps
+                   if d.startswith("roll_gspo.config.checks.") and not m.startswith("roll_gspo.config.checks.")
+                   and m not in CHECK_READERS)
+    assert wrong == []

@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .losses import _bool_mask, masked_mean, masked_sum, registering
+from .losses import bool_mask, masked_mean, masked_sum, registering
 
 __all__ = [
     "REWARD_NORMS",
@@ -251,7 +251,7 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor, *,
     if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
         raise ValueError(f"scores must be (batch,) and response_mask (batch, response_len), got "
                          f"{tuple(scores.shape)} and {tuple(response_mask.shape)}")
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     dtype = _float_dtype(scores)
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     last_valid = torch.where(mask, positions, torch.full_like(positions, -1)).max(-1).values  # (B,)
@@ -292,7 +292,7 @@ def get_adv_estimator(name: str) -> AdvEstimatorFn:
 
 def _broadcast_over_tokens(per_response: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """``(B,)`` -> ``(B, T)`` on valid tokens, 0 elsewhere."""
-    return torch.where(_bool_mask(response_mask), per_response.unsqueeze(-1),
+    return torch.where(bool_mask(response_mask), per_response.unsqueeze(-1),
                        torch.zeros((), dtype=per_response.dtype, device=per_response.device))
 
 
@@ -306,10 +306,10 @@ def reinforce_advantages(token_rewards: torch.Tensor, response_mask: torch.Tenso
     unused (the signature is the registry's).
     """
     _check_rewards_and_mask(token_rewards, response_mask)
-    masked = torch.where(_bool_mask(response_mask), token_rewards,
+    masked = torch.where(bool_mask(response_mask), token_rewards,
                          torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
     returns = masked.flip(-1).cumsum(-1).flip(-1)
-    return torch.where(_bool_mask(response_mask), returns, torch.zeros_like(returns))
+    return torch.where(bool_mask(response_mask), returns, torch.zeros_like(returns))
 
 
 @register_adv_estimator("grpo")
@@ -433,11 +433,11 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8, *, unbia
     wide = values.to(torch.float64)
     mean = masked_mean(wide, mask)
     var = masked_mean((wide - mean).square(), mask)
-    count = float(_bool_mask(mask).sum())
+    count = float(bool_mask(mask).sum())
     if unbiased and count > 1:
         var = var * count / (count - 1)
     whitened = ((wide - mean) / torch.sqrt(var + eps)).to(values.dtype)
-    return torch.where(_bool_mask(mask), whitened, torch.zeros((), dtype=whitened.dtype,
+    return torch.where(bool_mask(mask), whitened, torch.zeros((), dtype=whitened.dtype,
                                                                device=whitened.device))
 
 
@@ -476,7 +476,7 @@ def compute_advantages(scores: torch.Tensor, response_mask: torch.Tensor, *, gro
         scores, response_mask, group_size=group_size, reward_norm=reward_norm, reward_shift=reward_shift,
         reward_scale=reward_scale, reward_clip=reward_clip, running_stats=running_stats, kl=kl, kl_coef=kl_coef,
         eps=eps)
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     extra = {} if reward_components is None else {"components": reward_components, "weights": component_weights}
     advantages = estimator(token_rewards, mask, group_size, eps=eps, **extra)
     metrics["critic/returns_mean"] = float(masked_mean(advantages, mask))
@@ -495,7 +495,7 @@ def shaped_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor, *, g
     if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
         raise ValueError(f"scores must be (batch,) and response_mask (batch, response_len), got "
                          f"{tuple(scores.shape)} and {tuple(response_mask.shape)}")
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     metrics: Dict[str, float] = {}
     for key, value in _stats(scores.to(_float_dtype(scores))).items():
         metrics[f"critic/score_{key}"] = value

@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .advantages import RunningMeanStd, finish_advantages, shaped_token_rewards
-from .losses import LOSS_AGG_MODES, _bool_mask, aggregate_loss, masked_mean
+from .losses import LOSS_AGG_MODES, bool_mask, aggregate_loss, masked_mean
 
 __all__ = ["gae_advantages", "value_loss", "compute_gae_advantages"]
 
@@ -43,7 +43,7 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
     shapes = {tuple(t.shape) for t in (token_rewards, values, response_mask)}
     if len(shapes) != 1 or len(next(iter(shapes))) != 2:
         raise ValueError(f"expected tensors of one (batch, response_len) shape, got {sorted(shapes)}")
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     zero, (rewards, values) = _zero_off_mask(mask, values, token_rewards, values)
     dtype = zero.dtype
     rows, width = mask.shape
@@ -77,7 +77,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         raise ValueError(f"value_clip must be > 0 or None, got {value_clip}")
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid values: {LOSS_AGG_MODES}")
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     # Garbage off the mask is replaced before any arithmetic so it cannot reach the gradient.
     zero, (v, old, target) = _zero_off_mask(mask, values, values, old_values, returns)
     dtype = zero.dtype
@@ -120,7 +120,7 @@ def compute_gae_advantages(scores: torch.Tensor, values: torch.Tensor, response_
         scores, response_mask, group_size=group_size, reward_norm=reward_norm, reward_shift=reward_shift,
         reward_scale=reward_scale, reward_clip=reward_clip, running_stats=running_stats, kl=kl, kl_coef=kl_coef,
         eps=eps)
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lambd=lambd)
     metrics["critic/returns_mean"] = float(masked_mean(returns, mask))
     metrics["critic/values_mean"] = float(masked_mean(torch.where(mask, values.float(), 0.0), mask))

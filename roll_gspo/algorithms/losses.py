@@ -72,7 +72,7 @@ Count = Union[int, float, torch.Tensor]
 # --------------------------------------------------------------------------------------------
 # Small helpers
 # --------------------------------------------------------------------------------------------
-def _bool_mask(response_mask: torch.Tensor) -> torch.Tensor:
+def bool_mask(response_mask: torch.Tensor) -> torch.Tensor:
     """``(B, T)`` float/int/bool mask -> bool mask (nonzero = valid token)."""
     return response_mask if response_mask.dtype == torch.bool else response_mask != 0
 
@@ -112,7 +112,7 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = No
     values, mask: same shape (typically ``(B, T)``). dim: None (all) or one dimension.
     Returns a scalar tensor, or ``values`` reduced over ``dim``.
     """
-    selected = torch.where(_bool_mask(mask), values, torch.zeros((), dtype=values.dtype,
+    selected = torch.where(bool_mask(mask), values, torch.zeros((), dtype=values.dtype,
                                                                  device=values.device))
     return selected.sum() if dim is None else selected.sum(dim)
 
@@ -123,7 +123,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor,
 
     values, mask: same shape. dim: None (all entries, scalar result) or one dimension (reduced).
     """
-    count = _bool_mask(mask).to(values.dtype)
+    count = bool_mask(mask).to(values.dtype)
     count = count.sum() if dim is None else count.sum(dim)
     return masked_sum(values, mask, dim) / count.clamp(min=1)
 
@@ -150,7 +150,7 @@ def token_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
     """
     dtype = _compute_dtype(log_probs)
     diff = log_probs.to(dtype) - old_log_probs.to(dtype)
-    return torch.where(_bool_mask(response_mask), diff, torch.zeros((), dtype=dtype,
+    return torch.where(bool_mask(response_mask), diff, torch.zeros((), dtype=dtype,
                                                                     device=diff.device))
 
 
@@ -164,7 +164,7 @@ def seq_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
     """
     per_token = token_log_ratio(log_probs, old_log_probs, response_mask)
     seq_value = masked_mean(per_token, response_mask, dim=-1)  # (B,)
-    return torch.where(_bool_mask(response_mask), seq_value.unsqueeze(-1),
+    return torch.where(bool_mask(response_mask), seq_value.unsqueeze(-1),
                        torch.zeros((), dtype=per_token.dtype, device=per_token.device))
 
 
@@ -180,7 +180,7 @@ def gspo_token_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor,
     logp = log_probs.to(dtype)
     seq_value = seq_log_ratio(log_probs, old_log_probs, response_mask).detach()
     token_grad_carrier = logp - logp.detach()  # value 0, gradient 1
-    return torch.where(_bool_mask(response_mask), seq_value + token_grad_carrier,
+    return torch.where(bool_mask(response_mask), seq_value + token_grad_carrier,
                        torch.zeros((), dtype=dtype, device=logp.device))
 
 
@@ -380,7 +380,7 @@ def loss_normalisers(response_mask: torch.Tensor) -> Tuple[float, float]:
     (``rollout_correction.kept_mask``), so that rejected tokens and responses leave the normalisers
     as well as the numerators and the step size does not move with the rejection rate.
     """
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     if mask.dim() != 2:
         raise ValueError(f"expected a (batch, response_len) mask, got shape {tuple(mask.shape)}")
     return float(mask.any(-1).sum()), float(mask.sum())
@@ -408,7 +408,7 @@ def aggregate_loss(loss_mat: torch.Tensor, response_mask: torch.Tensor, loss_agg
     """
     _check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     _check_same_shape(loss_mat=loss_mat, response_mask=response_mask)
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     token_counts = mask.to(loss_mat.dtype).sum(-1)  # (B,)
     row_sums = masked_sum(loss_mat, mask, dim=-1)    # (B,)
 
@@ -467,7 +467,7 @@ def policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages
     _check_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
     _check_same_shape(log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages,
                       response_mask=response_mask)
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     dtype = _compute_dtype(log_probs)
     # Zero garbage advantages under the mask: the backward of -A * ratio would turn a NaN there
     # into a NaN gradient for any registered loss whose ratio is not itself masked.
@@ -543,7 +543,7 @@ def kl_loss(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, response_mask:
     Garbage under the mask is zeroed before the estimator so it cannot produce NaN gradients.
     """
     _check_same_shape(log_probs=log_probs, ref_log_probs=ref_log_probs, response_mask=response_mask)
-    mask = _bool_mask(response_mask)
+    mask = bool_mask(response_mask)
     zero = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
     kl = kl_penalty(torch.where(mask, log_probs, zero), torch.where(mask, ref_log_probs.to(
         log_probs.dtype), zero), estimator)

@@ -15,14 +15,16 @@ Each concern declares its steps in the module that owns its keys::
 * ``warn``: warnings and notices; must not change the config.
 
 Errors of the first three phases are raised together, one `ConfigError`, after ``check``. Inside a
-phase steps run in the order they are declared, modules in `CHECK_MODULES`' order; an order that
-matters is declared (`after`), and a step that needs others to have found nothing names them
-(`requires`). A new module of steps is added to `CHECK_MODULES`; `validate.py` does not change.
+phase steps run in the order they are declared, modules by name (`check_modules`: every module of
+this folder but the registry, the runner and preflight); an order that matters is declared (`after`),
+and a step that needs others to have found nothing names them (`requires`). A new module of steps is
+a new file in this folder; nothing else changes.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -31,11 +33,8 @@ from roll_gspo.config.findings import Finding
 
 PHASES = ("normalise", "derive", "check", "settle", "warn")
 MUTATING_PHASES = ("normalise", "derive", "settle")
-# The modules that declare steps, in the order their steps run within a phase.
-CHECK_MODULES = tuple(f"roll_gspo.config.{name}" for name in (
-    "checks.validate", "checks.rewards", "checks.async_rollout", "checks.correction", "checks.role_reads",
-    "checks.agentic", "checks.endpoint", "checks.roll", "checks.policy_loss", "checks.fsdp2", "checks.lora",
-    "checks.critic", "checks.tasks", "checks.placement", "checks.fault_tolerance", "checks.warm_start", "checks.opd"))
+# The modules of this folder that declare no steps: the registry, the runner and preflight.
+NOT_STEP_MODULES = ("registry", "validate", "preflight")
 
 
 StepFn = Callable[[Any, Optional[AbstractSet[str]]], Iterable[Finding]]
@@ -76,16 +75,26 @@ def check(phase: str, keys: Sequence[str], doc: str, name: Optional[str] = None,
     return register
 
 
+def check_modules() -> Tuple[str, ...]:
+    """Every module of `roll_gspo.config.checks` but NOT_STEP_MODULES, by name: the modules that declare
+    steps, in the order their steps run within a phase."""
+    from roll_gspo.config import checks
+
+    return tuple(f"{checks.__name__}.{module.name}" for module in sorted(pkgutil.iter_modules(checks.__path__),
+                                                                          key=lambda module: module.name)
+                 if module.name not in NOT_STEP_MODULES)
+
+
 def load_steps() -> None:
-    """Import every module of CHECK_MODULES (their decorators fill the registry)."""
-    for module in CHECK_MODULES:
+    """Import every module of `check_modules()` (their decorators fill the registry)."""
+    for module in check_modules():
         importlib.import_module(module)
 
 
 def registered_steps(phase: Optional[str] = None) -> List[Step]:
     """The steps in the order they run (of one phase, or all)."""
     load_steps()
-    rank = {m: i for i, m in enumerate(CHECK_MODULES)}
+    rank = {m: i for i, m in enumerate(check_modules())}
     declared = list(_REGISTRY.values())
     ordered: List[Step] = []
     for current in PHASES if phase is None else (phase,):
