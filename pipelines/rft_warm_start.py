@@ -237,15 +237,10 @@ def _sample_main(path: str) -> None:
     role.model_args.model_name_or_path, role.model_args.dtype = request["model"], request["dtype"]
     role.strategy_args.strategy_name = request["strategy"]
     role.strategy_args.strategy_config = request["engine_config"]
-    engine: Any
-    if request["strategy"] == "vllm":
-        from roll_gspo.strategies.vllm_strategy import VllmStrategy
+    from roll_gspo.strategies import engine_class
 
-        engine = VllmStrategy(role, max_model_len=request["max_model_len"], seed=request["seed"])
-    else:
-        from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
-
-        engine = HfInferStrategy(role, seed=request["seed"])
+    # The engine's options; one that has no use for one ignores it (hf_infer takes the seed alone).
+    engine: Any = engine_class(request["strategy"])(role, max_model_len=request["max_model_len"], seed=request["seed"])
     gen = GeneratingArgs(**request["gen"])
     prompts, seeds, n = request["prompt_ids"], request["seeds"], request["n"]
     chunk, began, out = max(1, 1024 // n), time.perf_counter(), []

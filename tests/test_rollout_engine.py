@@ -191,14 +191,15 @@ def test_the_worker_stamps_the_oldest_version_and_keeps_each_tokens(tiny_model):
     assert turns["weight_version"] == [2] * 3
 
 
-def test_both_strategies_implement_the_contract():
-    """Every member of `RolloutEngine` is defined on both strategy classes."""
-    from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
-    from roll_gspo.strategies.vllm_strategy import VllmStrategy
+def test_every_rollout_engine_implements_the_contract():
+    """Every member of `RolloutEngine` is defined on each rollout engine of the catalog."""
+    from roll_gspo.catalog.engines import names
+    from roll_gspo.strategies import engine_class
 
     members = [name for name in dir(RolloutEngine) if not name.startswith("_")]
     assert {"submit", "wait", "abort", "step", "finish_weight_update", "load_bucket", "sleep", "wake"} <= set(members)
-    for cls in (VllmStrategy, HfInferStrategy):
+    assert names("actor_infer") == ["vllm", "hf_infer"]
+    for cls in map(engine_class, names("actor_infer")):
         missing = [name for name in members if not callable(getattr(cls, name, None))]
         assert not missing, (cls.__name__, missing)
         for name in members:

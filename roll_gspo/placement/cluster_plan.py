@@ -377,7 +377,7 @@ def _weight_sync_routes(cfg: PipelineConfig, roles, placed: Dict[str, List[List[
                      for rank, spots in enumerate(placed["actor_infer"])]
     else:  # on CPU: one weight-holding process per vLLM tensor-parallel worker
         workers = tensor_parallel_size(infer.strategy_args.strategy_config or {}) \
-            if infer.strategy_args.strategy_name == "vllm" else 1
+            if infer.strategy_args.engine.spans_gpus else 1
         receivers = [(f"actor_infer rank {rank}", [DevicePlace(cpu_node, None, "CPU")] * workers)
                      for rank in range(infer.world_size)]
     try:
@@ -421,7 +421,7 @@ def _occupant(cfg: PipelineConfig, name: str, role, rank: int, tp_rank: int, tp:
     engine = role.strategy_args.strategy_config or {}
     seq_len = cfg.prompt_length + cfg.response_length
     dtype = role.model_args.dtype
-    if strategy == "vllm":
+    if role.strategy_args.engine.vllm_engine_args:  # claims its gpu_memory_utilization
         occupant = Occupant(name, rank, "vLLM" + (f", TP worker {tp_rank} of {tp}" if tp > 1 else ""),
                             capacity=capacity)
         utilization, key = vllm_utilization(name, role)
@@ -449,8 +449,8 @@ def _occupant(cfg: PipelineConfig, name: str, role, rank: int, tp_rank: int, tp:
                 gradient_checkpointing=role.model_args.gradient_checkpointing,
                 trainable=lora_parameters(shape, lora.lora_target, lora.lora_rank or 8) if lora.lora_target else None)
         return occupant
-    if strategy == "hf_infer" and name == "actor_infer":
-        occupant = Occupant(name, rank, "hf_infer rollout")
+    if role.strategy_args.engine.serves_requests and name == "actor_infer":  # a model and its KV cache, no claim
+        occupant = Occupant(name, rank, f"{strategy} rollout")
         if shape is not None:
             occupant.parts = rollout_memory(shape, dtype=dtype, tensor_parallel_size=1,
                                             max_num_seqs=_rollout_concurrency(cfg, role), max_model_len=seq_len)
@@ -472,7 +472,7 @@ def _reward_occupant(cfg: PipelineConfig, name: str, rank: int, tp_rank: int, tp
     dtype = reward.model_args.dtype
     batch = math.ceil(cfg.rollout_batch_size * cfg.num_return_sequences_in_group / max(reward.world_size, 1))
     seq_len = cfg.prompt_length + cfg.response_length + int(reward.generating_args.max_new_tokens or 0)
-    if reward.strategy_args.strategy_name == "vllm":
+    if reward.strategy_args.engine.vllm_engine_args:  # claims its gpu_memory_utilization
         occupant = Occupant(name, rank, "LLM judge, vLLM" + (f", TP worker {tp_rank} of {tp}" if tp > 1 else ""),
                             capacity=capacity)
         utilization, key = vllm_utilization(name, reward)

@@ -28,14 +28,15 @@ makes them run anyway (frees nothing; exercises the GPU path's calls and their o
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from roll_gspo.catalog.engines import ENGINES
 from roll_gspo.placement.device_mapping import reward_roles
 from roll_gspo.schema.config import PipelineConfig, RewardConfig, RoleConfig
 
-SLEEP_LEVELS = (1, 2)
 DEFAULT_SLEEP_LEVEL = 1  # ROLL's default
 SHARE_TOLERANCE = 1e-6
 FORCE_ON_CPU_ENV = "ROLL_GSPO_OFFLOAD_ON_CPU"
@@ -65,12 +66,10 @@ def _gpu_roles(cfg: PipelineConfig) -> Dict[str, RoleConfig]:
 
 
 def gpus_per_rollout_rank(role: RoleConfig) -> int:
-    """Devices one rollout rank spans: vLLM's tensor x pipeline parallel size, else 1."""
-    if role.strategy_args.strategy_name != "vllm":
-        return 1
+    """Devices one rollout rank spans: the product of its engine's parallel sizes (vLLM's tensor x
+    pipeline parallel size), else 1."""
     engine = role.strategy_args.strategy_config or {}
-    return max(1, int(engine.get("tensor_parallel_size", 1) or 1)) * max(
-        1, int(engine.get("pipeline_parallel_size", 1) or 1))
+    return math.prod(max(1, int(engine.get(key, 1) or 1)) for key in role.strategy_args.engine.parallel_keys)
 
 
 def rank_gpus(role: RoleConfig) -> List[List[int]]:
@@ -133,7 +132,7 @@ def fill_gpu_memory_utilization(cfg: PipelineConfig) -> Optional[float]:
     no room). Returns the value set, or None."""
     infer = cfg.actor_infer
     engine = infer.strategy_args.strategy_config
-    if infer.strategy_args.strategy_name != "vllm" or "gpu_memory_utilization" in engine:
+    if not infer.strategy_args.engine.vllm_engine_args or "gpu_memory_utilization" in engine:
         return None
     placement = colocation(cfg)
     if not placement.on_gpu or placement.share >= 1.0:
@@ -147,15 +146,17 @@ def colocation_problems(cfg: PipelineConfig) -> List[Tuple[str, str]]:
     problems: List[Tuple[str, str]] = []
     infer = cfg.actor_infer
     engine = infer.strategy_args.strategy_config or {}
-    is_vllm = infer.strategy_args.strategy_name == "vllm"
+    kind = infer.strategy_args.engine
+    levels = kind.sleep_levels
     placement = colocation(cfg)
     offload = offload_between_phases(cfg)
     if "sleep_level" in engine:
         level, key = engine["sleep_level"], f"{ENGINE_KEY}.sleep_level"
-        if not is_vllm:
-            problems.append((key, f"{key}: only the vllm rollout strategy sleeps "
+        if not levels:
+            sleepers = " and ".join(name for name, other in ENGINES.items() if other.sleep_levels)
+            problems.append((key, f"{key}: only the {sleepers} rollout strategy sleeps "
                                   f"(strategy_name is {infer.strategy_args.strategy_name!r}); drop it"))
-        elif isinstance(level, bool) or level not in SLEEP_LEVELS:
+        elif isinstance(level, bool) or level not in levels:
             problems.append((key, f"{key} = {level!r}: must be 1 (vLLM keeps the weights in CPU "
                                   f"memory while asleep) or 2 (it discards them; the next weight sync refills them)"))
         elif level == 2 and offload and cfg.model_update_frequency > 1:
@@ -163,7 +164,7 @@ def colocation_problems(cfg: PipelineConfig) -> List[Tuple[str, str]]:
                              f"{key} = 2 discards vLLM's weights at every sleep, but model_update_frequency = "
                              f"{cfg.model_update_frequency} leaves steps without a weight sync to refill them (those "
                              f"steps would sample from garbage); use sleep_level: 1 or model_update_frequency: 1"))
-    if is_vllm and "enable_sleep_mode" in engine:
+    if kind.vllm_engine_args and "enable_sleep_mode" in engine:
         wanted, key = bool(engine["enable_sleep_mode"]), f"{ENGINE_KEY}.enable_sleep_mode"
         if wanted and not placement.on_gpu:
             problems.append((key,
@@ -182,7 +183,7 @@ def colocation_problems(cfg: PipelineConfig) -> List[Tuple[str, str]]:
                                               "offload around; drop it"))
     if offload:
         problems += [("is_offload_states", p) for p in _stage_zero_mixed_precision_problem(cfg)]
-    if is_vllm and "gpu_memory_utilization" in engine and placement.on_gpu:
+    if kind.vllm_engine_args and "gpu_memory_utilization" in engine and placement.on_gpu:
         problems += [(f"{ENGINE_KEY}.gpu_memory_utilization", p)
                      for p in _share_problems(engine["gpu_memory_utilization"], placement, offload)]
     return problems + reward_colocation_problems(cfg, offload)
@@ -328,8 +329,9 @@ def describe(cfg: PipelineConfig, offload: Optional[bool] = None) -> str:
              else "is_offload_states: true")
     infer = cfg.actor_infer
     engine = infer.strategy_args.strategy_config or {}
-    rollout = (f"vLLM sleeps (level {sleep_level(cfg)}) between generations"
-               if infer.strategy_args.strategy_name == "vllm" else "hf_infer has no sleep mode (keeps its memory)")
+    kind = infer.strategy_args.engine
+    rollout = (f"{kind.title} sleeps (level {sleep_level(cfg)}) between generations" if kind.sleep_levels
+               else f"{infer.strategy_args.strategy_name} has no sleep mode (keeps its memory)")
     memory = (f", gpu_memory_utilization {engine['gpu_memory_utilization']:g}"
               if "gpu_memory_utilization" in engine else "")
     params = " and weights" if cfg.offload_train_params else ""

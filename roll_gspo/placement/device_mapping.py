@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -176,13 +177,14 @@ def device_mapping_problems(cfg: PipelineConfig) -> List[Tuple[str, str]]:
         if role.device_mapping is None:
             continue
         per_worker = role.num_gpus_per_worker or 1
-        if role.strategy_args.strategy_name == "vllm":  # as in ROLL: a vLLM rank spans TP x PP GPUs
+        kind = role.strategy_args.engine
+        if kind.spans_gpus:  # as in ROLL: a vLLM rank spans TP x PP GPUs
             engine = role.strategy_args.strategy_config
-            parallel = int(engine.get("tensor_parallel_size", 1)) * int(engine.get("pipeline_parallel_size", 1))
+            parallel = math.prod(int(engine.get(key, 1)) for key in kind.parallel_keys)
             if role.num_gpus_per_worker and role.num_gpus_per_worker != parallel:
                 problems.append((f"{name}.num_gpus_per_worker",
-                                 f"{name}.num_gpus_per_worker = {role.num_gpus_per_worker:g} contradicts the vLLM "
-                                 f"engine's tensor_parallel_size x pipeline_parallel_size = {parallel} (GPUs per "
+                                 f"{name}.num_gpus_per_worker = {role.num_gpus_per_worker:g} contradicts the "
+                                 f"{kind.title} engine's {' x '.join(kind.parallel_keys)} = {parallel} (GPUs per "
                                  f"rank); leave num_gpus_per_worker out"))
                 continue
             per_worker = parallel
@@ -190,7 +192,7 @@ def device_mapping_problems(cfg: PipelineConfig) -> List[Tuple[str, str]]:
             problems.append((f"{name}.num_gpus_per_worker", f"{name}.num_gpus_per_worker: must be a whole number >= 1 "
                                                             f"with a device_mapping, got {role.num_gpus_per_worker}"))
             continue
-        if per_worker > 1 and role.strategy_args.strategy_name in ("deepspeed_train", "fsdp2_train", "hf_infer"):
+        if per_worker > 1 and kind.roles and not kind.spans_gpus:
             problems.append((f"{name}.num_gpus_per_worker",
                              f"{name}.num_gpus_per_worker = {per_worker:g}: {role.strategy_args.strategy_name} ranks "
                              f"use one GPU each (one rank per GPU: set it to 1)"))

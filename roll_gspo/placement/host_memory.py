@@ -322,7 +322,7 @@ def _train_estimate(cfg: PipelineConfig, shape: ModelShape, name: str = "actor_t
 def _infer_estimate(cfg: PipelineConfig, shape: ModelShape) -> ProcessEstimate:
     role = cfg.actor_infer
     seq_len = cfg.max_sequence_tokens()
-    if role.strategy_args.strategy_name == "vllm":
+    if role.strategy_args.engine.vllm_engine_args:
         engine = role.strategy_args.strategy_config or {}
         seqs = int(engine.get("max_num_seqs") or VLLM_MAX_NUM_SEQS)
         parts = vllm_rank_memory(shape, dtype=role.model_args.dtype, kv_cache_bytes=_kv_cache_bytes(cfg, role),

@@ -14,6 +14,7 @@ from roll_gspo.schema.config import GeneratingArgs, PipelineConfig
 from roll_gspo.distributed.batch import Batch, from_wire
 from roll_gspo.distributed.cluster import RankWorker
 from roll_gspo.rewards.shaping import decode_for_reward
+from roll_gspo.strategies import engine_class
 from roll_gspo.strategies.engine import RolloutEngine, Sampling, generate_groups
 from roll_gspo.sync.broadcast import SharedSegmentReader
 
@@ -43,18 +44,11 @@ class ActorInferWorker(RankWorker):
         cfg = self.cfg
         role = cfg.actor_infer
         seed = cfg.seed + 1000 * self.rank
-        if role.strategy_args.strategy_name == "vllm":
-            from roll_gspo.strategies.vllm_strategy import VllmStrategy
-
-            self.strategy = VllmStrategy(role, max_model_len=cfg.max_sequence_tokens(), seed=seed,
-                                         weight_update=cfg.vllm_weight_update,
-                                         sleep_level=self.plan.sleep_level,
-                                         lora_rank=role.model_args.lora_rank if cfg.lora_sync == "adapter"
-                                         and role.model_args.uses_lora() else None)
-        else:
-            from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
-
-            self.strategy = HfInferStrategy(role, seed=seed)
+        # The engine's options; one that has no use for one ignores it (hf_infer takes the seed alone).
+        self.strategy = engine_class(role.strategy_args.strategy_name)(
+            role, max_model_len=cfg.max_sequence_tokens(), seed=seed, weight_update=cfg.vllm_weight_update,
+            sleep_level=self.plan.sleep_level,
+            lora_rank=role.model_args.lora_rank if cfg.lora_sync == "adapter" and role.model_args.uses_lora() else None)
         self.tokenizer = AutoTokenizer.from_pretrained(role.model_args.model_name_or_path)
         self.set_up = True
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from roll_gspo.catalog.engines import ENGINES, engine_of
 from roll_gspo.algorithms import (SEQUENCE_MEAN_METRICS, aggregate_loss, kept_mask, kl_loss, loss_normalisers,
                                   policy_loss, response_ratios, rollout_correction)
 from roll_gspo.config.plan.policy_loss import policy_loss_options
@@ -25,6 +26,7 @@ from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, r
 from roll_gspo.models.causal_lm import (num_micro_batches, padding_pass, padding_passes,
     response_token_log_probs, score_micro_batches)
 from roll_gspo.lifecycle.seeding import trainer_seed
+from roll_gspo.strategies import engine_class
 from roll_gspo.sync.broadcast import RECEIVER_LOST, WeightSender, broadcast_weights, receiver_lost
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
 
@@ -41,15 +43,12 @@ def forward_log_probs(engine, batch: Batch, temperature: float, with_entropy: bo
 
 
 def train_strategy_class(strategy_name: str):
-    """The training engine a role's `strategy_name` names (`deepspeed_*` or `fsdp2_*`; the `_infer`
-    names are the same engines, built frozen by the reference)."""
-    if strategy_name.startswith("fsdp2"):
-        from roll_gspo.strategies.fsdp2_strategy import FSDP2Strategy
-
-        return FSDP2Strategy
-    from roll_gspo.strategies.deepspeed_strategy import DeepSpeedStrategy
-
-    return DeepSpeedStrategy
+    """The training engine a role's `strategy_name` names (roll_gspo.catalog.engines: `deepspeed_*`
+    or `fsdp2_*`; the `_infer` names are the same engines, built frozen by the reference)."""
+    if not engine_of(strategy_name).train_engine:
+        raise ValueError(f"strategy_name {strategy_name!r} is no training engine; one of "
+                         f"{', '.join(n for n, e in ENGINES.items() if e.train_engine)}")
+    return engine_class(strategy_name)
 
 
 def loss_mask(batch: Batch) -> torch.Tensor:

@@ -26,7 +26,7 @@ class ReferenceWorker(RankWorker):
         role = getattr(cfg, self.ROLE)
         self.role = role
         self.temperature = cfg.actor_infer.generating_args.temperature or 1.0
-        if role.strategy_args.strategy_name.startswith(("deepspeed", "fsdp2")):
+        if role.strategy_args.engine.train_engine:
             from roll_gspo.workers.actor_train import train_strategy_class
 
             # A frozen training engine: ZeRO-3 or FSDP2 can shard it.

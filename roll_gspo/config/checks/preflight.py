@@ -49,7 +49,7 @@ def _check_model(name: str, key: str, cfg: PipelineConfig) -> Optional[str]:
         return f"{key}: {model_config}"
     heads = model_config.get("num_attention_heads")
     head_dim = model_config.get("head_dim") or (model_config.get("hidden_size", 0) // heads if heads else None)
-    uses_cpu_vllm = cfg.actor_infer.strategy_args.strategy_name == "vllm" and not cfg.actor_infer.num_gpus_per_worker
+    uses_cpu_vllm = cfg.actor_infer.strategy_args.engine.vllm_engine_args and not cfg.actor_infer.num_gpus_per_worker
     if uses_cpu_vllm and head_dim not in VLLM_CPU_HEAD_DIMS:
         return (f"{key}: head_dim {head_dim} of {name!r} is not supported by vLLM's CPU attention "
                 f"(supported: {VLLM_CPU_HEAD_DIMS}); use actor_infer.strategy_args.strategy_name: hf_infer")
@@ -192,7 +192,7 @@ def vllm_engine_fields() -> Set[str]:
 
 
 def _check_vllm_engine_keys(cfg: PipelineConfig) -> List[Finding]:
-    if cfg.actor_infer.strategy_args.strategy_name != "vllm":
+    if not cfg.actor_infer.strategy_args.engine.vllm_engine_args:
         return []
     try:
         valid = vllm_engine_fields()

@@ -6,6 +6,7 @@ import math
 import re
 from typing import AbstractSet, Dict, List, Optional, Tuple
 
+from roll_gspo.catalog import engines
 from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.catalog.reward_workers import kind_of, loads_model
 from roll_gspo.config.findings import Finding, error, warning
@@ -44,7 +45,7 @@ def _reward_workers(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
             problems.append(error(f"rewards.{domain}.reward_fn", f"rewards.{domain}.reward_fn: FunctionRewardWorker "
                                                                  f"needs an import path `pkg.module:function`"))
         problems += _reward_problems(domain, reward)
-        if reward.strategy_args.strategy_name == "vllm" and not (reward.num_gpus_per_worker
+        if reward.strategy_args.engine.vllm_engine_args and not (reward.num_gpus_per_worker
                                                                   or reward.device_mapping is not None):
             engine = reward.strategy_args.strategy_config or {}
             length = engine["max_model_len"] if isinstance(engine.get("max_model_len"), int) else 2048  # the judge's
@@ -78,10 +79,11 @@ def _reward_problems(domain: str, reward: RewardConfig) -> List[Finding]:
             problems.append(error(f"{key}.judge_api_url", f"{key}.judge_api_url: judge_model_type api needs the "
                                                           f"endpoint's base URL (e.g. http://127.0.0.1:8000/v1), or "
                                                           f"set judge_model_type: inference"))
-        if reward.judge_model_type == "inference" and reward.strategy_args.strategy_name not in ("vllm", "hf_infer"):
+        if reward.judge_model_type == "inference" and "judge" not in reward.strategy_args.engine.roles:
             problems.append(error(f"{key}.strategy_args.strategy_name",
-                                  f"{key}.strategy_args.strategy_name: a judge loaded by the worker runs on vllm or "
-                                  f"hf_infer, got {reward.strategy_args.strategy_name!r}"))
+                                  f"{key}.strategy_args.strategy_name: a judge loaded by the worker runs on "
+                                  f"{' or '.join(engines.names('judge'))}, got "
+                                  f"{reward.strategy_args.strategy_name!r}"))
         if reward.judge_max_retries < 0:
             problems.append(error(f"{key}.judge_max_retries", f"{key}.judge_max_retries: must be >= 0, got "
                                                               f"{reward.judge_max_retries}"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import List
 
+from roll_gspo.catalog.engines import names
 from roll_gspo.catalog.reward_workers import loads_model
 from roll_gspo.config.checks.registry import check
 from roll_gspo.config.findings import Finding, error, warning
@@ -32,25 +33,25 @@ def _roll_semantics(cfg, yaml_keys) -> List[Finding]:
             problems.append(error(f"{name}.model_args.attn_implementation",
                                   f"{name}.model_args.attn_implementation: flash_attention_2 (ROLL's fa2) needs a CUDA "
                                   f"GPU and runs on CPU nowhere; use sdpa on CPU"))
-    for domain, reward in cfg.rewards.items():  # a judge or reward model loaded by hf_infer on CPUs
+    for domain, reward in cfg.rewards.items():  # a judge or reward model loaded by transformers (hf_infer) on CPUs
         if (reward.model_args.attn_implementation == "flash_attention_2" and not reward.num_gpus_per_worker
-                and reward.strategy_args.strategy_name == "hf_infer"
+                and reward.strategy_args.engine.reads_attn_implementation
                 and loads_model(reward.worker_cls)):
             key = f"rewards.{domain}.model_args.attn_implementation"
             problems.append(error(key, f"{key}: flash_attention_2 (ROLL's fa2) needs a CUDA GPU and runs on CPU "
                                        f"nowhere; use sdpa on CPU"))
-    if cfg.actor_infer.strategy_args.strategy_name == "deepspeed_infer":
+    if cfg.actor_infer.strategy_args.engine.kind == "frozen":
         problems.append(error("actor_infer.strategy_args.strategy_name",
-                              "actor_infer.strategy_args.strategy_name: deepspeed_infer scores but does not sample; "
-                              "use vllm or hf_infer"))
+                              f"actor_infer.strategy_args.strategy_name: {cfg.actor_infer.strategy_args.strategy_name} "
+                              f"scores but does not sample; use {' or '.join(names('actor_infer'))}"))
     infer = cfg.actor_infer
     block = (infer.strategy_args.strategy_config or {}).get("block_size")
-    if infer.strategy_args.strategy_name == "vllm" and not infer.num_gpus_per_worker and block and block % 32:
+    if infer.strategy_args.engine.vllm_engine_args and not infer.num_gpus_per_worker and block and block % 32:
         key = "actor_infer.strategy_args.strategy_config.block_size"
         problems.append(error(key, f"{key} = {block}: vLLM's CPU attention needs a multiple of 32 (ROLL's 16 is a "
                                    f"GPU value); use 32 on CPU"))
     frozen = cfg.actor_train.strategy_args.strategy_name
-    if frozen in ("deepspeed_infer", "fsdp2_infer"):
+    if cfg.actor_train.strategy_args.engine.kind == "frozen":
         problems.append(error("actor_train.strategy_args.strategy_name",
                               f"actor_train.strategy_args.strategy_name: {frozen} is a frozen engine; use "
                               f"{frozen.replace('_infer', '_train')}"))

@@ -10,6 +10,7 @@ import logging
 import os
 from typing import AbstractSet, List, Optional
 
+from roll_gspo.catalog import engines
 from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.catalog.policy_losses import LOSS_SPECS, canonical_loss
 from roll_gspo.config.plan.engine_logprobs import rollout_logprobs_are_exact, rollout_logprobs_bias, vllm_dtype_name
@@ -18,9 +19,12 @@ from roll_gspo.config.checks.registry import check, run_steps
 from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 from roll_gspo.config.plan.correction import correction_enabled
 from roll_gspo.config.plan.vllm_prefill import prompt_split_problems
-from roll_gspo.schema.config import FROZEN_STRATEGIES, TRAIN_STRATEGIES, GeneratingArgs, PipelineConfig, RoleConfig
+from roll_gspo.schema.config import GeneratingArgs, PipelineConfig, RoleConfig
 
 logger = logging.getLogger("roll_gspo.config")
+# vLLM's `generation_config` value that takes no sampling defaults from the model folder (what
+# roll_gspo sets): sampling comes from generating_args alone.
+VLLM_OWN_DEFAULTS = "vllm"
 
 # A sequence ratio is a geometric mean of token ratios and stays within ~1e-3 of 1; a clip range
 # wider than this essentially never fires under importance_sampling: seq.
@@ -167,6 +171,12 @@ def _positive(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None)
     return problems
 
 
+def _quoted(names: List[str]) -> str:
+    """'a', 'b' or 'c'."""
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
 def _model_key(name: Optional[str]) -> str:
     name = name or ""  # filled by the derive phase (null follows `pretrain`)
     return name if name.startswith("builtin:") else os.path.realpath(os.path.expanduser(name))
@@ -210,7 +220,7 @@ def _model_and_engine_problems(cfg: PipelineConfig, yaml_keys: Optional[Abstract
                                       f"fills DeepSpeed's bf16/fp16 sections from model_args.dtype: set the dtype "
                                       f"there and drop {ds_key}"))
     infer = cfg.actor_infer
-    if infer.strategy_args.strategy_name != "vllm":
+    if not infer.strategy_args.engine.vllm_engine_args:
         return problems
     engine = infer.strategy_args.strategy_config
     key = "actor_infer.strategy_args.strategy_config"
@@ -236,7 +246,7 @@ def _model_and_engine_problems(cfg: PipelineConfig, yaml_keys: Optional[Abstract
     if not (infer.num_gpus_per_worker or infer.device_mapping is not None):  # vLLM on CPU: prompts admitted whole
         length = engine["max_model_len"] if isinstance(engine.get("max_model_len"), int) else needed
         problems += [error(key, p) for p in prompt_split_problems(engine, length, key)]
-    if engine.get("generation_config", "vllm") != "vllm" or engine.get("override_generation_config"):
+    if engine.get("generation_config", VLLM_OWN_DEFAULTS) != VLLM_OWN_DEFAULTS or engine.get("override_generation_config"):
         problems.append(error(f"{key}.generation_config", f"{key}.generation_config / override_generation_config: "
                                                           f"sampling comes from actor_infer.generating_args only "
                                                           f"(roll_gspo sets generation_config: vllm so nothing is "
@@ -323,20 +333,18 @@ def _algorithm_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
                                                  f"(num_return_sequences_in_group = {group}, rollout_batch_size = "
                                                  f"{cfg.rollout_batch_size}) turns every reward into 0; use "
                                                  f"reward_norm: null, or more responses per {cfg.reward_norm}"))
-    if cfg.actor_train.strategy_args.strategy_name not in TRAIN_STRATEGIES:
+    if "actor_train" not in cfg.actor_train.strategy_args.engine.roles:
         problems.append(error("actor_train.strategy_args.strategy_name",
-                              f"actor_train.strategy_args.strategy_name: must be 'deepspeed_train' or 'fsdp2_train', "
+                              f"actor_train.strategy_args.strategy_name: must be {_quoted(engines.names('actor_train'))}, "
                               f"got {cfg.actor_train.strategy_args.strategy_name!r}"))
-    if cfg.actor_infer.strategy_args.strategy_name not in ("vllm", "hf_infer"):
+    if "actor_infer" not in cfg.actor_infer.strategy_args.engine.roles:
         problems.append(error("actor_infer.strategy_args.strategy_name",
-                              f"actor_infer.strategy_args.strategy_name: must be 'vllm' or 'hf_infer', got "
-                              f"{cfg.actor_infer.strategy_args.strategy_name!r}"))
-    if cfg.needs_reference() and cfg.reference.strategy_args.strategy_name not in (
-            FROZEN_STRATEGIES + TRAIN_STRATEGIES + ["hf_infer"]):
+                              f"actor_infer.strategy_args.strategy_name: must be {_quoted(engines.names('actor_infer'))}, "
+                              f"got {cfg.actor_infer.strategy_args.strategy_name!r}"))
+    if cfg.needs_reference() and "reference" not in cfg.reference.strategy_args.engine.roles:
         problems.append(error("reference.strategy_args.strategy_name",
-                              f"reference.strategy_args.strategy_name: must be 'deepspeed_infer' or 'fsdp2_infer' (or "
-                              f"their '_train' names, the same frozen engines) or 'hf_infer', got "
-                              f"{cfg.reference.strategy_args.strategy_name!r}"))
+                              f"reference.strategy_args.strategy_name: must be {_quoted(engines.names('reference'))} "
+                              f"(the training engines build frozen), got {cfg.reference.strategy_args.strategy_name!r}"))
     if rlvr and not cfg.actor_train.data_args.file_name and not cfg.tasks:
         problems.append(error("actor_train.data_args.file_name",
                               "actor_train.data_args.file_name: no training prompts given (nor `tasks`)"))
@@ -453,7 +461,7 @@ def _warn_traps(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = Non
             f"policy's change from {measured}. Use 1 unless you accept that, or turn on train_infer_correction "
             f"(its weights pi_old / pi_rollout then correct for the stale sampler)."))
     engine = cfg.actor_infer.strategy_args.strategy_config
-    if (cfg.actor_infer.strategy_args.strategy_name == "vllm" and "logprobs_mode" in engine
+    if (cfg.actor_infer.strategy_args.engine.logprobs_modes and "logprobs_mode" in engine
             and cfg.old_logprob_source != "rollout"):
         warns.append(warning("actor_infer.strategy_args.strategy_config.logprobs_mode",
                              f"actor_infer.strategy_args.strategy_config.logprobs_mode = {engine['logprobs_mode']!r} "

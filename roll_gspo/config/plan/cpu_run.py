@@ -111,12 +111,12 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
             continue
         model_backed = not name.startswith("rewards.") or (
             loads_model(role.worker_cls)
-            and role.strategy_args.strategy_name == "hf_infer")
+            and role.strategy_args.engine.reads_attn_implementation)
         if role.model_args.attn_implementation == "flash_attention_2" and model_backed:
             role.model_args.attn_implementation = "sdpa"
             adapt("attn_implementation: flash_attention_2 (ROLL's fa2) -> sdpa (FlashAttention needs a CUDA GPU)",
                   f"{name}.model_args.attn_implementation")
-        if role.strategy_args.strategy_name != "vllm":
+        if not role.strategy_args.engine.vllm_engine_args:
             continue
         engine = role.strategy_args.strategy_config
         key = f"{name}.strategy_args.strategy_config"

@@ -54,8 +54,8 @@ def rollout_logprobs_bias(cfg: PipelineConfig) -> Optional[str]:
     """Why actor_infer's rollout log-probs are a different quantity from what the trainer scores
     (so `old_logprob_source: rollout` would bias every ratio), or None when they are the same."""
     role = cfg.actor_infer
-    if role.strategy_args.strategy_name != "vllm":
-        return None  # hf_infer re-scores the responses the trainer's way
+    if not role.strategy_args.engine.logprobs_modes:
+        return None  # the engine re-scores the responses the trainer's way (hf_infer)
     gen = role.generating_args
     override = role.strategy_args.strategy_config.get("logprobs_mode")
     if override is not None:
@@ -86,7 +86,7 @@ NUMERICS_KEYS: Dict[str, Tuple[Any, ...]] = {
 def engine_numerics_changes(cfg: PipelineConfig) -> List[str]:
     """`strategy_config` keys of a vLLM actor_infer that make its numerics differ from the trainer's,
     as `key = value` strings (empty when none)."""
-    if cfg.actor_infer.strategy_args.strategy_name != "vllm":
+    if not cfg.actor_infer.strategy_args.engine.vllm_engine_args:
         return []
     config = cfg.actor_infer.strategy_args.strategy_config
     return [f"{key} = {config[key]!r}" for key, harmless in NUMERICS_KEYS.items()
@@ -105,7 +105,7 @@ def rollout_logprobs_are_exact(cfg: PipelineConfig) -> Tuple[bool, str]:
                        f"numerics: its log-probs are not the trainer's")
     infer_dtype = cfg.actor_infer.model_args.dtype
     engine_dtype = cfg.actor_infer.strategy_args.strategy_config.get("dtype")
-    if cfg.actor_infer.strategy_args.strategy_name == "vllm" and engine_dtype is not None:
+    if cfg.actor_infer.strategy_args.engine.vllm_engine_args and engine_dtype is not None:
         infer_dtype = vllm_dtype_name(engine_dtype) or str(engine_dtype)
     if infer_dtype != "fp32" or cfg.actor_train.model_args.dtype != "fp32":
         return False, (f"actor_infer runs in {infer_dtype} and actor_train in {cfg.actor_train.model_args.dtype}: "

@@ -156,7 +156,7 @@ def build_run_plan(cfg: PipelineConfig, model_is_moe: Optional[bool] = None,
     roles += [_reward_plan(name, reward) for name, reward in reward_roles(cfg).items()]
     rollout = cfg.has_rollout()
     offload = offload_between_phases(cfg)
-    vllm = rollout and cfg.actor_infer.strategy_args.strategy_name == "vllm"
+    sleeps = rollout and bool(cfg.actor_infer.strategy_args.engine.sleep_levels)
     routes: Tuple[str, ...] = ()
     if rollout:
         # The routes on nodes of num_gpus_per_node GPUs, as the run places the ranks; `--dry-run`
@@ -169,7 +169,7 @@ def build_run_plan(cfg: PipelineConfig, model_is_moe: Optional[bool] = None,
         offload_between_phases=offload,
         offload_reason=f"is_offload_states {offload_reason(cfg)}" if rollout else "no rollout engine",
         colocated_with=tuple(colocation(cfg).shared_with) if rollout else (),
-        sleep_level=sleep_level(cfg) if offload and vllm else None,
+        sleep_level=sleep_level(cfg) if offload and sleeps else None,
         old_logprobs=choose_old_logprob_source(cfg, model_is_moe=model_is_moe) if rollout else None,
         reference=reference_mode(cfg),
         critic=cfg.uses_critic(),

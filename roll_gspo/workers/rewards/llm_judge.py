@@ -11,6 +11,7 @@ from roll_gspo.distributed.batch import Batch
 from roll_gspo.rewards.judge import (DEFAULT_JUDGE_MAX_NEW_TOKENS, TRUNCATED_WARN_FRACTION, JudgeError,
                                      OpenAIJudgeClient, format_judge_prompt, parse_verdict, resolve_api_key)
 from roll_gspo.rewards.scoring import Outcome
+from roll_gspo.strategies import engine_class
 from roll_gspo.workers.rewards.base import RewardWorker
 
 logger = logging.getLogger("roll_gspo.rewards")
@@ -67,19 +68,14 @@ class LLMJudgeRewardWorker(RewardWorker):
                           strategy_args=cfg.strategy_args, infer_batch_size=cfg.infer_batch_size)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         cfg.generating_args.max_new_tokens = self.max_new_tokens
-        if cfg.strategy_args.strategy_name == "vllm":
-            from roll_gspo.strategies.vllm_strategy import VllmStrategy
-
-            max_len = int(cfg.strategy_args.strategy_config.get("max_model_len", 2048))
-            self.engine = VllmStrategy(role, max_model_len=max_len, seed=1234 + self.rank,
-                                       sleep_level=self.sleep_level,
-                                       config_key=f"rewards.{self.domain}.strategy_args.strategy_config")
-            self.max_context = max_len
-        else:
-            from roll_gspo.strategies.hf_infer_strategy import HfInferStrategy
-
-            self.engine = HfInferStrategy(role, seed=1234 + self.rank)
-            self.max_context = getattr(self.engine.model.config, "max_position_embeddings", None) or 1 << 30
+        # The engine's options; one that has no use for one ignores it (hf_infer takes the seed alone).
+        max_len = int(cfg.strategy_args.strategy_config.get("max_model_len", 2048))
+        self.engine = engine_class(cfg.strategy_args.strategy_name)(
+            role, max_model_len=max_len, seed=1234 + self.rank, sleep_level=self.sleep_level,
+            config_key=f"rewards.{self.domain}.strategy_args.strategy_config")
+        # vLLM's context is its max_model_len; transformers' the model's own positions.
+        self.max_context = (max_len if cfg.strategy_args.engine.vllm_engine_args else
+                            getattr(self.engine.model.config, "max_position_embeddings", None) or 1 << 30)
 
     def _prompt(self, prompt: str, response: str, truth: Any) -> str:
         return format_judge_prompt(self.cfg.judge_prompt, prompt, response, truth)
