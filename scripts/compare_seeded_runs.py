@@ -92,8 +92,9 @@ def _gap(a: Optional[float], b: Optional[float]) -> float:
 
 
 def run_revision(revision: str, config: str, steps: int, overrides: Sequence[str], out_dir: str,
-                 seed: int) -> str:
-    """Run the config at `revision` ("." = the working tree); returns its metrics.jsonl."""
+                 seed: int, side: str) -> str:
+    """Run the config at `revision` ("." = the working tree) into `<out_dir>/<side>`; returns its
+    metrics.jsonl. `side` ("before" / "after") keeps the two runs apart even when both are revisions."""
     checkout = REPO
     worktree = None
     if revision != ".":
@@ -102,7 +103,7 @@ def run_revision(revision: str, config: str, steps: int, overrides: Sequence[str
                        capture_output=True, text=True)
         checkout = worktree
     try:
-        output_dir = os.path.join(out_dir, "before" if worktree else "after")
+        output_dir = os.path.join(out_dir, side)
         command = [sys.executable, "run_pipeline.py", "--config", config, f"max_steps={steps}", f"seed={seed}",
                    f"output_dir={output_dir}", "eval_steps=0", "save_steps=0", *overrides]
         env = {**os.environ, "PYTHONPATH": checkout + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -133,8 +134,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--steps must be >= 1")
     out_dir = args.keep or tempfile.mkdtemp(prefix="roll_gspo_compare_out_")
     try:
-        paths = [run_revision(rev, args.config, args.steps, args.overrides, out_dir, args.seed)
-                 for rev in (args.before, args.after)]
+        paths = [run_revision(rev, args.config, args.steps, args.overrides, out_dir, args.seed, side)
+                 for side, rev in (("before", args.before), ("after", args.after))]
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         print(f"error: {getattr(exc, 'stderr', None) or exc}", file=sys.stderr)
         return 2

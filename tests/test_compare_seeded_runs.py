@@ -36,3 +36,19 @@ def test_a_missing_step_is_a_difference_and_a_new_key_is_listed_apart():
     assert compare.keys_of_one_side(RUN, extra) == ([], ["val/accuracy"])  # sync/seconds: wall-clock
     nan = [dict(row, loss=float("nan")) for row in RUN]
     assert compare.compare_metrics(nan, nan) == []
+
+
+def test_two_revisions_run_into_two_folders(tmp_path, monkeypatch):
+    """`--before A --after B` (both revisions, each in a worktree): the second run must not land in the
+    first one's output folder, where it would stop on the first run's checkpoints."""
+    folders = []
+
+    def fake_run(command, cwd=None, env=None, **kwargs):
+        folders.extend(arg.split("=", 1)[1] for arg in command if str(arg).startswith("output_dir="))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    monkeypatch.setattr(compare.tempfile, "mkdtemp", lambda prefix="": str(tmp_path / prefix))
+    monkeypatch.setattr(compare, "read_metrics", lambda path: RUN)
+    assert compare.main(["--before", "HEAD~1", "--after", "HEAD", "--keep", str(tmp_path / "out")]) == 0
+    assert folders == [str(tmp_path / "out" / "before"), str(tmp_path / "out" / "after")]

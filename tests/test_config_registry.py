@@ -53,7 +53,7 @@ def test_steps_run_phase_by_phase_and_after_what_they_name():
         for first in step.after + step.requires:
             assert position[first] < position[step.name], (step.name, first)
     # The dependencies the old fixed call order held in side comments, now declared.
-    assert position["agentic.defaults"] < position["validate.defaults"] < position["critic.defaults"]
+    assert position["agentic.defaults"] < position["defaults.derived"] < position["critic.defaults"]
     colocation = next(s for s in steps if s.name == "placement.colocation")
     assert "placement.device_mapping" in colocation.requires
 

@@ -132,7 +132,7 @@ def training_sampling_problems(cfg: PipelineConfig, yaml_keys: Optional[Abstract
 
 @check("derive", keys=("importance_sampling",), doc="agentic `step_reinforce` on whole-trajectory samples with "
        "importance_sampling not written: ROLL's `token` (said in a notice)", name="agentic.ratio",
-       after=("validate.defaults",))
+       after=("defaults.derived",))
 def fill_agentic_ratio(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     """In place: `step_reinforce` on whole-trajectory samples with importance_sampling not written
     takes ROLL's default ratio, `token` (this project's default, `seq`, is refused there:

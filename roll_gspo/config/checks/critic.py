@@ -22,7 +22,7 @@ def _needs_critic(cfg: PipelineConfig) -> bool:
                        "importance_sampling"),
        doc="the critic's model follows `pretrain` and its engine defaults to deepspeed_train; gae with "
            "importance_sampling not written takes ROLL's `token` (said in a notice)", name="critic.defaults",
-       after=("validate.defaults",))
+       after=("defaults.derived",))
 def fill_critic_defaults(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     """In place: the critic's model follows `pretrain` when it names none (as the policy roles do),
     its engine defaults to deepspeed_train; with gae and importance_sampling not written, the
