@@ -1,5 +1,11 @@
-"""Pipelines runnable by `run_pipeline.py`: `rlvr` (GSPO/GRPO), `agentic` (multi-turn episodes) and `sft`."""
+"""Pipelines runnable by `run_pipeline.py`: `rlvr` (GSPO/GRPO), `agentic` (multi-turn episodes) and `sft`.
+
+Importing the package registers the builders of the built-in models that are warm starts (an SFT run
+of a pipeline here; roll_gspo.builtin, a lower layer, names them without one)."""
+from pipelines.warm_start import register_warm_starts
 from roll_gspo.config import PipelineConfig
+
+register_warm_starts()
 
 
 def run_pipeline_from_config(cfg: PipelineConfig):

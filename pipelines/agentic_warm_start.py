@@ -10,7 +10,7 @@ rendering, templates and observations, no separate formatter to drift.
 The scripted policies are mediocre on purpose (a mix of the right move and random ones, a tool
 called only some of the time), so RL starts from a model that knows the format and is sometimes
 right, with something left to learn from rewards. Built on first use, then cached, like
-`builtin:tiny-arith` (`pipelines/warm_start.py`).
+`builtin:tiny-arith` (`pipelines/warm_start.py` registers both builders).
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from roll_gspo.agentic.rollout import EnvSetup, EpisodeRunner, TurnOutput, TurnRequest
 from roll_gspo.agentic.tokens import ChatStitcher
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory, turn_samples
-from roll_gspo.builtin.models import register_builtin_model
 from roll_gspo.schema.config import CustomEnvConfig, PipelineConfig, ToolWrapperConfig
 
 logger = logging.getLogger("roll_gspo")
@@ -276,14 +275,3 @@ def build_agentic_warm_start(folder: str, name: str, overrides: Sequence[str] = 
                 "temperature 1 %.2f solved (%.2f tool calls each)", name, start.tag, greedy["success_rate"],
                 greedy["tool_calls_per_episode"], sampled["success_rate"], sampled["tool_calls_per_episode"])
 
-
-def build_tiny_frozenlake(folder: str) -> None:
-    build_agentic_warm_start(folder, "builtin:tiny-frozenlake")
-
-
-def build_tiny_calculator(folder: str) -> None:
-    build_agentic_warm_start(folder, "builtin:tiny-calculator")
-
-
-register_builtin_model("builtin:tiny-frozenlake", build_tiny_frozenlake)
-register_builtin_model("builtin:tiny-calculator", build_tiny_calculator)

@@ -1,7 +1,9 @@
-"""Builders of `builtin:tiny-arith` and `builtin:tiny-moe`: the random-init base models after a
-short SFT run (configs/sft_tiny_arith.yaml, configs/sft_tiny_moe.yaml), so RL starts from a model
-that knows the answer format but is still often wrong. Registered with roll_gspo.builtin and run
-on first use, then cached."""
+"""Builders of the built-in models that are warm starts. `builtin:tiny-arith` and `builtin:tiny-moe`:
+the random-init base models after a short SFT run (configs/sft_tiny_arith.yaml,
+configs/sft_tiny_moe.yaml), so RL starts from a model that knows the answer format but is still often
+wrong; `builtin:tiny-frozenlake` and `builtin:tiny-calculator`: SFT on scripted episodes
+(agentic_warm_start.py). roll_gspo.builtin lists their names and shapes; `register_warm_starts`,
+called when `pipelines` is imported, gives them these builders, run on first use, then cached."""
 from __future__ import annotations
 
 import logging
@@ -40,5 +42,21 @@ def build_tiny_moe(folder: str) -> None:
     warm_start(folder, MOE_SFT_CONFIG, "builtin:tiny-moe")
 
 
-register_builtin_model("builtin:tiny-arith", build_tiny_arith)
-register_builtin_model("builtin:tiny-moe", build_tiny_moe)
+def build_tiny_frozenlake(folder: str) -> None:
+    from pipelines.agentic_warm_start import build_agentic_warm_start  # torch: only when it builds
+
+    build_agentic_warm_start(folder, "builtin:tiny-frozenlake")
+
+
+def build_tiny_calculator(folder: str) -> None:
+    from pipelines.agentic_warm_start import build_agentic_warm_start
+
+    build_agentic_warm_start(folder, "builtin:tiny-calculator")
+
+
+def register_warm_starts() -> None:
+    """Give the warm starts their builders (roll_gspo.builtin, a lower layer, names them without)."""
+    register_builtin_model("builtin:tiny-arith", build_tiny_arith)
+    register_builtin_model("builtin:tiny-moe", build_tiny_moe)
+    register_builtin_model("builtin:tiny-frozenlake", build_tiny_frozenlake)
+    register_builtin_model("builtin:tiny-calculator", build_tiny_calculator)

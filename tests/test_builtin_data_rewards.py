@@ -95,15 +95,16 @@ def test_resolve_model_errors(tmp_path):
     assert builtin.resolve_model(str(tmp_path)) == str(tmp_path)
 
 
-def test_tiny_arith_is_built_by_the_warm_start_pipeline():
-    """`builtin:tiny-arith` names a provider module that registers the SFT warm start."""
-    import importlib
+def test_the_warm_starts_are_built_by_the_pipelines_which_register_them_at_start_up():
+    """roll_gspo.builtin names the warm starts without a builder (building one runs a pipeline, a layer
+    above); importing `pipelines` registers them."""
+    import pipelines  # noqa: F401
+    from pipelines.warm_start import build_tiny_arith, build_tiny_calculator, build_tiny_frozenlake, build_tiny_moe
 
-    entry = builtin.BUILTIN_MODELS["builtin:tiny-arith"]
-    importlib.import_module(entry.provider)
-    from pipelines.warm_start import build_tiny_arith
-
-    assert builtin.BUILTIN_MODELS["builtin:tiny-arith"].builder is build_tiny_arith
+    builders = {name: builtin.BUILTIN_MODELS[name].builder for name in
+                ("builtin:tiny-arith", "builtin:tiny-moe", "builtin:tiny-frozenlake", "builtin:tiny-calculator")}
+    assert builders == {"builtin:tiny-arith": build_tiny_arith, "builtin:tiny-moe": build_tiny_moe,
+                        "builtin:tiny-frozenlake": build_tiny_frozenlake, "builtin:tiny-calculator": build_tiny_calculator}
 
 
 def test_register_builder_hook(tmp_path):

@@ -28,7 +28,8 @@ LAYERS: List[Set[str]] = [
     {"roll_gspo.config", "roll_gspo.data", "roll_gspo.models", "roll_gspo.sync"},
     {"roll_gspo.strategies", "roll_gspo.agentic"},
     {"roll_gspo.workers", "roll_gspo.serving"},  # serving: the OpenAI-compatible endpoint in front of the ranks
-    {"pipelines", "roll_gspo.eval"},  # eval: the evaluation command (vLLM on a task set, no Ray)
+    {"pipelines"},
+    {"roll_gspo.eval"},  # the evaluation command (vLLM on a task set, no Ray); builds a warm start by its pipeline
     {"roll_gspo.cli"},
 ]
 LAYER_OF = {concept: i for i, layer in enumerate(LAYERS) for concept in layer}

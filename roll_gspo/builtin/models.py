@@ -173,13 +173,12 @@ def build_base_model(folder: str, *, seed: int = 0, size: str = "tiny") -> str:
 @dataclass
 class BuiltinModel:
     """A model built on first use. ``builder(folder)`` builds into an empty (temporary) folder;
-    if it also accepts ``cache_dir=`` it gets the cache root, to resolve other built-ins.
-    ``provider`` is a module imported before resolution when ``builder`` is None (lets a module
-    register its builder lazily)."""
+    if it also accepts ``cache_dir=`` it gets the cache root, to resolve other built-ins. A model
+    whose builder lives in a higher layer is listed here without one, and that layer registers it at
+    start-up (the warm starts: `pipelines.warm_start.register_warm_starts`)."""
     name: str
     description: str = ""
     builder: Optional[Callable[..., None]] = None
-    provider: Optional[str] = None
     config: Optional[Dict[str, object]] = None  # its config.json fields, known before it is built
     # Why it cannot be built here (e.g. its source package is not installed), or None.
     problem: Optional[Callable[[], Optional[str]]] = None
@@ -195,7 +194,6 @@ def _norm_builtin(name: str) -> str:
 
 def register_builtin_model(name: str, builder: Optional[Callable[..., None]], *,
                            description: Optional[str] = None,
-                           provider: Optional[str] = None,
                            config: Optional[Dict[str, object]] = None,
                            problem: Optional[Callable[[], Optional[str]]] = None) -> BuiltinModel:
     """Add or update a built-in model (``name`` with or without the ``builtin:`` prefix).
@@ -205,8 +203,6 @@ def register_builtin_model(name: str, builder: Optional[Callable[..., None]], *,
     entry.builder = builder
     if description is not None:
         entry.description = description
-    if provider is not None:
-        entry.provider = provider
     if config is not None:
         entry.config = config
     if problem is not None:
@@ -219,9 +215,10 @@ register_builtin_model(
     "builtin:tiny-arith-base", lambda folder: write_base_model(folder, seed=0, size="tiny"),
     description="Random-init 4-layer Qwen2 (hidden 128) with a char-level tokenizer.",
     config=qwen2_config_dict(MODEL_SIZES["tiny"]))
-# SFT-warm-started model; its builder (an SFT run on builtin:arith/sft) is registered elsewhere.
+# SFT-warm-started model; its builder (an SFT run on builtin:arith/sft) is registered by the pipelines
+# at start-up (pipelines.warm_start.register_warm_starts), as are the other warm starts below.
 register_builtin_model(
-    "builtin:tiny-arith", None, provider="pipelines.warm_start",
+    "builtin:tiny-arith", None,
     description="builtin:tiny-arith-base after SFT on builtin:arith/sft (configs/sft_tiny_arith.yaml).",
     config=qwen2_config_dict(MODEL_SIZES["tiny"]))
 register_builtin_model(
@@ -238,17 +235,17 @@ register_builtin_model(
     description="Random-init 4-layer Qwen3-MoE (hidden 128, 8 experts of width 64, top-2) with the "
                 "char-level tokenizer.", config=_TINY_MOE_CONFIG)
 register_builtin_model(
-    "builtin:tiny-moe", None, provider="pipelines.warm_start",
+    "builtin:tiny-moe", None,
     description="builtin:tiny-moe-base after SFT on builtin:arith_easy/sft_biased (configs/sft_tiny_moe.yaml).",
     config=_TINY_MOE_CONFIG)
 # The agentic examples' warm starts: SFT on turns a scripted agent played in the environment.
 register_builtin_model(
-    "builtin:tiny-frozenlake", None, provider="pipelines.agentic_warm_start",
+    "builtin:tiny-frozenlake", None,
     description="builtin:tiny-arith-base after SFT on scripted 3x3 FrozenLake episodes "
                 "(configs/sft_tiny_frozenlake.yaml; examples/example_agentic.yaml).",
     config=qwen2_config_dict(MODEL_SIZES["tiny"]))
 register_builtin_model(
-    "builtin:tiny-calculator", None, provider="pipelines.agentic_warm_start",
+    "builtin:tiny-calculator", None,
     description="builtin:tiny-arith-base after SFT on scripted math episodes that call the calculator tool "
                 "(configs/sft_tiny_calculator.yaml; examples/example_agentic_tool.yaml).",
     config=qwen2_config_dict(MODEL_SIZES["tiny"]))
@@ -315,14 +312,11 @@ def resolve_model(name_or_path: str, *, cache_dir: Optional[str] = None) -> str:
     folder = builtin_model_folder(name, cache_dir)
     if os.path.isdir(folder):
         return folder
-    if entry.builder is None and entry.provider:
-        import importlib
-        importlib.import_module(entry.provider)  # expected to call register_builtin_model
     if entry.builder is None:
         raise RuntimeError(
             f"built-in model {name!r} has no builder registered and is not cached at {folder}. "
             f"The module that provides it must call register_builtin_model({name!r}, builder) "
-            f"first.")
+            f"first (the warm starts' builders are registered by importing `pipelines`).")
     builder = entry.builder
     return build_atomically(folder, lambda tmp: _call_builder(builder, tmp, cache_dir),
                             what=f"model {name}")

@@ -57,7 +57,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--screen needs --n >= 2 (pass@k from sampled replies)")
     from roll_gspo.utils.logging import setup_logging
 
+    from pipelines.warm_start import register_warm_starts
+
     setup_logging()
+    register_warm_starts()  # a warm start named by --model is built by its pipeline
     configs = {}
     for item in args.task_config:
         name, sep, text = item.partition("=")

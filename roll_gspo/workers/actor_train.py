@@ -81,7 +81,7 @@ class ActorTrainWorker(RankWorker):
 
     @functools.cached_property
     def loss_options(self) -> Dict[str, Any]:
-        """The policy loss's own keys (policy_loss_checks), read from the config once."""
+        """The policy loss's own keys (config/plan/policy_loss), read from the config once."""
         return policy_loss_options(self.cfg)
 
     def setup(self) -> None:

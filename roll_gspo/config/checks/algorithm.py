@@ -37,7 +37,7 @@ def _algorithm_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
     batch = cfg.rollout_batch_size * group
     mini = cfg.mini_batch_size()
     args = cfg.actor_train.training_args
-    rlvr = cfg.pipeline == "rlvr"  # the agentic pipeline checks its own batch, groups and data (agentic_checks)
+    rlvr = cfg.pipeline == "rlvr"  # the agentic pipeline checks its own batch, groups and data (checks/agentic)
     if rlvr and batch % mini:
         problems.append(error("rollout_batch_size", 
             f"batch arithmetic: rollout_batch_size * num_return_sequences_in_group = "

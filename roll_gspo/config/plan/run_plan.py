@@ -66,7 +66,7 @@ class RunPlan:
     weight_sync_transport: Optional[str]  # None: no rollout engine (sft)
     weight_routes: Tuple[str, ...]  # one line per rollout rank (or worker): how the weights reach it
     policy_parameters: Optional[int]  # the policy's size when its shape is known before it is built
-    policy_loss: Optional[str] = None  # which policy loss runs, in words (policy_loss_checks); None: sft
+    policy_loss: Optional[str] = None  # which policy loss runs, in words (plan/policy_loss); None: sft
     # async_generation_ratio, decided here once: the rollouts generated ahead of the step that trains
     # them (0: synchronous; 1: one step ahead, for ratio 1 and k >= 2), and k >= 2's staleness bound
     # (the pooled sources' partial rollouts; None for 0 and 1).
