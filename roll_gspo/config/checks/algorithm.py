@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import AbstractSet, List, Optional
 
+from roll_gspo.catalog import engines
 from roll_gspo.catalog.estimators import ESTIMATORS
 from roll_gspo.catalog.policy_losses import LOSS_SPECS, canonical_loss
 from roll_gspo.config.checks.registry import check
@@ -12,7 +13,7 @@ from roll_gspo.config.findings import Finding, error, warning
 from roll_gspo.config.plan.correction import correction_enabled
 from roll_gspo.config.plan.engine_logprobs import rollout_logprobs_are_exact
 from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
-from roll_gspo.schema.config import FROZEN_STRATEGIES, TRAIN_STRATEGIES, PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 
 
 # A sequence ratio is a geometric mean of token ratios and stays within ~1e-3 of 1; a clip range
@@ -22,6 +23,12 @@ SEQ_CLIP_WARN_ABOVE = 5e-3
 # More optimizer steps than this per rollout: the later mini-batches train on responses of a
 # policy many steps old, where a GSPO-sized clip zeroes most of their gradient.
 MANY_OPTIMIZER_STEPS_PER_ROLLOUT = 16
+
+
+def _quoted(names: List[str]) -> str:
+    """'a', 'b' or 'c'."""
+    quoted = [repr(name) for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
 @check("check", keys=("rollout_batch_size", "adv_estimator", "reward_norm", "pg_clip_low", "pg_clip_high",
@@ -97,20 +104,18 @@ def _algorithm_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
                                                  f"(num_return_sequences_in_group = {group}, rollout_batch_size = "
                                                  f"{cfg.rollout_batch_size}) turns every reward into 0; use "
                                                  f"reward_norm: null, or more responses per {cfg.reward_norm}"))
-    if cfg.actor_train.strategy_args.strategy_name not in TRAIN_STRATEGIES:
+    if "actor_train" not in cfg.actor_train.strategy_args.engine.roles:
         problems.append(error("actor_train.strategy_args.strategy_name",
-                              f"actor_train.strategy_args.strategy_name: must be 'deepspeed_train' or 'fsdp2_train', "
+                              f"actor_train.strategy_args.strategy_name: must be {_quoted(engines.names('actor_train'))}, "
                               f"got {cfg.actor_train.strategy_args.strategy_name!r}"))
-    if cfg.actor_infer.strategy_args.strategy_name not in ("vllm", "hf_infer"):
+    if "actor_infer" not in cfg.actor_infer.strategy_args.engine.roles:
         problems.append(error("actor_infer.strategy_args.strategy_name",
-                              f"actor_infer.strategy_args.strategy_name: must be 'vllm' or 'hf_infer', got "
-                              f"{cfg.actor_infer.strategy_args.strategy_name!r}"))
-    if cfg.needs_reference() and cfg.reference.strategy_args.strategy_name not in (
-            FROZEN_STRATEGIES + TRAIN_STRATEGIES + ["hf_infer"]):
+                              f"actor_infer.strategy_args.strategy_name: must be {_quoted(engines.names('actor_infer'))}, "
+                              f"got {cfg.actor_infer.strategy_args.strategy_name!r}"))
+    if cfg.needs_reference() and "reference" not in cfg.reference.strategy_args.engine.roles:
         problems.append(error("reference.strategy_args.strategy_name",
-                              f"reference.strategy_args.strategy_name: must be 'deepspeed_infer' or 'fsdp2_infer' (or "
-                              f"their '_train' names, the same frozen engines) or 'hf_infer', got "
-                              f"{cfg.reference.strategy_args.strategy_name!r}"))
+                              f"reference.strategy_args.strategy_name: must be {_quoted(engines.names('reference'))} "
+                              f"(the training engines build frozen), got {cfg.reference.strategy_args.strategy_name!r}"))
     if rlvr and not cfg.actor_train.data_args.file_name and not cfg.tasks:
         problems.append(error("actor_train.data_args.file_name",
                               "actor_train.data_args.file_name: no training prompts given (nor `tasks`)"))
@@ -185,7 +190,7 @@ def _warn_traps(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = Non
             f"policy's change from {measured}. Use 1 unless you accept that, or turn on train_infer_correction "
             f"(its weights pi_old / pi_rollout then correct for the stale sampler)."))
     engine = cfg.actor_infer.strategy_args.strategy_config
-    if (cfg.actor_infer.strategy_args.strategy_name == "vllm" and "logprobs_mode" in engine
+    if (cfg.actor_infer.strategy_args.engine.logprobs_modes and "logprobs_mode" in engine
             and cfg.old_logprob_source != "rollout"):
         warns.append(warning("actor_infer.strategy_args.strategy_config.logprobs_mode",
                              f"actor_infer.strategy_args.strategy_config.logprobs_mode = {engine['logprobs_mode']!r} "

@@ -12,6 +12,11 @@ from roll_gspo.config.plan.vllm_prefill import prompt_split_problems
 from roll_gspo.schema.config import PipelineConfig
 
 
+# vLLM's `generation_config` value that takes no sampling defaults from the model folder (what
+# roll_gspo sets): sampling comes from generating_args alone.
+VLLM_OWN_DEFAULTS = "vllm"
+
+
 def _model_key(name: Optional[str]) -> str:
     name = name or ""  # filled by the derive phase (null follows `pretrain`)
     return name if name.startswith("builtin:") else os.path.realpath(os.path.expanduser(name))
@@ -55,7 +60,7 @@ def _model_and_engine_problems(cfg: PipelineConfig, yaml_keys: Optional[Abstract
                                       f"fills DeepSpeed's bf16/fp16 sections from model_args.dtype: set the dtype "
                                       f"there and drop {ds_key}"))
     infer = cfg.actor_infer
-    if infer.strategy_args.strategy_name != "vllm":
+    if not infer.strategy_args.engine.vllm_engine_args:
         return problems
     engine = infer.strategy_args.strategy_config
     key = "actor_infer.strategy_args.strategy_config"
@@ -81,7 +86,7 @@ def _model_and_engine_problems(cfg: PipelineConfig, yaml_keys: Optional[Abstract
     if not (infer.num_gpus_per_worker or infer.device_mapping is not None):  # vLLM on CPU: prompts admitted whole
         length = engine["max_model_len"] if isinstance(engine.get("max_model_len"), int) else needed
         problems += [error(key, p) for p in prompt_split_problems(engine, length, key)]
-    if engine.get("generation_config", "vllm") != "vllm" or engine.get("override_generation_config"):
+    if engine.get("generation_config", VLLM_OWN_DEFAULTS) != VLLM_OWN_DEFAULTS or engine.get("override_generation_config"):
         problems.append(error(f"{key}.generation_config", f"{key}.generation_config / override_generation_config: "
                                                           f"sampling comes from actor_infer.generating_args only "
                                                           f"(roll_gspo sets generation_config: vllm so nothing is "
