@@ -3,7 +3,7 @@
 Importing the package registers the builders of the built-in models that are warm starts (an SFT run
 of a pipeline here; roll_gspo.builtin, a lower layer, names them without one)."""
 from pipelines.warm_start import register_warm_starts
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 
 register_warm_starts()
 

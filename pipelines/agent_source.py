@@ -26,7 +26,7 @@ from typing import Dict, List, Tuple
 from roll_gspo.agentic.episodes import trajectory_metrics
 from roll_gspo.agentic.health import HealthMonitor
 from roll_gspo.agentic.trajectory import EpisodeSpec, Trajectory
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.config.plan.run_plan import RunPlan
 from roll_gspo.config.plan.endpoint import uses_verifiers
 from roll_gspo.envs.agents import agent_function, load_env

@@ -44,7 +44,7 @@ from roll_gspo.agentic.trajectory import (Trajectory, trajectory_tensors, transc
 from roll_gspo.algorithms.trajectory_advantages import (discounted_turn_returns, step_advantages,
     trajectory_advantages)
 from roll_gspo.catalog.estimators import ESTIMATORS
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.config.plan.agentic import env_manager_kind, error_penalty, manager_generating_args
 from roll_gspo.config.plan.run_plan import RunPlan
 from roll_gspo.distributed.batch import Batch

@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.lifecycle.checkpoint import checkpoint_base
 from roll_gspo.config.plan.rollout_logprobs import OldLogprobChoice
 from roll_gspo.distributed.batch import Batch

@@ -6,7 +6,7 @@ import time
 from contextlib import contextmanager
 from typing import Dict, Iterable, Sequence
 
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 
 
 def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> PipelineConfig:

@@ -9,7 +9,7 @@ import torch
 
 from roll_gspo.algorithms import RunningMeanStd
 from roll_gspo.algorithms.gae import compute_gae_advantages
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.batch_fields import CRITIC_TENSORS, view
 from roll_gspo.distributed.cluster import Cluster

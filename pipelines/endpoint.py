@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.config.plan.endpoint import serves_endpoint, uses_agent
 
 from pipelines.setup import RunClusters

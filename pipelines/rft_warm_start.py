@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 
 logger = logging.getLogger("roll_gspo")
 FOLDER = "warm_start"

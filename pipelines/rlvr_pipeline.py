@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from roll_gspo.algorithms import RunningMeanStd, compute_advantages
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.config.plan.run_plan import RunPlan
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.lifecycle.seeding import rollout_seeds

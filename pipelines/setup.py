@@ -8,7 +8,8 @@ import logging
 import time
 from typing import Dict, List, Optional
 
-from roll_gspo.config import PipelineConfig, RunPlan
+from roll_gspo.config import RunPlan
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
 from roll_gspo.distributed.fault_tolerance import RestartBudget, replaceable_rollout
 from roll_gspo.distributed.replaceable import ReplaceableCluster

@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import ray
 
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
 from roll_gspo.placement.device_mapping import GpuPlacement, plan_for_roles, resource_totals

@@ -24,7 +24,7 @@ import logging
 import os
 from typing import Dict, List, Optional, Tuple
 
-from roll_gspo.config import PipelineConfig
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.lifecycle.checkpoint import checkpoint_base
 from roll_gspo.config.plan.run_plan import RunPlan, build_run_plan
 from roll_gspo.distributed.batch import Batch

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from roll_gspo.config import ConfigError, PipelineConfig, load_config
+from roll_gspo.config import ConfigError, load_config
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.allocator import JEMALLOC_CONF, allocator_env, bundled_jemalloc
 from roll_gspo.distributed.cluster import worker_env
 

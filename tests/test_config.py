@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from roll_gspo.config import (
-    ConfigError, PipelineConfig, config_to_yaml, load_config,
-    preflight, resolve_config_path, validate_config,
-)
+from roll_gspo.config import ConfigError, config_to_yaml, load_config, preflight, resolve_config_path, validate_config
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.config.load.config_reference import main as reference_main
 from roll_gspo.config.load.config_reference import render_reference
 

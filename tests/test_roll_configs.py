@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from roll_gspo.config import ConfigError, PipelineConfig, load_config, preflight
+from roll_gspo.config import ConfigError, load_config, preflight
+from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.config.roll import roll_compat
 from roll_gspo.config.typed_walk import schema_paths
 

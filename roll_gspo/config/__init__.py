@@ -11,18 +11,13 @@
 `errors`, `findings` and `typed_walk` are shared by these folders and stay at the root."""
 from roll_gspo.config.errors import ConfigError
 from roll_gspo.config.load.loader import config_to_yaml, load_config, resolve_config_path
-from roll_gspo.schema.config import (
-    DataArgs, GeneratingArgs, ModelArgs, PipelineConfig, RewardConfig, RoleConfig, StrategyArgs,
-    TrainingArgs, ValidationConfig,
-)
 from roll_gspo.config.checks.preflight import preflight
 from roll_gspo.config.checks.validate import validate_config
 from roll_gspo.config.plan.run_plan import RunPlan, build_run_plan, freeze_config  # after validate: plan reads its modules
-from roll_gspo.schema.frozen import ReadOnlyConfigError, replaced, thawed
 
+# The schema's dataclasses are roll_gspo.schema.config's, the read-only mode roll_gspo.schema.frozen's:
+# one import path each.
 __all__ = [
-    "ConfigError", "DataArgs", "GeneratingArgs", "ModelArgs", "PipelineConfig", "RewardConfig",
-    "RoleConfig", "StrategyArgs", "TrainingArgs", "ValidationConfig", "config_to_yaml", "load_config",
-    "preflight", "resolve_config_path", "validate_config", "RunPlan", "build_run_plan", "freeze_config",
-    "ReadOnlyConfigError", "replaced", "thawed",
+    "ConfigError", "config_to_yaml", "load_config", "preflight", "resolve_config_path", "validate_config", "RunPlan",
+    "build_run_plan", "freeze_config",
 ]
