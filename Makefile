@@ -17,7 +17,7 @@ run: install
 lint:
 	$(PY) -m ruff check
 
-# mypy over config/, placement/ and the schema (mypy.ini): seconds, after ruff, before any test.
+# mypy over config/, placement/, the schema and algorithms/ (mypy.ini): seconds, after ruff, before any test.
 typecheck:
 	$(PY) -m mypy
 
