@@ -8,7 +8,7 @@ import torch
 
 from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.micro_batching import (fixed_micro_batches, padding_stats, take,
+from roll_gspo.distributed.micro_batching import (fixed_micro_batches, sequence_lengths, take,
                                                   token_budget_micro_batches)
 from roll_gspo.models.causal_lm import build_sequences, load_causal_lm, score_micro_batches
 
@@ -28,6 +28,11 @@ def sequences(rows, seed=0, vocab=40, prompt=(3, 9), response=(1, 12)):
     batch["ref_log_probs"] = batch["old_log_probs"] + 0.3 * torch.randn(rows, width, generator=g)
     batch["advantages"] = torch.randn(rows, 1, generator=g).expand(rows, width).clone()
     return batch
+
+
+def padding_stats(plans, batch):
+    """(real tokens, tokens computed including padding) of a split of `batch`."""
+    return sum(sequence_lengths(batch)), sum(m.padded_tokens() for m in plans)
 
 
 def test_budget_packs_sorted_rows_and_cuts_padding():

@@ -147,8 +147,3 @@ def scatter_rows(parts: Sequence[torch.Tensor], plans: Sequence[MicroBatch], siz
     for part, micro in zip(parts, plans):
         out[list(micro.rows), :part.shape[1]] = part
     return out
-
-
-def padding_stats(plans: Sequence[MicroBatch], batch: Batch) -> Tuple[int, int]:
-    """(real tokens, tokens computed including padding) of a split of `batch`."""
-    return sum(sequence_lengths(batch)), sum(m.padded_tokens() for m in plans)
