@@ -162,6 +162,23 @@ CHECK_READERS = {"roll_gspo.config", "roll_gspo.config.load.loader", "roll_gspo.
                  "roll_gspo.config.load.roll_check"}
 
 
+# Inside roll_gspo.config the four kinds are layered too, lowest first: ROLL's names and keys, what a run
+# decides (read by run-time code), the checks (which read the plan's rules), loading (which runs the
+# checks). The root's shared modules (errors, findings, typed_walk) and the package's face are outside it.
+CONFIG_KINDS = ["roll", "plan", "checks", "load"]
+
+
+def test_the_kinds_of_config_import_only_lower_kinds():
+    def kind(module: str) -> str:
+        parts = module.split(".")
+        return parts[2] if parts[:2] == ["roll_gspo", "config"] and len(parts) > 3 else ""
+
+    assert {kind(m) for m in MODULES} - {""} == set(CONFIG_KINDS)
+    wrong = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps
+                   if kind(m) and kind(d) and CONFIG_KINDS.index(kind(d)) > CONFIG_KINDS.index(kind(m)))
+    assert wrong == []
+
+
 def test_no_run_time_module_imports_a_check_module():
     assert CHECK_READERS <= set(MODULES)
     wrong = sorted(f"{m} -> {d}" for m, deps in GRAPH.items() for d in deps

@@ -13,6 +13,7 @@ from roll_gspo.config.findings import Finding, error, notice
 from roll_gspo.config.checks.registry import check
 from roll_gspo.config.checks.role_reads import is_written
 from roll_gspo.config.plan.agentic import ENV_MANAGER_CLASSES, env_manager_kind
+from roll_gspo.config.plan.endpoint import uses_agent
 from roll_gspo.schema.config import CustomEnvConfig, EnvManagerConfig, PipelineConfig
 
 TEMPLATE_FIELDS = {"observation", "turn_idx", "actions_left", "max_response_length", "suffix"}
@@ -202,8 +203,6 @@ def agentic_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] 
                      ("validation", "validation plays val_env_manager's episodes")):
         if yaml_keys is not None and any(k == key or k.startswith(key + ".") for k in yaml_keys):
             problems.append(error(key, f"{key}: not read by the agentic pipeline ({why}); remove it"))
-    from roll_gspo.config.plan.endpoint import uses_agent
-
     problems += [p for p in _manager_problems(cfg, "train_env_manager", cfg.train_env_manager, cfg.rollout_batch_size,
                                               "rollout_batch_size")
                  if not (uses_agent(cfg) and p.key == "train_env_manager.tags")]  # an agent needs no custom_envs

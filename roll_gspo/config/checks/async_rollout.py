@@ -27,6 +27,7 @@ from roll_gspo.config.checks.registry import check
 from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.config.plan.async_mode import KEY, generates_ahead, staleness_bound
 from roll_gspo.config.plan.correction import correction_enabled
+from roll_gspo.config.plan.endpoint import uses_agent
 
 POOL_KEY = "async_pool_batches"
 
@@ -86,8 +87,6 @@ def _async_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] =
 
 def _agent_problems(cfg: PipelineConfig, setting: str) -> List[Finding]:
     """An agent's episodes (the user's code through the rollout endpoint) with either async mode."""
-    from roll_gspo.config.plan.endpoint import uses_agent
-
     if not uses_agent(cfg):
         return []
     agent = "agent.agent_func" if cfg.agent.agent_func else "agent.verifiers_env"
