@@ -100,6 +100,20 @@ def test_files_replace_a_step_written_before_and_read_back(tmp_path):
         assert f.readline().strip() == '{"a": 3}'
 
 
+def test_the_same_records_give_the_same_bytes_in_any_process_at_any_time(tmp_path, monkeypatch):
+    """A resumed run's step files (and `rollouts/*_bytes`) equal an uninterrupted run's: no pid (in the
+    temporary name) and no time in the gzip header. The pid's digit count once moved a size by a byte."""
+    import time
+
+    records = [{"prompt": "2+2", "response": "4", "reward": 1.0}]
+    monkeypatch.setattr(os, "getpid", lambda: 7)
+    first, first_size = write_step(str(tmp_path / "a"), 1, records)
+    monkeypatch.setattr(os, "getpid", lambda: 1234567)
+    monkeypatch.setattr(time, "time", lambda: 2_000_000_000.0)
+    second, second_size = write_step(str(tmp_path / "b"), 1, records)
+    assert first_size == second_size and open(first, "rb").read() == open(second, "rb").read()
+
+
 def test_the_writer_reports_bytes_and_samples_and_writes_nothing_when_off(tmp_path):
     writer = RolloutWriter(None, str(tmp_path / "val"))
     assert writer.write("train", 1, [{"a": 1}]) == {}

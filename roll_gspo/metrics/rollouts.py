@@ -24,14 +24,17 @@ def step_file(folder: str, step: int) -> str:
 
 def write_step(folder: str, step: int, records: Sequence[Dict[str, Any]]) -> Tuple[str, int]:
     """`records` as `folder`/step_<N>.jsonl.gz, replacing one a run wrote before (a resumed step);
-    returns the path and its size in bytes."""
+    returns the path and its size in bytes. The same records give the same bytes: the gzip header
+    holds no file name (the temporary one carries the pid, whose digit count changed the size) and
+    no time, so a resumed run's files and sizes (`rollouts/*_bytes`) equal an uninterrupted run's."""
     os.makedirs(folder, exist_ok=True)
     path = step_file(folder, step)
     partial = f"{path}.{os.getpid()}.tmp"
-    with gzip.open(partial, "wt", encoding="utf-8", compresslevel=6) as out:
+    with open(partial, "wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=raw,
+                                                   mtime=0) as packed:
         for record in records:
-            out.write(json.dumps(record, ensure_ascii=False, allow_nan=False, default=_plain))
-            out.write("\n")
+            packed.write(json.dumps(record, ensure_ascii=False, allow_nan=False, default=_plain).encode("utf-8"))
+            packed.write(b"\n")
     os.replace(partial, path)
     return path, os.path.getsize(path)
 
