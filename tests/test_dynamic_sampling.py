@@ -62,7 +62,7 @@ def test_query_filter_keys_are_checked(tmp_path):
 @pytest.mark.e2e
 def test_dynamic_sampling_trains_only_informative_groups(tmp_path, tiny_model, ray_session, monkeypatch):
     from pipelines.rlvr_pipeline import PromptGroupSource
-    from tests.test_pipeline_e2e import read_metrics, run, write_config
+    from tests.test_pipeline_e2e import run, write_config
 
     rows = []
     for i in range(16):  # two domains; in each, every other prompt is always solved

@@ -2,7 +2,6 @@
 0.5B-shaped model it plans for without building it, and a worker killed for memory reported in one
 line. Nothing here runs a 0.5B model."""
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -13,7 +13,6 @@ import os
 import pytest
 import torch
 
-from roll_gspo.config import ConfigError
 from tests.test_fsdp2 import bare_worker as _bare_worker, full_weights, pipeline_config, run_ranks, training_batch
 
 LORA = {"lora_target": "all-linear"}

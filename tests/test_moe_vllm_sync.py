@@ -14,8 +14,6 @@ SEQUENCES = [[20, 21, 15, 22, 23, 24, 1], [25, 15, 26, 27, 28, 29, 30], [31, 32,
 
 def _expert_tensors(worker):
     """Per MoE layer: vLLM's packed w13/w2 and the same weights packed by its own kernel code."""
-    from vllm._custom_ops import cpu_prepack_moe_weight
-
     from roll_gspo.sync.vllm_moe import cpu_moe_layers
 
     return {name: (layer.w13_weight.detach().clone(), layer.w2_weight.detach().clone(),
