@@ -95,7 +95,7 @@ class RolloutServer:
         self.counters: Dict[str, float] = {"requests": 0, "bad_requests": 0, "client_disconnects": 0,
                                            "engine_failures": 0, "generated_tokens": 0, "server_s": 0.0,
                                            "engine_s": 0.0, "unrecorded_requests": 0}
-        self._server = None
+        self._server: Any = None  # uvicorn.Server once started (uvicorn is imported on start)
         self._thread: Optional[threading.Thread] = None
         self.app = self._build_app()
 
@@ -122,14 +122,14 @@ class RolloutServer:
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_keep_alive=30)
-        self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # the run keeps its own handlers
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name="roll-gspo-endpoint")
-        self._thread.start()
+        self._server = server = uvicorn.Server(config)
+        # The run keeps its own signal handlers: uvicorn installs none from a thread other than the main one.
+        self._thread = thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                                 name="roll-gspo-endpoint")
+        thread.start()
         deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("the rollout endpoint did not start")
             time.sleep(0.01)
         return self.address
@@ -274,7 +274,8 @@ class RolloutServer:
                                  f"{self.sequence_length}", "context_length_exceeded")
         if requested is not None and requested < 1:
             raise HttpError(400, "max_tokens must be at least 1")
-        return min(requested or self.sampling.max_new_tokens, self.sampling.max_new_tokens, room)
+        limit = self.sampling.max_new_tokens or room  # the run's reply cap (the checks set it)
+        return min(requested or limit, limit, room)
 
     async def _run(self, request, plan: TurnPlan, max_tokens: int, seed: Optional[int]) -> RequestOutput:
         """Sample on the episode's rank; a client gone meanwhile aborts it (counted, HttpError 499)."""
