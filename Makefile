@@ -17,7 +17,7 @@ run: install
 lint:
 	$(PY) -m ruff check
 
-# mypy over config/, placement/, the schema and algorithms/ (mypy.ini): seconds, after ruff, before any test.
+# mypy over the packages mypy.ini names (config, placement, schema, algorithms, serving): seconds, after ruff, before any test.
 typecheck:
 	$(PY) -m mypy
 
