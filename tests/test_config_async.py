@@ -5,7 +5,7 @@ import pytest
 from roll_gspo.config import ConfigError, load_config
 from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
 from roll_gspo.config.plan.run_plan import build_run_plan
-from tests.test_config import config_log, warning_messages  # noqa: F401  (the fixture)
+from tests.config_helpers import config_log, warning_messages  # noqa: F401  (the fixture)
 
 K2 = ["async_generation_ratio=2"]
 

@@ -62,7 +62,7 @@ def test_auto_resume_only_after_a_rank_death_within_the_limit_from_a_checkpoint(
 
 
 def test_which_runs_replace_their_rollout_ranks(tmp_path):
-    from tests.test_config import load
+    from tests.config_helpers import load
 
     assert replaceable_rollout(load(tmp_path))
     assert not replaceable_rollout(load(tmp_path, overrides=["fault_tolerance.max_restarts=0"]))
@@ -80,14 +80,14 @@ def test_which_runs_replace_their_rollout_ranks(tmp_path):
     ("fault_tolerance.auto_resume_on_failure=-2", "auto_resume_on_failure = -2 is refused"),
 ])
 def test_fault_tolerance_refusals(tmp_path, override, expected):
-    from tests.test_config import problems
+    from tests.config_helpers import problems
 
     assert expected in problems(tmp_path, overrides=[override])
 
 
 def test_auto_resume_without_checkpoints_warns(tmp_path):
     from roll_gspo.config import validate_config
-    from tests.test_config import load
+    from tests.config_helpers import load
 
     cfg = load(tmp_path, overrides=["fault_tolerance.auto_resume_on_failure=2", "save_steps=0"])
     assert any("save_steps = 0 writes one only at the end" in w for w in validate_config(cfg))

@@ -184,7 +184,7 @@ def zero3_token_run(tmp_path_factory, tiny_model, ray_session):
 def test_token_level_zero3(zero3_token_run, tiny_model):
     cfg, records, _ = zero3_token_run
     check_training_happened(cfg, records, tiny_model)
-    # The trainer's pass, as written (with token ratios in fp32 auto would take vLLM's: test_config.py).
+    # The trainer's pass, as written (with token ratios in fp32 auto would take vLLM's: test_config_old_logprobs.py).
     steps = [r for r in records if "actor/pg_loss" in r]
     assert all(r["rollout/old_logprobs_from_rollout"] == 0.0 and r["time/old_log_probs_s"] > 0 for r in steps)
 

@@ -35,13 +35,13 @@ def test_bucket_pack_roundtrip_mixed_dtypes():
     (["weight_sync_timeout_s=0"], "weight_sync_timeout_s: must be > 0"),
 ])
 def test_scale_out_config_refusals(tmp_path, overrides, expected):
-    from tests.test_config import problems
+    from tests.config_helpers import problems
 
     assert expected in problems(tmp_path, overrides=overrides)
 
 
 def test_tensor_parallel_with_enough_cores_and_collective_load(tmp_path):
-    from tests.test_config import load
+    from tests.config_helpers import load
 
     cfg = load(tmp_path, overrides=["+actor_infer.strategy_args.strategy_config.tensor_parallel_size=2",
                                     "actor_infer.num_cpus_per_worker=2", "weight_sync_transport=collective"])
