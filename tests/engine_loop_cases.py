@@ -1,8 +1,8 @@
 """Run by tests/test_engine_loop.py in a process of its own. Continuous batching in a rollout rank
-(roll_gspo.strategies.engine_loop; issue 38 item 1): a
-background thread steps the engine while requests are live; requests come from other threads as
-futures; a weight update pauses the loop at a step boundary and the requests in flight wait and go
-on, their later tokens stamped with the new version. Real engines (vLLM, hf_infer), tiny model."""
+(roll_gspo.strategies.engine_loop): a background thread steps the engine while requests are live;
+requests come from other threads as futures; a weight update pauses the loop at a step boundary and
+the requests in flight wait and go on, their later tokens stamped with the new version. Real engines
+(vLLM, hf_infer), tiny model."""
 import os
 import threading
 import time
@@ -140,7 +140,7 @@ def test_a_weight_update_pauses_the_loop_and_requests_wait(vllm_engine, tiny_mod
 
 
 def test_a_weight_update_with_requests_in_flight_leaves_no_old_kv(vllm_engine, tiny_model, new_loop):
-    """Issue 52 item 2: a sync with requests in flight must not leave the old weights' KV in use.
+    """A sync with requests in flight must not leave the old weights' KV in use.
     vLLM refuses a plain prefix-cache reset while blocks are held (it returns False), so the running
     request would go on reading old-weights KV. With the reset preempting running requests their KV
     is recomputed: every token sampled after the update has the new policy's log-prob (measured

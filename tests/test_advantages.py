@@ -286,7 +286,7 @@ def test_compute_advantages_running_norm_needs_and_updates_state():
 
 
 # --------------------------------------------------------------------------------------------
-# Zero-variance sets: never divided by their std (issue 9, items 1 and 4)
+# Zero-variance sets: never divided by their std
 # --------------------------------------------------------------------------------------------
 F32 = torch.float32
 MIXED = [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]  # an all-correct group, then a mixed one

@@ -1,4 +1,4 @@
-"""The agentic pipeline's turns on continuous batching (issue 38 items 1, 6): the same FrozenLake
+"""The agentic pipeline's turns on continuous batching (the rank's engine loop): the same FrozenLake
 episodes played in waves (one `generate_turns` call per wave) and one request per turn through the
 rank's engine loop give the same trajectories (real Ray rank, vLLM; a turn's tokens depend on its
 seed alone), and benchmarks/bench_agentic_batching.py's --quick run reports both modes (structure

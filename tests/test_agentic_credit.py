@@ -1,4 +1,4 @@
-"""How the agentic pipeline credits episodes (issue 34's review): each turn's return counted once in
+"""How the agentic pipeline credits episodes: each turn's return counted once in
 its set; no sequence ratio over turns of different advantages; ROLL's reward_clip and token-level KL
 acting; an adapter run's first episodes sampled with the adapter; episodes whose env never started
 outside the baseline; batch_adjust_mode drawing what it copies or drops; ROLL's normalisation
@@ -210,7 +210,7 @@ class _LongOpening(ScriptedEnv):
 
 
 def test_an_episode_whose_opening_does_not_fit_is_outside_its_group_baseline(caplog):
-    """Issue 52, item 8: an opening longer than sequence_length (the env answered, no token was
+    """An opening longer than sequence_length (the env answered, no token was
     generated) is treated as an episode that never started: in no baseline, counted, logged."""
     tok = build_tokenizer()
     config = CustomEnvConfig(env_type="scripted", max_steps=1, max_tokens_per_step=4, agent_system_template="",

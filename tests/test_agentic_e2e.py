@@ -117,8 +117,8 @@ def test_example_trains_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_pa
     and rendered episodes. A run resumed from its step-1 checkpoint loses its vLLM rank to kill -9 at
     its first turn of step 2: the rank is replaced in its bundle with the step-1 weights, the turns it
     held are sent again with their seeds (the episodes' envs and contexts live in the driver), and
-    step 2 and the final weights are the uninterrupted run's (issue 39: one resumed run checks both;
-    the example's own run is the uninterrupted one: one pipeline start fewer)."""
+    step 2 and the final weights are the uninterrupted run's (one resumed run checks both the resume
+    and the replaced rank; the example's own run is the uninterrupted one: one pipeline start fewer)."""
     from tests.test_resume_chaos import comparable, kill_the_rollout_rank_once, load_weights
 
     whole = example_config(tmp_path / "whole" / "out", "eval_steps=2", "save_steps=1",
@@ -137,7 +137,7 @@ def test_example_trains_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_pa
     assert (tmp_path / "render" / "val_step_2.jsonl").exists()
     first = json.loads((tmp_path / "render" / "val_step_0.jsonl").read_text().splitlines()[0])
     assert first["messages"][0]["role"] == "user" and first["turns"] >= 1
-    from roll_gspo.metrics.rollouts import read_step, step_files  # issue 53: episodes turn by turn
+    from roll_gspo.metrics.rollouts import read_step, step_files  # the rollout files: episodes turn by turn
 
     trained = read_step(step_files(whole.rollout_dump_dir)[-1][1])
     episode = max(trained, key=lambda r: len(r["turns"]))
@@ -169,7 +169,7 @@ def test_example_trains_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_pa
     assert final.keys() == want.keys() and all(torch.equal(final[k], want[k]) for k in want)
 
 
-# async_generation_ratio: 2 (issue 37 item 4): episodes in flight across steps. Two tags whose episodes
+# async_generation_ratio: 2 (agentic runs asynchronous): episodes in flight across steps. Two tags whose episodes
 # last at most 2 and 5 turns (the random model's moves are mostly invalid, so most run to the cap): of
 # the pool's 4 groups a step takes the first 2 to complete, the others stop between two turns and are
 # held with their envs, continued under the next weights; at step 3 the groups started under version 0

@@ -1,4 +1,4 @@
-"""Issue 52 item 1: an agentic run samples its training episodes with train_env_manager's
+"""An agentic run samples its training episodes with train_env_manager's
 generating_args while the trainer, the reference, vLLM's logprobs_mode, the exactness of the rollout
 log-probs and the endpoint read actor_infer's. The two are one set: a key written on one side only is
 taken by the other, a key written on both sides with two values is refused naming both."""

@@ -1,5 +1,5 @@
-"""Dynamic sampling with request pools (`async_generation_ratio` k >= 2 and `query_filter_config`,
-issue 37 item 3), without Ray: after an advance the complete groups are scored, the rejected ones
+"""Dynamic sampling with request pools (`async_generation_ratio` k >= 2 and `query_filter_config`),
+without Ray: after an advance the complete groups are scored, the rejected ones
 dropped, and the pools advanced again under the same weights, with new prompts of the dropped
 groups' domains, until rollout_batch_size groups are kept or query_filter_max_rounds; the
 synchronous path's `data/*` metrics; every round its own seeds, and two runs agree exactly."""

@@ -1,5 +1,5 @@
-"""One-step off-policy rollout (async_generation_ratio: 1, issue 14 item 4) on the real stack, with
-token-budget micro-batches in training and scoring (item 3) on two ZeRO-2 ranks: each step's
+"""One-step off-policy rollout (async_generation_ratio: 1) on the real stack, with token-budget
+micro-batches in training and scoring (dynamic batching) on two ZeRO-2 ranks: each step's
 responses were sampled by the weights of the step before the one that trains on them (the
 rollout workers stamp the weight version each sync delivers), and resuming from a checkpoint
 taken while the next rollout was already generated gives exactly the uninterrupted run."""
@@ -43,7 +43,7 @@ def test_next_rollout_comes_from_the_previous_weights_and_resume_is_exact(tmp_pa
         assert torch.equal(value, weights[key]), key
 
 
-# async_generation_ratio: 2 (issue 37): request pools with partial rollouts. vLLM runs 8 requests at a
+# async_generation_ratio: 2: request pools with partial rollouts. vLLM runs 8 requests at a
 # time (max_num_seqs), so of the 2 x 4 groups in flight the first complete while later ones are
 # mid-response: those are cut, held and continued under the next weights.
 BOUNDED = dict(async_generation_ratio=2, old_logprob_source="rollout", max_steps=4, save_steps=2,

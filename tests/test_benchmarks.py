@@ -92,7 +92,7 @@ def test_cli_defaults(bench):
 
 def test_logprob_memory_benchmark_smoke():
     """benchmarks/bench_logprob_memory.py at a small size (152k vocabulary, 16 + 256 tokens, the
-    scoring pass): the chunked log-prob pass must peak well below the old one (issue 9, item 16)."""
+    scoring pass): the chunked log-prob pass must peak well below the old one (log-probs in bounded memory)."""
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_logprob_memory.py"
     spec = importlib.util.spec_from_file_location("bench_logprob_memory", path)
     module = importlib.util.module_from_spec(spec)

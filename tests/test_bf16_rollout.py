@@ -1,4 +1,4 @@
-"""bf16 on both sides (issue 36 item 5; examples/example_gspo_smollm2.yaml on a CPU with bf16 instructions): DeepSpeed
+"""bf16 on both sides (examples/example_gspo_smollm2.yaml on a CPU with bf16 instructions): DeepSpeed
 trains in bf16, vLLM samples in bf16, and their kernels disagree. Each step (each weight sync)
 reports the trainer-vs-rollout gap, `auto` then takes the trainer's old log-probs, and the rollout
 correction weights the loss. test_rollout_correction.py covers bf16 vLLM against an fp32 trainer."""

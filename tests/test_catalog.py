@@ -176,7 +176,7 @@ def test_the_workers_build_the_class_the_catalog_names(monkeypatch, tiny_model):
 
 def test_no_strategy_name_is_compared_with_vllm_outside_the_catalog():
     """A new rollout engine is an entry in roll_gspo/catalog/engines.py: no module of the package or
-    the pipelines tests `strategy_name == "vllm"` (issue 55 counted 25 such tests in 14 files)."""
+    the pipelines tests `strategy_name == "vllm"` (there were 25 such tests in 14 files)."""
     found = []
     for top in ("roll_gspo", "pipelines"):
         for path in sorted((ROOT / top).rglob("*.py")):

@@ -1,4 +1,4 @@
-"""scripts/compare_seeded_runs.py (issue 52): the step-by-step comparison of two seeded runs'
+"""scripts/compare_seeded_runs.py: the step-by-step comparison of two seeded runs'
 metrics.jsonl that a change meant to move nothing is checked with."""
 import importlib.util
 import math

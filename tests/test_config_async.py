@@ -1,4 +1,4 @@
-"""`async_generation_ratio` k >= 2 and `async_pool_batches` (issue 37): what is accepted, and each
+"""`async_generation_ratio` k >= 2 and `async_pool_batches` (request pools): what is accepted, and each
 refusal, before any worker starts, naming the key (roll_gspo.config.checks.async_rollout)."""
 import pytest
 

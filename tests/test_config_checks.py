@@ -258,6 +258,6 @@ def test_vllm_keys_that_would_split_a_prompt_on_cpu_are_refused(tmp_path, overri
 
 
 def test_vllm_budgets_that_keep_prompts_whole_on_cpu_are_accepted(tmp_path):
-    load(tmp_path, overrides=[f"+{ENGINE}.max_num_batched_tokens=32768"])  # the workaround
+    load(tmp_path, overrides=[f"+{ENGINE}.max_num_batched_tokens=32768"])  # above max_model_len: none split
     load(tmp_path, overrides=[f"+{ENGINE}.enable_chunked_prefill=true", f"+{ENGINE}.max_num_seqs=2",
                               f"+{ENGINE}.max_num_batched_tokens=12288"])  # 2 x 6144: nothing ever split

@@ -156,7 +156,7 @@ from roll_gspo.distributed.cluster import Cluster, RankWorker, init_ray
 
 class ActorInferWorker(RankWorker):
     def load_weight_bucket(self, bucket):
-        if self.rank == 1:  # what vLLM raised on CPU for a prompt split over steps (issue 34)
+        if self.rank == 1:  # what vLLM raised on CPU for a prompt split over steps
             raise RuntimeError("CPU Generator does not use offset")
 
 

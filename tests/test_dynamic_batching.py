@@ -1,4 +1,4 @@
-"""Token-budget micro-batches (ROLL's use_dynamic_batching_in_train / _in_infer, issue 14 item 3):
+"""Token-budget micro-batches (ROLL's use_dynamic_batching_in_train / _in_infer):
 the split packs sorted rows under the budget and cuts padding, and the trainer's gradients and
 logged losses are those of the fixed split, for every loss_agg_mode. The trainer's own
 micro-batch loop runs on a real model; a one-process strategy stands in for DeepSpeed's rank

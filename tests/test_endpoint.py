@@ -1,4 +1,4 @@
-"""The OpenAI-compatible rollout endpoint (roll_gspo.serving; issue 38 items 2, 3, 7): the real
+"""The OpenAI-compatible rollout endpoint (roll_gspo.serving): the real
 `openai` client against a real server on 127.0.0.1 in front of vLLM (tiny model, engine loop).
 Token capture: the ids an episode's trajectory holds are those the engine was sent and sampled,
 history sent back as text reuses them, an edited history opens a counted segment; bad input gets

@@ -1,7 +1,7 @@
 """The rollout endpoint in front of real rollout ranks (ActorInferWorker Ray actors, hf_infer): an
 episode's turns stay on one rank, new episodes go to the least busy one, the ranks' own batch
 calls (generate_turns) run beside the endpoint's requests, a weight update while the endpoint
-serves makes requests wait, never fail (issue 38 items 1, 2)."""
+serves makes requests wait, never fail."""
 import asyncio
 import os
 

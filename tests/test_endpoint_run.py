@@ -1,6 +1,6 @@
 """An agent written only against the `openai` client trains through the run's rollout endpoint
-(`agent.agent_func`): issue 38 item 4 in a run (item 2, an RLVR run serving the endpoint, is the
-resumed run of tests/test_resume_reshape.py's pipeline test). Bad values of both blocks
+(`agent.agent_func`) in a run (an RLVR run serving the endpoint is the resumed run of
+tests/test_resume_reshape.py's pipeline test). Bad values of both blocks
 (`rollout_endpoint`, `agent`) are refused at load, naming the key."""
 import json
 import os
@@ -125,7 +125,7 @@ def test_an_openai_client_agent_trains_through_the_endpoint(tmp_path, tiny_model
             assert torch.allclose(logps, torch.tensor([lp for _, lps in turns for lp in lps]), atol=1e-6)
     logged = records(cfg.output_dir)
     assert [r["step"] for r in logged] == [1, 2]
-    from roll_gspo.metrics.rollouts import read_step, step_files  # issue 53: the agent's episodes as trained
+    from roll_gspo.metrics.rollouts import read_step, step_files  # the rollout files: the agent's episodes as trained
 
     recorded = read_step(step_files(cfg.rollout_dump_dir)[-1][1])
     assert len(recorded) == 4 and all(r["turns"] and r["turns"][0]["action"] for r in recorded)

@@ -1,4 +1,4 @@
-"""The rollout endpoint's bounds and guards (issue 52 items 3 and 10), against the real app with a
+"""The rollout endpoint's bounds and guards, against the real app with a
 fake rollout rank (no engine, no Ray, no socket: httpx's ASGI transport): a request without an
 episode id keeps nothing, the store is bounded (evictions counted), a chunked body is refused at
 the limit while it streams, a browser's request (an `Origin`, another `Host`, a `text/plain`

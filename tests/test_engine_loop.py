@@ -1,4 +1,4 @@
-"""Continuous batching in a rollout rank (roll_gspo.strategies.engine_loop; issue 38 item 1): the
+"""Continuous batching in a rollout rank (roll_gspo.strategies.engine_loop): the
 cases in tests/engine_loop_cases.py, run in a fresh interpreter. In the full suite an in-process vLLM
 engine this module builds shared the process with the engines and threads of the modules before it,
 and its forward then failed ("pipeline model parallel group is not initialized"); alone, or in a

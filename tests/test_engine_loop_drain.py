@@ -1,4 +1,4 @@
-"""Issue 52 item 4: `lora_sync: adapter` with the engine loop (the rollout endpoint, agentic
+"""`lora_sync: adapter` with the engine loop (the rollout endpoint, agentic
 continuous batching). vLLM cannot swap the adapter under a live request, so a swap that met one
 failed (`RuntimeError ... requests in flight`). The swap now drains the loop: the requests in flight
 finish under the old adapter (their tokens keep its version), requests submitted meanwhile wait and

@@ -1,4 +1,4 @@
-"""Agentic runs asynchronous (issue 37 item 4), without Ray: the episode pool's cut between turns
+"""Agentic runs asynchronous, without Ray: the episode pool's cut between turns
 (`turn_allowed`), its staleness bound per turn (last chance, drops), its independence of timing,
 its checkpoint (held episodes' envs replayed; a non-deterministic env refused), and the agentic
 source's modes 1 and k = 2 over a scripted engine: the rollout generated ahead and the one a
@@ -323,7 +323,7 @@ def test_an_episode_whose_env_fails_at_reset_is_an_empty_sample_of_the_newest_ve
         assert rollout.batch["loss_mask"][row].sum() == 0 and rollout.batch["weight_version"][row] == 3
 
 
-# -- issue 52, item 9: larger pools drop no group at its last chance ---------------------------------
+# -- larger pools drop no group at its last chance ------------------------------------------------
 def test_a_heavy_tailed_pool_of_k_batches_drops_no_group(tok):
     """A pool of k = 5 batches (more than k is refused by the config) of one-turn and nine-turn
     episodes: however many held groups near their bound together, and however long their

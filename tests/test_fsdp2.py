@@ -1,4 +1,4 @@
-"""`fsdp2_train` / `fsdp2_infer` (torch FSDP2 over gloo, issue 24 item 4): the same loss,
+"""`fsdp2_train` / `fsdp2_infer` (torch FSDP2 over gloo): the same loss,
 gradients and updates as DeepSpeed ZeRO-2 on the same batch, through the trainer's own
 `train_step` (2 ranks, 2 micro-batches each, padding passes, uneven scoring shards); bf16 on fp32
 master weights in both engines; an exact resume from a checkpoint; HSDP; ROLL's FSDP2 keys checked like the rest of the config; and a

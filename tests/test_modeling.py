@@ -20,7 +20,7 @@ def test_pad_2d_truncates_to_width_and_handles_empty():
 
 
 # --------------------------------------------------------------------------------------------
-# Log-probs of sampled tokens in bounded memory (issue 9, item 16): equal to the straightforward
+# Log-probs of sampled tokens in bounded memory: equal to the straightforward
 # computation, in value and gradient.
 # --------------------------------------------------------------------------------------------
 def reference_log_probs(model, input_ids, attention_mask, prompt_lengths, response_len, temperature, with_entropy):
@@ -98,8 +98,8 @@ def test_sampled_token_log_probs_gradcheck_with_repeated_positions(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------
-# A trained embedding tied to the LM head sends a sparse gradient (issue 40: no vocabulary x hidden
-# dense copy per backward pass): the same parameter gradient, dense, for every optimizer and
+# A trained embedding tied to the LM head sends a sparse gradient (no vocabulary x hidden dense
+# copy per backward pass): the same parameter gradient, dense, for every optimizer and
 # engine; untied or frozen embeddings are left alone.
 # --------------------------------------------------------------------------------------------
 def test_tied_embedding_sends_a_sparse_gradient_with_the_same_dense_result(tiny_model):

@@ -118,7 +118,7 @@ def test_seed_004_keys_zero2_vllm_with_kl_and_validation(seed_004_run, tiny_mode
 
 
 def test_the_run_report_of_a_real_run_opens_in_a_browser(seed_004_run, tmp_path):
-    """Issue 53 item 4 on a real run (the seed-004 pipeline's own report.html, rewritten at each
+    """The run report on a real run (the seed-004 pipeline's own report.html, rewritten at each
     validation and at the end): Chromium opens it without a console error, draws its curves and
     timeline, and a response the run wrote is in the sample browser."""
     from tests.test_report_browser import browser_for, open_page, severe
@@ -139,7 +139,7 @@ def test_the_run_report_of_a_real_run_opens_in_a_browser(seed_004_run, tmp_path)
 
 
 def check_rollout_files(cfg, records):
-    """Issue 53: every trained step's samples and every validation's prompts in the rollout files,
+    """Every trained step's samples and every validation's prompts in the rollout files,
     readable: texts, reward and its parts, advantages, versions (docs/rollouts.md)."""
     from roll_gspo.metrics.rollouts import read_step, step_files
 

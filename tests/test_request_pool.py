@@ -1,4 +1,4 @@
-"""The request pool of partial rollouts (async_generation_ratio k >= 2, issue 37;
+"""The request pool of partial rollouts (async_generation_ratio k >= 2;
 roll_gspo.strategies.request_pool) on real engines in-process, without Ray: the quota of complete
 groups comes back, partials are held and continued by re-prefill with new seeds, held groups past
 the staleness bound are dropped, runs are deterministic and a saved pool continues as the live
@@ -335,7 +335,7 @@ def heavy_tailed_run(pool_batches: float, k: int, steps: int = 40, quota: int = 
 
 @pytest.mark.parametrize("pool_batches, k", [(4, 4), (3, 3), (4, 5), (2, 2)])
 def test_a_heavy_tailed_run_drops_no_group_at_its_last_chance(pool_batches, k):
-    """Issue 52, item 9: with async_pool_batches up to k (more is refused: more groups than the
+    """With async_pool_batches up to k (more is refused: more groups than the
     steps can take would reach their bound together), every held group is finished and trained
     before its bound, the long ones included, however many reach it in the same advance."""
     dropped, trained = heavy_tailed_run(pool_batches, k)
@@ -344,7 +344,7 @@ def test_a_heavy_tailed_run_drops_no_group_at_its_last_chance(pool_batches, k):
 
 
 def test_more_pool_batches_than_k_are_refused():
-    """Issue 52, item 9: pool 4 at k = 2 cannot train every group in time (the scripted run drops
+    """Pool 4 at k = 2 cannot train every group in time (the scripted run drops
     hundreds of groups whatever the cut waits for), so the config refuses it, naming the key; up to
     k is accepted."""
     from roll_gspo.config import ConfigError, load_config

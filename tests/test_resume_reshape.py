@@ -1,4 +1,4 @@
-"""Resuming on another training shape (issue 39 items 2-3; roll_gspo.lifecycle.reshape): a checkpoint
+"""Resuming on another training shape (roll_gspo.lifecycle.reshape): a checkpoint
 written by 2 ranks resumes on 1 (DeepSpeed ZeRO-2 through its universal checkpoint, FSDP2 through
 torch.distributed.checkpoint's resharding), and a ZeRO-2 checkpoint resumes under FSDP2. Each carries
 the fp32 weights, Adam's moments and step, the LR schedule (compared tensor by tensor with what the
@@ -200,7 +200,7 @@ def test_decisions_name_what_differs_and_what_to_do():
 
 @pytest.mark.parametrize("wanted_ranks", [2, 1])
 def test_a_refused_precision_change_suggests_the_checkpoints_dtype(wanted_ranks):
-    """Issue 52 item 7: `dtype: auto` is bf16 on one machine and fp32 on another, so a ZeRO-0 fp32
+    """`dtype: auto` is bf16 on one machine and fp32 on another, so a ZeRO-0 fp32
     checkpoint is refused on a bf16 machine; the suggested keys must name the dtype (following keys
     without it is refused again) and say why `auto` moved."""
     saved = TrainerShape("deepspeed", 2, 0, "fp32")
@@ -269,7 +269,7 @@ ONE_RANK = ["actor_train.world_size=1", "actor_train.training_args.gradient_accu
 
 @pytest.mark.e2e
 def test_pipeline_two_ranks_resume_on_one_and_train_on(tmp_path, tiny_model, ray_session, capsys, caplog):
-    """The resumed run also serves the rollout endpoint (`rollout_endpoint`; issue 38 item 2, one run
+    """The resumed run also serves the rollout endpoint (`rollout_endpoint`; one run
     for both): it prints the address once its workers are up, a client is served before and after
     the step, and the endpoint stops with the run."""
     import openai

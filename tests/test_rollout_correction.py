@@ -512,7 +512,7 @@ def test_bf16_rollout_engine_shows_the_gap_and_the_correction(tmp_path, tiny_mod
 @pytest.mark.parametrize("engine_key", ["kv_cache_dtype: fp8", "quantization: fp8",
                                         "logits_processors: ['my_pkg.processors:NoRepeat']"])
 def test_engine_keys_that_change_numerics_make_the_rollout_logprobs_inexact(tmp_path, engine_key):
-    """Issue 52 item 6: fp32 on both sides is not enough; an fp8 KV cache, quantized weights or a
+    """fp32 on both sides is not enough; an fp8 KV cache, quantized weights or a
     logits processor change what vLLM computes, so `auto` keeps the trainer's pass (named why)."""
     key = engine_key.split(":")[0]
     corrected = load(tmp_path, f"""\

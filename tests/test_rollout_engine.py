@@ -1,4 +1,4 @@
-"""The request-level rollout-engine contract (roll_gspo.strategies.engine; issue 35 outcome 4):
+"""The request-level rollout-engine contract (roll_gspo.strategies.engine):
 requests submitted and waited for sample exactly what the batch calls sampled before (vLLM's
 `LLM.generate`, hf_infer's `generate` with `num_return_sequences`), abort returns partial
 output, every token carries the weight version that sampled it, and the rollout worker reaches
@@ -210,7 +210,7 @@ def test_every_rollout_engine_implements_the_contract():
 
 def test_the_rollout_worker_never_probes_its_strategy():
     """actor_infer.py reaches its engine through the contract and knows its own state (`set_up`):
-    no hasattr / getattr at all (issue 52: `getattr(self, "strategy", None)` and a probe for the
+    no hasattr / getattr at all (once `getattr(self, "strategy", None)` and a probe for the
     engine's `progress` slipped past a check that looked at `strategy` arguments only)."""
     tree = ast.parse((ROOT / "roll_gspo" / "workers" / "actor_infer.py").read_text())
     probes = [node.lineno for node in ast.walk(tree)

@@ -1,4 +1,4 @@
-"""Rollout files (issue 53 item 1; docs/rollouts.md): the records built from a step's batch and the
+"""Rollout files (docs/rollouts.md): the records built from a step's batch and the
 files they go to. The files of a real run are checked in tests/test_pipeline_e2e.py (check_rollout_files)."""
 import gzip
 import os

@@ -1,4 +1,4 @@
-"""Stalls flagged while running (issue 53 item 3; roll_gspo.metrics.stalls): a phase far above its
+"""Stalls flagged while running (roll_gspo.metrics.stalls): a phase far above its
 own median, throughput collapsing, the trainer idle against its usual share; the same rule over a
 finished run's metrics (the report's marks)."""
 from roll_gspo.metrics.stalls import StallWatch, find_stalls

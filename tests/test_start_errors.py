@@ -1,4 +1,4 @@
-"""Errors a user causes at start, after the config checks (issue 52): each is one console line
+"""Errors a user causes at start, after the config checks: each is one console line
 `error: <message>` and exit 1, never a Python traceback; the trace goes to the log file. Before,
 a second `make run` over the first run's checkpoints ended in a 20-line traceback. Run through
 `cli.main` with the pipeline's start replaced by the real code that raises each one (no Ray)."""

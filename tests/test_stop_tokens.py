@@ -1,4 +1,4 @@
-"""Where a response ends (issue 36 item 5): every eos id of the model folder's generation_config
+"""Where a response ends: every eos id of the model folder's generation_config
 ends an hf_infer response, as it ends a vLLM one, and the response mask stops there.
 
 The real model's `<|im_end|>` in vLLM and hf_infer alike, its pad/eos ids and the system turn are

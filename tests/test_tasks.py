@@ -62,7 +62,7 @@ def test_accuracy_does_not_need_the_rewarded_format():
     assert (float(tagged), float(plain), float(wrong)) == (1.25, 1.0, 0.25)  # the format term is the only gap
 
 
-# ------------------------------------------------------------------ near misses earn nothing (issue 52 item 5)
+# ------------------------------------------------------------------ near misses earn nothing
 SMOLLM2_TASKS = ["products", "arithmetic", "lcm"]  # keys of examples/example_gspo_smollm2.yaml's tasks
 
 
@@ -337,7 +337,7 @@ def test_eval_command_on_the_tiny_model(tiny_model, session_cache, tmp_path, mon
     example = result["examples"]["chain_sum"][0]
     assert example["answer"] == extract_answer(example["reply"])  # the one extraction
     assert result["settings"]["tasks"][1]["val_seed"] == 1_000_000
-    assert {row["task"] for row in result["screen"]} == {"arith_easy", "chain_sum"}  # --screen (issue 54)
+    assert {row["task"] for row in result["screen"]} == {"arith_easy", "chain_sum"}  # --screen's table
     assert any(line.split()[0] == "task" and "headroom" in line for line in stdout.splitlines())
     progress = [r.getMessage() for r in caplog.records if r.name == "roll_gspo.eval"]
     assert [m.split(":")[0] for m in progress] == [
@@ -396,7 +396,7 @@ def test_answer_spread_and_reference_answers():
 
 
 def test_screening_ranks_tasks_by_headroom_and_says_why_one_is_left_out():
-    """`--screen` (issue 54 item 1): 5-50 % greedy, no answer repeated past twice the gold's top
+    """`--screen`: 5-50 % greedy, no answer repeated past twice the gold's top
     share, the most headroom (pass@k - greedy) first."""
     from roll_gspo.eval import format_screen, screen_tasks
 

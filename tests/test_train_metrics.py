@@ -1,5 +1,5 @@
-"""Training metrics do not change with the micro-batch / rank split (issue 9, item 8): the
-pure level (policy_loss + kl_loss shares through SplitInvariantMetrics, ranks simulated)."""
+"""Training metrics do not change with the micro-batch / rank split: the pure
+level (policy_loss + kl_loss shares through SplitInvariantMetrics, ranks simulated)."""
 import pytest
 import torch
 

@@ -1,7 +1,7 @@
 """The training role's ranks on the real stack (Ray + DeepSpeed, no rollout): old log-probs with
-uneven ZeRO-3 shards finish (issue 9, item 11), a model with dropout has ratio exactly 1 before any
-update (item 6), and the logged losses are the whole mini-batch's when it is split over ranks and
-micro-batches (item 8). A tiny model; one reference and one trainer cluster."""
+uneven ZeRO-3 shards finish, a model with dropout has ratio exactly 1 before any update, and the
+logged losses are the whole mini-batch's when it is split over ranks and micro-batches. A tiny
+model; one reference and one trainer cluster."""
 import json
 import shutil
 

@@ -1,5 +1,5 @@
-"""verifiers environments train unchanged through the rollout endpoint (issue 38 item 5;
-`agent.verifiers_env`): a small multi-turn env made from verifiers' own classes
+"""verifiers environments train unchanged through the rollout endpoint
+(`agent.verifiers_env`): a small multi-turn env made from verifiers' own classes
 (tests/vf_envs/vf_two_turns.py) plays its episodes through the run's endpoint, each trace's turns
 one record (verifiers' X-Session-ID), the rubric's reward the episode's. Bad values are refused at
 load, naming the key."""

@@ -1,4 +1,4 @@
-"""Weight-sync routes (issue 23 item 1): which way the trained weights take to each rollout worker.
+"""Weight-sync routes: which way the trained weights take to each rollout worker.
 
 NCCL refuses two members of one group on one GPU ("Duplicate GPU detected"), so a colocated GPU
 run must hand its weights to the rollout worker on the trainer's GPU by CUDA IPC. The decision is

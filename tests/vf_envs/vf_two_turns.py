@@ -1,9 +1,10 @@
-"""A small multi-turn verifiers environment made only from verifiers' own classes (issue 38 item 5's
-test): a `Taskset` of tasks, a `Task` whose `@vf.reward` is the rubric, an `Env` whose `run` plays
-two turns of one interaction (the task's prompt, then the env's follow-up), and a `Harness` that
-runs its chat loop in-process (verifiers' documented alternative to launching a program: every
-model call goes through the interception `endpoint` with the rollout's `secret`). verifiers' own
-`null` harness would do the same in a uv-provisioned subprocess, which needs the network.
+"""A small multi-turn verifiers environment made only from verifiers' own classes (for
+tests/test_verifiers_env.py): a `Taskset` of tasks, a `Task` whose `@vf.reward` is the rubric, an
+`Env` whose `run` plays two turns of one interaction (the task's prompt, then the env's follow-up),
+and a `Harness` that runs its chat loop in-process (verifiers' documented alternative to launching a
+program: every model call goes through the interception `endpoint` with the rollout's `secret`).
+verifiers' own `null` harness would do the same in a uv-provisioned subprocess, which needs the
+network.
 
 The ids of the model calls each trace made are kept in `SEEN` (trace id -> [(ids, log-probs)]),
 for the test to compare with the trained batch. Loaded by id: `vf_two_turns` (this folder on
