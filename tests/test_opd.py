@@ -10,15 +10,8 @@ import torch
 from roll_gspo.algorithms.distillation import opd_advantages
 from roll_gspo.config import ConfigError, load_config
 from roll_gspo.config.checks.opd import tokenizer_mismatch
+from tests.config_helpers import MINIMAL
 
-MINIMAL = """\
-actor_train:
-  training_args:
-    per_device_train_batch_size: 8
-    gradient_accumulation_steps: 8
-  data_args:
-    file_name: [builtin:arith/train]
-"""
 TEACHER = ["use_opd=true", "+teacher.model_args.model_name_or_path=builtin:tiny-arith",
            "+teacher.strategy_args.strategy_name=hf_infer"]
 

@@ -11,17 +11,10 @@ from roll_gspo.algorithms import LOSS_SPECS
 from roll_gspo.config import ConfigError, load_config
 from roll_gspo.config.plan.run_plan import build_run_plan
 from roll_gspo.config.plan.policy_loss import policy_loss_options
+from tests.config_helpers import MINIMAL
 
 REPO = Path(__file__).resolve().parents[1]
 ROLL_DIR = REPO / "tests" / "data" / "roll"
-MINIMAL = """\
-actor_train:
-  training_args:
-    per_device_train_batch_size: 8
-    gradient_accumulation_steps: 8
-  data_args:
-    file_name: [builtin:arith/train]
-"""
 
 
 def load(tmp_path, overrides=(), text=MINIMAL):
