@@ -75,6 +75,7 @@ def test_transformers_loads_without_sklearn_and_generates(tmp_path):
     neither scikit-learn nor scipy is imported."""
     import subprocess
 
+    # min_new_tokens: the untrained model may pick its EOS token (2) first, which ended generate() early
     code = ("import sys\n"
             "from roll_gspo.utils.imports import lighter_imports\n"
             "lighter_imports()\n"
@@ -84,7 +85,7 @@ def test_transformers_loads_without_sklearn_and_generates(tmp_path):
             "config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
             "                     num_attention_heads=2, num_key_value_heads=2)\n"
             "model = AutoModelForCausalLM.from_config(config)\n"
-            "out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)\n"
+            "out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, min_new_tokens=3, do_sample=False)\n"
             "assert out.shape == (1, 6), out.shape\n"
             "assert 'sklearn' not in sys.modules and 'scipy' not in sys.modules, sorted(sys.modules)\n"
             "assert candidate_generator.is_sklearn_available() is False\n"
