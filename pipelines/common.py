@@ -11,13 +11,21 @@ from roll_gspo.schema.config import PipelineConfig
 
 def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> PipelineConfig:
     """The config with the roles' built-in model names resolved (built and cached on first use) to
-    folders, so every worker loads a plain Hugging Face folder; `cfg` itself is read-only."""
+    folders, so every worker loads a plain Hugging Face folder; `cfg` itself is read-only. A reward
+    domain's built-in model (a judge or reward model) is built here too: a warm-started built-in's
+    builder is registered in this process (pipelines.warm_start), not in the reward worker's."""
+    from roll_gspo.builtin.cache import BUILTIN_PREFIX
     from roll_gspo.builtin.models import resolve_model
+    from roll_gspo.catalog.reward_workers import loads_model
     from roll_gspo.schema.frozen import replaced
 
     key = "{}.model_args.model_name_or_path"
-    return replaced(cfg, {key.format(role): resolve_model(getattr(cfg, role).model_args.model_name_or_path)
-                          for role in roles})
+    changes = {key.format(role): resolve_model(getattr(cfg, role).model_args.model_name_or_path) for role in roles}
+    for domain, reward in (cfg.rewards or {}).items():
+        name = reward.model_args.model_name_or_path
+        if loads_model(reward.worker_cls) and isinstance(name, str) and name.startswith(BUILTIN_PREFIX):
+            changes[key.format(f"rewards.{domain}")] = resolve_model(name)
+    return replaced(cfg, changes)
 
 
 @contextmanager

@@ -402,3 +402,32 @@ def test_base_model_loads_in_vllm(base_model, tmp_path):
     assert len(result["outs"]) == 2
     for out in result["outs"]:
         assert 1 <= len(out["ids"]) <= 8 and out["n_logprobs"] == len(out["ids"])
+
+
+def test_the_driver_builds_a_reward_domains_built_in_model(tmp_path, monkeypatch):
+    """A judge or reward model named `builtin:` is built by the driver (prepare_models) like the policy's:
+    a warm-started built-in's builder is registered in the driver's process (pipelines.warm_start), and
+    a reward worker's process has none. A rule reward's model name is left alone."""
+    from pipelines.common import prepare_models
+    from roll_gspo.schema.config import PipelineConfig, RewardConfig
+    from roll_gspo.schema.frozen import freeze
+
+    def builder(folder):
+        with open(os.path.join(folder, "marker"), "w") as fh:
+            fh.write("ok")
+
+    monkeypatch.setenv(builtin.CACHE_ENV, str(tmp_path))
+    builtin.register_builtin_model("builtin:test-judge", builder)
+    try:
+        judge = RewardConfig(worker_cls="roll_gspo.workers.rewards.LLMJudgeRewardWorker")
+        judge.model_args.model_name_or_path = "builtin:test-judge"
+        rule = RewardConfig(worker_cls="roll_gspo.workers.rewards.MathRuleRewardWorker")
+        rule.model_args.model_name_or_path = "builtin:test-judge"
+        cfg = freeze(PipelineConfig(rewards={"judge": judge, "math": rule}))
+        prepared = prepare_models(cfg, [])
+        folder = prepared.rewards["judge"].model_args.model_name_or_path
+        assert os.path.isfile(os.path.join(folder, "marker"))
+        assert prepared.rewards["math"].model_args.model_name_or_path == "builtin:test-judge"
+        assert cfg.rewards["judge"].model_args.model_name_or_path == "builtin:test-judge"  # cfg read-only
+    finally:
+        builtin.BUILTIN_MODELS.pop("builtin:test-judge")
