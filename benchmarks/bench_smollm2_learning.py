@@ -76,6 +76,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error("--minutes must be > 0")
+    if args.passk_n < 0 or args.passk_prompts < 1:
+        parser.error("--passk-n must be >= 0 (0: no pass@k) and --passk-prompts >= 1")
     return args
 
 

@@ -52,6 +52,9 @@ def test_curve_verdict_and_report(bench, tmp_path):
     assert "x top answer '1'" in report and "0.970   <= 2 x gold 0.300  NO" in report
     args = bench.parse_args(["--smoke", "seed=3"])
     assert args.smoke and args.overrides == ["seed=3"] and args.minutes == 45.0
+    for bad in (["--passk-prompts", "0"], ["--passk-n", "-1"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
 
 
 def test_answer_shares_read_validation_replies(bench):
