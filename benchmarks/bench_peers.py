@@ -95,7 +95,17 @@ engine's forward / backward / optimizer step, the metric collectives, the weight
 ``generate``), so the time around them (Ray's round trips, the driver) and the trainer's own
 bookkeeping come out; TRL's forward, backward and optimizer steps are timed the same way.
 
-Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both small sizes; ``--sizes builtin``, ``--sizes 0.5b``
+**Against TRL's faster variant** (issue 58): the table's last column and the summary under the
+tables divide TRL's faster cycle (HF generate or vLLM, whichever is faster on this machine) by the
+pipeline's, per size, beside the size's goal (1M >= 1.0x, 19M >= 1.3x, SmolLM2-135M with its real
+weights >= 1.5x) and met / MISSED. Which TRL variant is faster depends on the CPU (vector width,
+bf16 units), so the CPU is printed at the start and above each table (model name, logical cores,
+AVX2 / AVX512F / AVX512-BF16 / AMX from /proc/cpuinfo) and written to the JSON (``cpu``).
+``--sizes smollm2-32`` is the real model with 32-token responses (a cycle in about a minute, so
+one command covers 1M, 19M and the real model), ``smollm2-shape`` the issue's SmolLM2-135M shape
+with the character vocabulary (random weights, 32 tokens).
+
+Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both small sizes, the pipeline and both TRL variants; ``--sizes builtin``, ``--sizes 0.5b``
 with 256-token responses (~24 GiB machine to itself, about an hour), ``--sizes smollm2 --dtype bf16``,
 ``--reps 5 --warmup 1``, ``--json out.json``, ``--variants pipeline trl_vllm``);
 ``--smoke`` is a micro model, 4 prompts x 4, 1 cycle, the variants' start-ups overlapped
@@ -151,10 +161,26 @@ SIZES: Dict[str, Dict[str, Any]] = {
     # sides (FULL_LENGTH_MODELS), micro-batches of 4 on both sides (the SmolLM2 example's: 8 did not
     # fit beside the other roles), accumulated to the 4 mini-batches of a cycle.
     "smollm2": {"model": "bench:smollm2-135m-instruct-full-length", "response_length": 256, "prompts": 16,
-                "group": 8, "micro_batch": 4, "prompt_length": 64, "chat": True,
+                "group": 8, "micro_batch": 4, "prompt_length": 64, "chat": True, "goal": 1.5,
                 "label": "SmolLM2-135M-Instruct (30 layers, hidden 576, vocabulary 49152), chat prompts, "
                          "responses run to 256 tokens"},
+    # Issue 58: the real model at the issue's 32-token length (a cycle in about a minute, so that
+    # one command measures 1M, 19M and the real model in ~15 minutes), and the issue's own
+    # SmolLM2-135M shape with the built-in character vocabulary (random weights) beside it.
+    "smollm2-32": {"model": "bench:smollm2-135m-instruct-full-length", "response_length": 32, "prompts": 16,
+                   "group": 8, "micro_batch": 4, "prompt_length": 64, "chat": True, "goal": 1.5,
+                   "label": "SmolLM2-135M-Instruct, real weights (vocabulary 49152), chat prompts, "
+                            "responses run to 32 tokens"},
+    "smollm2-shape": {"model": "bench:smollm2-135m-shape", "response_length": 32, "prompts": 16, "group": 8,
+                      "micro_batch": 4,
+                      "label": "SmolLM2-135M shape (30 layers, hidden 576), character vocabulary, random weights"},
 }
+# Issue 58's goals: the pipeline's cycle at least this much faster than TRL's faster variant.
+SIZES["builtin"]["goal"] = 1.0
+SIZES["20m"]["goal"] = 1.3
+TRL_VARIANTS = ("trl_hf", "trl_vllm")
+# The CPU features that decide which side wins on a small model (vector width, bf16 units).
+CPU_FLAGS = {"AVX2": "avx2", "AVX512F": "avx512f", "AVX512-BF16": "avx512_bf16", "AMX": "amx_bf16"}
 # A real model whose responses must all run to the cap, so that both sides generate and train the
 # same tokens: a copy of the built-in folder (the weights linked, not copied) whose end-of-sequence
 # token is one the model does not write in these answers (<empty_output>, a Jupyter marker), for
@@ -166,6 +192,9 @@ DEFAULT_CONFIG = "example_gspo.yaml"
 LOCAL_MODELS = {  # Qwen2 shapes built here with the built-in character tokenizer (random weights)
     "bench:qwen2-20m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
                             intermediate_size=1536),
+    # SmolLM2-135M's shape (a Llama there: no q/k/v bias, which Qwen2 has; 0.2M parameters apart)
+    "bench:smollm2-135m-shape": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                                     num_key_value_heads=3, intermediate_size=1536),
     "bench:qwen2-micro": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                               intermediate_size=384),
 }
@@ -177,6 +206,60 @@ LOCAL_MODELS = {  # Qwen2 shapes built here with the built-in character tokenize
 def peak_rss_mb() -> float:
     """This process's peak resident memory (Linux ru_maxrss is in KB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def cpu_description(cpuinfo: str) -> Dict[str, Any]:
+    """The CPU as /proc/cpuinfo's text names it: model name, logical cores, and which of
+    `CPU_FLAGS` its first processor lists (the flags line's words; `flags` on x86)."""
+    model, flags, cores = "unknown", set(), 0
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "processor":
+            cores += 1
+        elif key == "model name" and model == "unknown":
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return {"model": model, "cores": cores, "flags": {name: flag in flags for name, flag in CPU_FLAGS.items()}}
+
+
+def read_cpu() -> Dict[str, Any]:
+    """This machine's `cpu_description` (model "unknown", no flags, where /proc/cpuinfo is absent)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return cpu_description(handle.read())
+    except OSError:
+        return cpu_description("")
+
+
+def format_cpu(cpu: Dict[str, Any]) -> str:
+    flags = ", ".join(f"{name} {'yes' if present else 'no'}" for name, present in cpu["flags"].items())
+    return f"CPU: {cpu['model']}, {cpu['cores']} logical cores; {flags}"
+
+
+def against_faster_trl(rows: Dict[str, Dict[str, Any]], goal: Optional[float],
+                       variant: str = "pipeline") -> Dict[str, Any]:
+    """A pipeline row (`variant`) against TRL's faster variant at one size: which TRL variant that
+    is, the ratio (TRL's cycle / the pipeline's: above 1 the pipeline is faster) and, with a
+    `goal`, met or missed. None where the pipeline or every TRL variant is missing."""
+    pipeline = rows.get(variant)
+    trl = {v: rows[v]["cycle_s"] for v in TRL_VARIANTS if v in rows}
+    if not pipeline or not trl:
+        return {"variant": None, "ratio": None, "goal": goal, "met": None}
+    faster = min(trl, key=lambda v: trl[v])
+    ratio = trl[faster] / pipeline["cycle_s"]
+    return {"variant": faster, "ratio": ratio, "goal": goal, "met": None if goal is None else ratio >= goal}
+
+
+def format_verdict(verdict: Dict[str, Any]) -> str:
+    """The table's last column: e.g. `1.32x trl_hf, goal >= 1.3x met`."""
+    if verdict["ratio"] is None:
+        return "-"
+    text = f"{verdict['ratio']:.2f}x {verdict['variant']}"
+    if verdict["goal"] is not None:
+        text += f", goal >= {verdict['goal']:g}x {'met' if verdict['met'] else 'MISSED'}"
+    return text
 
 
 def measure_matmul_peak(seconds: float = 1.0, size: int = 2048, dtype: str = "fp32") -> float:
@@ -810,7 +893,7 @@ def summarise(name, size, n_params, results, warmup, rss, skipped, old_sources) 
             keys = sorted({k for c in measured for k in c["breakdown"]})
             rows[variant]["breakdown_s"] = breakdown_figures(
                 {k: median([c["breakdown"].get(k, 0.0) for c in measured]) for k in keys}, variant)
-    return {"size": name, "label": size["label"], "parameters": n_params, "prompts": size["prompts"],
+    return {"size": name, "label": size["label"], "parameters": n_params, "goal": size.get("goal"), "prompts": size["prompts"],
             "group": size["group"], "response_length": size["response_length"], "rows": rows, "skipped": skipped,
             "pipeline_old_logprob_source": old_sources.get("pipeline"), "old_logprob_sources": old_sources}
 
@@ -862,6 +945,9 @@ def add_peak_figures(report: Dict[str, Any], peak_gflops: float) -> None:
             row["floor_s"] = row["flops"]["floor"] / (peak_gflops * 1e9)
             row["cycle_over_floor"] = row["cycle_s"] / row["floor_s"]
             row["cycle_over_pipeline"] = row["cycle_s"] / pipeline["cycle_s"] if pipeline else None
+            if variant.startswith("pipeline"):
+                row["against_faster_trl"] = against_faster_trl(size["rows"], size.get("goal"), variant)
+        size["against_faster_trl"] = against_faster_trl(size["rows"], size.get("goal"))
 
 
 def format_report(report: Dict[str, Any]) -> str:
@@ -871,9 +957,10 @@ def format_report(report: Dict[str, Any]) -> str:
              f"{report.get('dtype', 'fp32')} matmul peak on {os.cpu_count()} cores: {report['peak_gflops']:.1f} GFLOP/s "
              f"(before {report['peak_gflops_before']:.1f}, after {report['peak_gflops_after']:.1f}); TRL at niceness "
              f"{report['trl_niceness']}; "
-             f"load average at start {report['load_start'][0]:.2f}, at end {report['load_end'][0]:.2f}"]
+             f"load average at start {report['load_start'][0]:.2f}, at end {report['load_end'][0]:.2f}",
+             format_cpu(report["cpu"])]
     header = (f"{'variant':<17}{'cycle':>8}{'generate':>10}{'score':>8}{'old lp':>8}{'train':>8}{'other':>8}"
-              f"{'tokens':>8}{'x pipe':>8}{'GFLOP/s':>9}{'% peak':>8}{'floor':>8}{'/floor':>8}  peak RSS MB per process")
+              f"{'tokens':>8}{'x pipe':>8}{'GFLOP/s':>9}{'% peak':>8}{'floor':>8}{'/floor':>8}  pipeline / TRL's faster")
     for size in report["sizes"]:
         lines += ["", f"{size['label']}: {size['parameters'] / 1e6:.2f}M parameters, {size['prompts']} prompts x "
                       f"{size['group']}, response {size['response_length']} tokens, {report.get('dtype', 'fp32')} on "
@@ -881,20 +968,39 @@ def format_report(report: Dict[str, Any]) -> str:
         for variant, row in size["rows"].items():
             p = row["phases_s"]
             ratio = row["cycle_over_pipeline"]
-            rss = ", ".join(f"{k} {v:.0f}" for k, v in row["peak_rss_mb"].items())
+            verdict = row.get("against_faster_trl")
             lines.append(f"{variant:<17}{row['cycle_s']:>8.3f}{p['generate']:>10.3f}{p['score']:>8.3f}"
                          f"{p['old_log_probs']:>8.3f}{p['train']:>8.3f}{p.get('other', 0.0):>8.3f}"
                          f"{row.get('response_tokens', 0.0):>8.0f}{fmt(ratio, '.2f'):>8}"
                          f"{row['gflops_per_s']:>9.1f}{100 * row['peak_fraction']:>7.1f}%{row['floor_s']:>8.3f}"
-                         f"{row['cycle_over_floor']:>8.2f}  {rss}")
+                         f"{row['cycle_over_floor']:>8.2f}  {format_verdict(verdict) if verdict else '-'}")
         for variant, why in size["skipped"].items():
             lines.append(f"{variant:<17}skipped: {why}")
+        lines.append("peak RSS MB per process: " + "; ".join(
+            f"{variant}: " + ", ".join(f"{k} {v:.0f}" for k, v in row["peak_rss_mb"].items())
+            for variant, row in size["rows"].items()))
         lines.append("x pipe: the variant's cycle / the pipeline's (above 1: the pipeline is faster). floor: FLOPs of "
                      "generate + train / matmul peak. The weight sync is in the pipeline's train and in TRL vLLM's "
                      "generate (the JSON has it alone). other: the cycle outside the four phases (the pipeline's "
                      "driver; TRL's batch preparation). tokens: response tokens of a cycle.")
         lines += format_breakdown(size)
+    lines += format_summary(report)
     return "\n".join(lines)
+
+
+def format_summary(report: Dict[str, Any]) -> List[str]:
+    """Issue 58's table: per size, both TRL variants, the pipeline, and the pipeline against TRL's
+    faster variant with the size's goal; the CPU it ran on above it."""
+    if not report["sizes"]:
+        return []
+    lines = ["", f"summary ({format_cpu(report['cpu'])}); cycle medians, seconds",
+             f"{'size':<15}{'TRL-HF':>9}{'TRL-vLLM':>10}{'pipeline':>10}  pipeline / TRL's faster"]
+    for size in report["sizes"]:
+        rows = size["rows"]
+        cells = [fmt(rows[v]["cycle_s"] if v in rows else None, ".3f") for v in ("trl_hf", "trl_vllm", "pipeline")]
+        lines.append(f"{size['size']:<15}{cells[0]:>9}{cells[1]:>10}{cells[2]:>10}  "
+                     f"{format_verdict(size['against_faster_trl'])}")
+    return lines
 
 
 def parse_pipeline_variant(text: str):
@@ -909,7 +1015,9 @@ def parse_pipeline_variant(text: str):
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["builtin", "20m"], choices=sorted(SIZES))
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=["pipeline", *TRL_VARIANTS], choices=VARIANTS,
+                        help="default: the pipeline and both TRL variants (pipeline_trainer: the pipeline with the "
+                             "trainer's old-log-prob pass, on request)")
     parser.add_argument("--reps", type=int, default=5, help="measured cycles per variant")
     parser.add_argument("--warmup", type=int, default=1, help="cycles per variant not counted")
     parser.add_argument("--pipeline-variant", dest="pipeline_variants", action="append", default=[],
@@ -958,7 +1066,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     peak_seconds = 0.2 if args.smoke else 1.0  # the smoke run checks the figures are sane, not their precision
     workdir = tempfile.mkdtemp(prefix="bench_peers_")
     print(f"[bench] work dir {workdir} (TRL logs there)", flush=True)
-    report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg(),
+    print(f"[bench] {format_cpu(read_cpu())}", flush=True)
+    report: Dict[str, Any] = {"reps": args.reps, "warmup": args.warmup, "load_start": os.getloadavg(), "cpu": read_cpu(),
                               "schedule": args.schedule, "dtype": args.dtype,
                               "trl_niceness": args.trl_niceness,
                               "peak_gflops_before": measure_matmul_peak(peak_seconds, dtype=args.dtype), "sizes": []}

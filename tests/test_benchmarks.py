@@ -148,7 +148,7 @@ def test_peers_benchmark_smoke(tmp_path):
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     header = next(line for line in done.stdout.splitlines() if line.startswith("variant"))
     for column in ("cycle", "generate", "score", "old lp", "train", "x pipe", "GFLOP/s", "% peak", "floor",
-                   "/floor", "peak RSS MB per process"):
+                   "/floor", "pipeline / TRL's faster"):
         assert column in header, column
     report = json.loads(out.read_text())
     assert 1 < report["peak_gflops"] < 1e5
@@ -167,9 +167,81 @@ def test_peers_benchmark_smoke(tmp_path):
         assert row["peak_rss_mb"] and all(50 < mb < 20000 for mb in row["peak_rss_mb"].values()), row["peak_rss_mb"]
         assert row["flops"]["total"] > row["flops"]["floor"] if row["old_log_prob_pass"] else True
     assert size["rows"]["pipeline"]["cycle_over_pipeline"] == 1.0
+    assert "peak RSS MB per process: pipeline: driver" in done.stdout
+    assert report["cpu"]["model"] and set(report["cpu"]["flags"]) == {"AVX2", "AVX512F", "AVX512-BF16", "AMX"}
+    assert "[bench] CPU: " in done.stdout and "summary (CPU: " in done.stdout
+    if with_trl:
+        verdict = size["against_faster_trl"]
+        assert verdict["variant"] in ("trl_hf", "trl_vllm") and verdict["ratio"] > 0 and verdict["goal"] is None
     # The micro model's default (seq ratios, fp32, temperature 1): old log-probs from vLLM, no pass.
     assert size["old_logprob_sources"] == {"pipeline": "rollout"}
     assert size["rows"]["pipeline"]["phases_s"]["old_log_probs"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def peers():
+    spec = importlib.util.spec_from_file_location("bench_peers", BENCH.parent / "bench_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # no heavy import at module level
+    return module
+
+
+def test_peers_cpu_flags_from_cpuinfo(peers):
+    """bench_peers names the CPU it ran on: the first model name, the processors counted, and the
+    flags that decide small-model speed read from the first flags line as whole words (avx512f
+    is not avx512_bf16; a flag's prefix is not the flag)."""
+    text = ("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx avx2 fma avx512fx\n\n"
+            "processor\t: 1\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu avx avx2 fma avx512fx\n")
+    cpu = peers.cpu_description(text)
+    assert cpu == {"model": "AMD EPYC 7B13", "cores": 2,
+                   "flags": {"AVX2": True, "AVX512F": False, "AVX512-BF16": False, "AMX": False}}
+    xeon = peers.cpu_description("processor : 0\nmodel name : Intel(R) Xeon(R) Processor\n"
+                                 "flags : avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert xeon["flags"] == {"AVX2": True, "AVX512F": True, "AVX512-BF16": True, "AMX": True}
+    assert peers.format_cpu(cpu) == ("CPU: AMD EPYC 7B13, 2 logical cores; AVX2 yes, AVX512F no, AVX512-BF16 no, "
+                                     "AMX no")
+    assert peers.cpu_description("") == {"model": "unknown", "cores": 0,
+                                         "flags": dict.fromkeys(("AVX2", "AVX512F", "AVX512-BF16", "AMX"), False)}
+
+
+def test_peers_ratio_against_trls_faster_variant_and_goal(peers):
+    """The last column: TRL's faster cycle / the pipeline's, whichever TRL variant is faster, met
+    at exactly the goal, missed below it; no goal, no verdict; no TRL row, no ratio."""
+    def rows(**cycles):
+        return {variant: {"cycle_s": seconds} for variant, seconds in cycles.items()}
+
+    # the issue's 1M row: TRL-HF 0.440, TRL-vLLM 0.709, pipeline 0.487 -> 0.90x, goal 1.0 missed
+    verdict = peers.against_faster_trl(rows(pipeline=0.487, trl_hf=0.440, trl_vllm=0.709), 1.0)
+    assert verdict["variant"] == "trl_hf" and verdict["ratio"] == pytest.approx(0.440 / 0.487)
+    assert verdict["met"] is False
+    assert peers.format_verdict(verdict) == "0.90x trl_hf, goal >= 1x MISSED"
+    verdict = peers.against_faster_trl(rows(pipeline=2.0, trl_hf=9.0, trl_vllm=3.0), 1.5)
+    assert (verdict["variant"], verdict["ratio"], verdict["met"]) == ("trl_vllm", 1.5, True)
+    assert peers.format_verdict(verdict) == "1.50x trl_vllm, goal >= 1.5x met"
+    verdict = peers.against_faster_trl(rows(pipeline=2.0, trl_hf=2.6), None)
+    assert verdict["met"] is None and peers.format_verdict(verdict) == "1.30x trl_hf"
+    verdict = peers.against_faster_trl(rows(pipeline=2.0), 1.3)
+    assert verdict["ratio"] is None and peers.format_verdict(verdict) == "-"
+    # another pipeline row is compared the same way
+    verdict = peers.against_faster_trl(rows(pipeline=2.0, pipeline_x=1.0, trl_hf=2.6), 1.3, "pipeline_x")
+    assert verdict["ratio"] == pytest.approx(2.6) and verdict["met"]
+    # the goals the issue sets, on the sizes it names
+    assert {name: size.get("goal") for name, size in peers.SIZES.items() if size.get("goal")} == {
+        "builtin": 1.0, "20m": 1.3, "smollm2": 1.5, "smollm2-32": 1.5}
+    assert peers.parse_args([]).variants == ["pipeline", "trl_hf", "trl_vllm"]
+
+
+def test_peers_summary_table_names_the_cpu_and_each_sizes_verdict(peers):
+    report = {"cpu": peers.cpu_description("model name : Xeon\nflags : avx2\n"), "sizes": []}
+    for name, cycles in (("builtin", {"pipeline": 0.487, "trl_hf": 0.440, "trl_vllm": 0.709}),
+                         ("20m", {"pipeline": 8.28, "trl_hf": 10.97})):
+        rows = {v: {"cycle_s": c} for v, c in cycles.items()}
+        report["sizes"].append({"size": name, "rows": rows,
+                                "against_faster_trl": peers.against_faster_trl(rows, peers.SIZES[name]["goal"])})
+    lines = peers.format_summary(report)
+    assert "CPU: Xeon, 0 logical cores; AVX2 yes, AVX512F no" in lines[1]
+    assert lines[3].split() == ["builtin", "0.440", "0.709", "0.487", "0.90x", "trl_hf,", "goal", ">=", "1x", "MISSED"]
+    assert lines[4].split() == ["20m", "10.970", "-", "8.280", "1.32x", "trl_hf,", "goal", ">=", "1.3x", "met"]
 
 
 def test_scaling_table_puts_each_step_beside_its_flop_floor():
