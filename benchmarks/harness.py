@@ -38,6 +38,24 @@ def median(values: Iterable[Optional[float]]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
+def mean_finite(values: Iterable[Optional[float]]) -> float:
+    """Mean of the finite values, NaN when there are none (a table cell then reads n/a)."""
+    values = finite(values)
+    return sum(values) / len(values) if values else float("nan")
+
+
+def stdev_finite(values: Iterable[Optional[float]]) -> float:
+    """Sample standard deviation of the finite values, 0.0 with fewer than two."""
+    values = finite(values)
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def validation_tasks(records: Iterable[Mapping[str, Any]]) -> List[str]:
+    """The tasks (reward domains) a run validated on: every `val/<task>/accuracy` key, sorted."""
+    return sorted({k.split("/")[1] for r in records for k in r
+                   if k.startswith("val/") and k.endswith("/accuracy") and k.count("/") == 2})
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory (Linux ru_maxrss is in KB)."""
     import resource
@@ -117,6 +135,18 @@ def build_overrides(model: str, output_dir: str, total_steps: int, extra: Sequen
     # No evaluation or checkpoints: they are not part of a step's cost.
     return [f"pretrain={model}", "eval_steps=0", "save_steps=0", f"output_dir={output_dir}",
             f"max_steps={total_steps}", *extra]
+
+
+def run_rlvr_in_process(config: str, overrides: Sequence[str], output_dir: str) -> List[Dict[str, Any]]:
+    """Run an RLVR pipeline in this process (its Ray: the caller's, when one is started) with
+    `overrides` and output_dir; its metrics.jsonl records, one per step."""
+    from roll_gspo.config import load_config
+
+    from pipelines.rlvr_pipeline import run_rlvr
+
+    run_rlvr(load_config(config, [*overrides, f"output_dir={output_dir}"]))
+    with open(os.path.join(output_dir, "metrics.jsonl")) as handle:
+        return [json.loads(line) for line in handle]
 
 
 def required_cpus(cfg) -> float:
