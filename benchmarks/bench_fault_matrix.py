@@ -340,7 +340,7 @@ def failures(result: Dict[str, Any]) -> List[str]:
     return bad
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="examples/example_gspo.yaml")
     parser.add_argument("--model", default=None, help="pretrain override (a model folder or builtin:NAME)")
@@ -364,7 +364,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--folder", default=None, help="where the runs go (default: a temporary folder, kept)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None, metavar="JSON", help="print a saved matrix's table and exit")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parser().parse_args(argv)
     if args.markdown:
         with open(args.markdown) as handle:
             saved = json.load(handle)

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 from roll_gspo.config import RunPlan
 from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.cluster import Cluster, init_ray, worker_env
-from roll_gspo.distributed.fault_tolerance import RestartBudget, replaceable_rollout
+from roll_gspo.distributed.fault_tolerance import PhaseDeadline, RestartBudget, replaceable_rollout
 from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.placement.device_mapping import GpuPlacement, plan_for_roles, resource_totals, reward_roles
 from roll_gspo.utils.imports import import_object
@@ -151,4 +151,9 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
         for c, refs in calls:
             c.gather(refs)  # a rank that dies meanwhile: one line naming it (a rollout rank: replaced)
     logger.info("workers ready in %.1f s", time.perf_counter() - start)
+    fault = cfg.fault_tolerance  # a rank that stops answering is reported hung at a bound from the run's timing
+    for waited in (actor_train, actor_infer, reference, teacher, critic):
+        if waited is not None and not isinstance(waited, ReplaceableCluster):  # replaceable: its own probes
+            waited.bound_waits(PhaseDeadline(fault.phase_timeout_factor, fault.phase_timeout_floor_s,
+                                             max(fault.phase_timeout_floor_s, fault.hang_timeout_s)))
     return RunClusters(placement, actor_train, actor_infer, reference, rewards, critic, teacher=teacher)

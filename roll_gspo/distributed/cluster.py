@@ -11,13 +11,15 @@ import os
 import socket
 import weakref
 from concurrent.futures import Future
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_gspo.distributed.batch import Batch
+from roll_gspo.distributed.fault_tolerance import HangWatch, PhaseDeadline, hung_message, probe_interval_s
+from roll_gspo.lifecycle.graceful_stop import resume_command
 from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.utils.imports import lighter_imports
 from roll_gspo.utils.logging import (LOG_DIR_ENV, capture_output, configure_vllm_logging, keep_logs_in_file,
@@ -47,7 +49,10 @@ def worker_env(cfg: PipelineConfig, role: Optional[RoleConfig] = None) -> Dict[s
         # `auto` depends on the policy's size (PipelineConfig.policy_parameters reads its config.json)
         parameters = cfg.policy_parameters() if cfg.memory_allocator == "auto" else None
         allocator = allocator_env(cfg.memory_allocator, on_gpu, parameters=parameters)
-    return {**allocator, **cfg.system_envs, **(getattr(role, "system_envs", None) or {})}
+    from roll_gspo.distributed.fault_tolerance import COLLECTIVE_TIMEOUT_ENV
+
+    collective = {COLLECTIVE_TIMEOUT_ENV: f"{cfg.fault_tolerance.collective_timeout_s:g}"} if role is not None else {}
+    return {**allocator, **collective, **cfg.system_envs, **(getattr(role, "system_envs", None) or {})}
 
 
 def free_port() -> int:
@@ -134,6 +139,11 @@ def _log_dir_env() -> Dict[str, str]:
 
 class WorkerDiedError(RuntimeError):
     """A rank's process died (killed, out of memory, a crash in native code)."""
+
+
+class WorkerHungError(WorkerDiedError):
+    """A rank's process is alive but does not answer (SIGSTOP, a native hang holding the GIL): the
+    driver stops the run as for a death (`auto_resume_on_failure` applies)."""
 
 
 class RestartsExhaustedError(WorkerDiedError):
@@ -300,6 +310,10 @@ class Cluster:
                 rendezvous = worker.rendezvous_address.remote()
             self.workers.append(worker)
         self._rendezvous = rendezvous  # held: a restarted rank > 0 reads it again
+        # Bounded waits (`bound_waits`): each call's method, rank and send time, and the probe ranks answer.
+        self.deadlines: Optional[PhaseDeadline] = None
+        self._sent: Dict[Any, Tuple[str, int, float]] = {}
+        self._probe_method = next((m for m in ("alive", "health") if hasattr(worker_cls, m)), None)
         # Where each rank lives, asked now so that a rank's death can be reported with it.
         self._whereabouts = [w.whereabouts.remote() for w in self.workers]
         _CLUSTERS.add(self)
@@ -321,17 +335,83 @@ class Cluster:
         """Call `method` on every rank with the same arguments; return the per-rank results."""
         return self.gather(self.execute_all_async(method, *args, **kwargs))
 
+    def bound_waits(self, deadlines: PhaseDeadline) -> None:
+        """From now on `gather` probes the ranks it waits for and stops the run when one does not
+        answer within `deadlines`' bound of the call (ranks with an `alive` or `health` method)."""
+        self.deadlines = deadlines if self._probe_method else None
+
     def gather(self, refs: List[ray.ObjectRef]) -> List[Any]:
         """Results of per-rank calls, failing fast: when one rank raises, its peers may be blocked
-        in a collective waiting for it, so they are stopped and the rank's error is raised."""
+        in a collective waiting for it, so they are stopped and the rank's error is raised. With
+        `bound_waits`, a rank that stops answering is reported hung (`WorkerHungError`) at the bound."""
+        import time
+
+        sent = [self._sent.pop(ref, None) for ref in refs]
+        calls = {call for call in sent if call is not None}
+        bound = self.deadlines.bound(sent[0][0]) if self.deadlines and sent and None not in sent else None
+        watches: Dict[int, Any] = {}
+        probes: Dict[int, ray.ObjectRef] = {}
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=None if bound is None else probe_interval_s(bound[0]))
+            if not ready:
+                self._check_answers([sent[list(refs).index(ref)] for ref in pending], bound, watches, probes)
+                continue
             try:
                 ray.get(ready[0])
             except Exception as exc:
                 self.fail(list(refs).index(ready[0]), exc)
+        if self.deadlines is not None and len({call[0] for call in calls}) == 1:
+            first = min(call[2] for call in calls)
+            self.deadlines.record(sent[0][0], time.monotonic() - first)
         return ray.get(list(refs))
+
+    def _check_answers(self, waiting: List[Any], bound, watches: Dict[int, Any], probes: Dict[int, Any]) -> None:
+        """Probe each rank of `waiting` ((method, rank, sent at) of the calls not answered yet); stop
+        the run naming the ranks whose probe went unanswered for the bound."""
+        import time
+
+        seconds, how = bound
+        now = time.monotonic()
+        for method, rank, sent_at in waiting:
+            watch = watches.setdefault(rank, HangWatch(seconds, started=sent_at))
+            probe = probes.get(rank)
+            if probe is not None and ray.wait([probe], timeout=0)[0]:
+                watch.answered(now, 0, 0)
+                probes.pop(rank)
+            if rank not in probes:
+                probes[rank] = getattr(self.workers[rank], self._probe_method).remote()
+                watch.probe_sent(now)
+        hung = [(rank, watch) for rank, watch in sorted(watches.items()) if watch.verdict(now)]
+        if not hung:
+            return
+        method, started = waiting[0][0], min(call[2] for call in waiting)
+        answering = [f"rank {rank}" for rank in range(self.world_size) if rank not in dict(hung)]  # or done
+        rank, watch = hung[0]
+        node, pid = self.where(rank)
+        who = f"role {self.name} rank {rank} (node {node}, pid {pid})"
+        others = [f"rank {other}" for other, _ in hung[1:]]
+        message = hung_message(who + (f" (and {', '.join(others)})" if others else ""), method, now - started,
+                               now - (watch.probe_at or now), how, answering)
+        output = self.output_of(rank)
+        self._kill_stopped([r for r, _ in hung])
+        self.shutdown()
+        raise WorkerHungError(f"{message}. " + (f"Its output: {output}. " if output else "")
+                              + f"The run stops; its last complete checkpoint is intact. Resume with: {resume_command()}")
+
+    def _kill_stopped(self, ranks: List[int]) -> None:
+        """kill -9 the hung ranks on this node (a stopped process may never serve Ray's kill request)."""
+        import signal
+
+        here = node_address()
+        for rank in ranks:
+            node, pid = self.where(rank)
+            if node == here and pid != "unknown":
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
 
     def fail(self, rank: int, exc: BaseException):
         """Stop every rank and raise what `rank`'s failed call says: a WorkerDiedError in one line
@@ -365,7 +445,7 @@ class Cluster:
         """`role <name> rank <r> (node, pid) died: <reason>. [note. ]Its output: <log file>. The run stops; ...`"""
         return (f"{self.death_line(rank, exc)}. " + (f"{note}. " if note else "")
                 + (f"Its output: {self.output_of(rank)}. " if self.output_of(rank) else "")
-                + "The run stops; its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
+                + f"The run stops; its last complete checkpoint is intact. Resume with: {resume_command()}")
 
     def where(self, rank: int):
         """(node, pid) of `rank`, ("unknown", "unknown") when it died before it could answer."""
@@ -387,11 +467,20 @@ class Cluster:
         return f"{output} (on node {node})" if output and node != "unknown" else output
 
     def execute_all_async(self, method: str, *args, **kwargs) -> List[ray.ObjectRef]:
-        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return [self._sending(rank, method, getattr(w, method).remote(*args, **kwargs))
+                for rank, w in enumerate(self.workers)]
+
+    def _sending(self, rank: int, method: str, ref: ray.ObjectRef) -> ray.ObjectRef:
+        """`ref`, remembered with its method, rank and send time for `gather`'s bounded wait."""
+        import time
+
+        if self.deadlines is not None:
+            self._sent[ref] = (method, rank, time.monotonic())
+        return ref
 
     def call_async(self, rank: int, method: str, *args, **kwargs) -> ray.ObjectRef:
         """`method(*args, **kwargs)` on one rank; its ref, for `gather`."""
-        return getattr(self.workers[rank], method).remote(*args, **kwargs)
+        return self._sending(rank, method, getattr(self.workers[rank], method).remote(*args, **kwargs))
 
     def submit(self, rank: int, method: str, *args, **kwargs) -> "Future[Any]":
         """`method(*args, **kwargs)` on one rank, its result in a future awaited on its own (one
@@ -407,8 +496,8 @@ class Cluster:
     def dispatch_async(self, method: str, batch: Batch, skip_empty: bool = False, **kwargs) -> List[ray.ObjectRef]:
         """`dispatch` without waiting: the per-rank calls, for `collect`."""
         shards = batch.chunk(self.world_size)
-        return [getattr(w, method).remote(s, **kwargs) for w, s in zip(self.workers, shards)
-                if len(s) or not skip_empty]
+        return [self._sending(rank, method, getattr(w, method).remote(s, **kwargs))
+                for rank, (w, s) in enumerate(zip(self.workers, shards)) if len(s) or not skip_empty]
 
     def collect(self, refs: List[ray.ObjectRef]) -> Any:
         """Results of `dispatch_async`, as `dispatch` returns them."""
@@ -480,6 +569,17 @@ def _trace_public_methods(cls) -> None:
         if (not name.startswith("_") and inspect.isfunction(value) and not inspect.iscoroutinefunction(value)
                 and not inspect.isgeneratorfunction(value)):
             setattr(cls, name, _traced(value))
+
+
+class HealthProbed:
+    """A rank that answers `alive` on a thread of its own beside a running call: `Cluster.gather`
+    tells a stopped or hung rank (no answer) from one working or waiting in a collective (answers)."""
+
+    ray_concurrency_groups = {"health": 1}
+
+    @ray.method(concurrency_group="health")
+    def alive(self) -> int:
+        return os.getpid()
 
 
 class RankWorker:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from roll_gspo.schema.config import PipelineConfig
@@ -119,3 +120,70 @@ def auto_resume_checkpoint(resumable: bool, used: int, limit: int, checkpoints: 
     if not resumable or used >= limit or not checkpoints:
         return None
     return checkpoints[-1]
+
+
+# The phase each rank call belongs to, for the one line that reports a rank hung in it.
+PHASE_OF_CALL = {"generate": "generate", "advance": "generate", "generate_turns": "generate",
+                 "compute_scores": "reward", "compute_log_probs": "log-probs", "compute_values": "log-probs",
+                 "train_step": "train", "sync_weights_to": "weight sync", "load_weight_bucket": "weight sync",
+                 "save_checkpoint": "checkpoint write", "load_checkpoint": "checkpoint load", "setup": "setup"}
+UNBOUNDED_CALLS = frozenset({"setup"})  # a rank's actor may still be starting: Ray's placement timeout bounds it
+
+
+def phase_of(call: str) -> str:
+    """`train (train_step)` for a rank's method name; the name alone when it is no known phase."""
+    phase = PHASE_OF_CALL.get(call)
+    return f"{phase} ({call})" if phase and phase != call else call
+
+
+class PhaseDeadline:
+    """How long the driver waits on a call to ranks that cannot be replaced (training, reference,
+    critic) before a rank that does not answer a health probe is hung: max(`floor_s`, `factor` x
+    the median of the same call's earlier durations in this run), `first_s` for a call not timed
+    yet; none for `UNBOUNDED_CALLS`. A rank that answers is waiting or working, never hung."""
+
+    KEEP = 50  # durations kept per call
+
+    def __init__(self, factor: float, floor_s: float, first_s: float):
+        self.factor, self.floor_s, self.first_s = factor, floor_s, first_s
+        self.durations: Dict[str, List[float]] = {}
+
+    def record(self, call: str, seconds: float) -> None:
+        kept = self.durations.setdefault(call, [])
+        kept.append(seconds)
+        del kept[:-self.KEEP]
+
+    def bound(self, call: str) -> Optional[Tuple[float, str]]:
+        """(seconds, how they were derived) for `call`, None when it is not bounded."""
+        if call in UNBOUNDED_CALLS:
+            return None
+        earlier = self.durations.get(call, [])
+        if not earlier:
+            return self.first_s, (f"{self.first_s:g} s (max of fault_tolerance.phase_timeout_floor_s and "
+                                  f"hang_timeout_s: no earlier {call} to time)")
+        median = statistics.median(earlier)
+        seconds = max(self.floor_s, self.factor * median)
+        return seconds, (f"{seconds:.3g} s = max(fault_tolerance.phase_timeout_floor_s = {self.floor_s:g}, "
+                         f"phase_timeout_factor = {self.factor:g} x the median {call} of this run, {median:.3g} s)")
+
+
+def hung_message(who: str, call: str, waited_s: float, silent_s: float, how: str, answering: Sequence[str]) -> str:
+    """The first part of the line that reports a rank stopped or hung (the cluster adds its output
+    file and the resume command)."""
+    peers = (f"; {', '.join(answering)} answer{'s' if len(answering) == 1 else ''} (waiting for it)"
+             if answering else "")
+    return (f"{who} is unresponsive (stopped or hung, not dead): it did not answer a health probe for "
+            f"{silent_s:.0f} s while its role ran {phase_of(call)} for {waited_s:.0f} s; the bound: {how}{peers}")
+
+
+COLLECTIVE_TIMEOUT_ENV = "ROLL_GSPO_COLLECTIVE_TIMEOUT_S"
+
+
+def collective_timeout():
+    """The training ranks' process-group timeout (`fault_tolerance.collective_timeout_s`, passed in
+    the ranks' environment), a timedelta; torch's default (30 min) where it is not set."""
+    import datetime
+    import os
+
+    seconds = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
+    return datetime.timedelta(seconds=float(seconds) if seconds else 1800.0)

@@ -647,6 +647,18 @@ class FaultToleranceConfig(SchemaBlock):
         1800.0, "A reward worker's call (one shard of a step's responses) running longer than this is a hung "
                 "worker: it is killed, restarted, and its shard scored again (within `max_restarts`). Set it "
                 "above the slowest honest shard (a per-response `timeout_s` bounds rule rewards already).")
+    phase_timeout_factor: float = _f(
+        10.0, "A training, reference or critic rank that does not answer a health probe for max("
+              "`phase_timeout_floor_s`, this x the median time of the same call in this run) is stopped or hung: the"
+              " run stops naming it, its phase and the resume command "
+              "([crash_safety.md](crash_safety.md#the-fault-matrix)). A call not timed yet: `hang_timeout_s`.")
+    phase_timeout_floor_s: float = _f(
+        60.0, "The least a training, reference or critic rank's silence is allowed before it is called hung "
+              "(see `phase_timeout_factor`): above one GIL-holding native call and a loaded machine's pauses.")
+    collective_timeout_s: float = _f(
+        600.0, "Training ranks' process-group (gloo/NCCL) timeout, torch's default being 30 min: a collective "
+               "waiting this long on a peer raises, naming it. The driver's probe (`phase_timeout_factor`) "
+               "usually stops the run first; keep this above the slowest honest collective.")
     auto_resume_on_failure: int = _f(
         0, "How many times `run_pipeline.py` resumes from the last complete checkpoint, in the same process, when a"
            " rank that cannot be replaced mid-step (training, reference, critic) dies; 0 stops the run "

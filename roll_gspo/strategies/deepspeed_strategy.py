@@ -102,13 +102,15 @@ class DeepSpeedStrategy(TrainEngineStrategy):
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
+        from roll_gspo.distributed.fault_tolerance import collective_timeout
+
         self.role = role
         self.train = train
         on_cpu = get_accelerator().device_name() == "cpu"
         if on_cpu:
             _skip_shm_comm_build()
             use_cpu_threads()
-        deepspeed.init_distributed(dist_backend="gloo" if on_cpu else "nccl")
+        deepspeed.init_distributed(dist_backend="gloo" if on_cpu else "nccl", timeout=collective_timeout())
         self.world_size = torch.distributed.get_world_size()
         self.rank = torch.distributed.get_rank()
         self.device = torch.device(get_accelerator().device_name(0) if not on_cpu else "cpu")

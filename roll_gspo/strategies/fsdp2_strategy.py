@@ -40,11 +40,13 @@ class FSDP2Strategy(TrainEngineStrategy):
                  offload: bool = False, value_model: bool = False):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
+        from roll_gspo.distributed.fault_tolerance import collective_timeout
+
         self.role, self.train = role, train
         self.options = parse_fsdp2_config(role.strategy_args.strategy_config)
         on_gpu = torch.cuda.is_available()
         if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if on_gpu else "gloo")
+            torch.distributed.init_process_group("nccl" if on_gpu else "gloo", timeout=collective_timeout())
         if on_gpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         else:

@@ -21,7 +21,7 @@ from roll_gspo.placement.colocation import memory_gb
 from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.batch_fields import RESPONSE_RATIOS
-from roll_gspo.distributed.cluster import RankWorker
+from roll_gspo.distributed.cluster import HealthProbed, RankWorker
 from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, role_micro_batches, scatter_rows, take
 from roll_gspo.models.causal_lm import (num_micro_batches, padding_pass, padding_passes,
     response_token_log_probs, score_micro_batches)
@@ -64,7 +64,7 @@ def kept_loss_mask(batch: Batch) -> torch.Tensor:
     return kept_mask(mask, batch["rollout_is_keep"]) if "rollout_is_keep" in batch else mask
 
 
-class ActorTrainWorker(RankWorker):
+class ActorTrainWorker(HealthProbed, RankWorker):
     correction: Optional[Dict[str, Any]] = None  # train_infer_correction's keywords (set in __init__ when on)
 
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any], total_optimizer_steps: int,

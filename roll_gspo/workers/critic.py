@@ -15,7 +15,7 @@ import torch
 from roll_gspo.algorithms.gae import value_loss
 from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.cluster import RankWorker
+from roll_gspo.distributed.cluster import HealthProbed, RankWorker
 from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, role_micro_batches, scatter_rows, take
 from roll_gspo.lifecycle.seeding import trainer_seed
 from roll_gspo.models.value_model import response_values, value_padding_pass
@@ -32,7 +32,7 @@ def batch_values(engine, batch: Batch) -> torch.Tensor:
                            batch["response_mask"].shape[1])
 
 
-class CriticWorker(RankWorker):
+class CriticWorker(HealthProbed, RankWorker):
     def __init__(self, cfg: PipelineConfig, *, dist_env: Dict[str, Any], total_optimizer_steps: int):
         super().__init__(dist_env)
         self.cfg = cfg

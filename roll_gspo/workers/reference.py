@@ -8,12 +8,12 @@ import torch
 
 from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.cluster import RankWorker
+from roll_gspo.distributed.cluster import HealthProbed, RankWorker
 from roll_gspo.distributed.micro_batching import role_micro_batches
 from roll_gspo.models.causal_lm import score_micro_batches
 
 
-class ReferenceWorker(RankWorker):
+class ReferenceWorker(HealthProbed, RankWorker):
     ROLE = "reference"  # the config block the rank loads (the teacher role reuses this worker)
     OUTPUT = "ref_log_probs"  # the batch field its pass fills
 

@@ -12,20 +12,24 @@ from roll_gspo.schema.config import PipelineConfig
 KEY = "fault_tolerance"
 
 
-@check("check", keys=(f"{KEY}.max_restarts", f"{KEY}.hang_timeout_s", f"{KEY}.reward_timeout_s",
-                      f"{KEY}.auto_resume_on_failure"),
-       doc="`fault_tolerance`: `max_restarts` or `auto_resume_on_failure` not an integer >= 0; `hang_timeout_s` or "
-           "`reward_timeout_s` not > 0", name="fault_tolerance.ranges")
+SECONDS = ("hang_timeout_s", "reward_timeout_s", "phase_timeout_factor", "phase_timeout_floor_s", "collective_timeout_s")
+
+
+@check("check", keys=(f"{KEY}.max_restarts", *(f"{KEY}.{name}" for name in SECONDS), f"{KEY}.auto_resume_on_failure"),
+       doc="`fault_tolerance`: `max_restarts` or `auto_resume_on_failure` not an integer >= 0; `hang_timeout_s`, "
+           "`reward_timeout_s`, `phase_timeout_factor`, `phase_timeout_floor_s` or `collective_timeout_s` not > 0",
+       name="fault_tolerance.ranges")
 def _ranges(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     fault, problems = cfg.fault_tolerance, []
     for name in ("max_restarts", "auto_resume_on_failure"):
         value = getattr(fault, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             problems.append(error(f"{KEY}.{name}", f"{KEY}.{name} = {value!r} is refused: an integer >= 0"))
-    for name in ("hang_timeout_s", "reward_timeout_s"):
+    for name in SECONDS:
         value = getattr(fault, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            problems.append(error(f"{KEY}.{name}", f"{KEY}.{name} = {value!r} is refused: seconds > 0"))
+            what = "a number > 0" if name == "phase_timeout_factor" else "seconds > 0"
+            problems.append(error(f"{KEY}.{name}", f"{KEY}.{name} = {value!r} is refused: {what}"))
     return problems
 
 
