@@ -35,6 +35,7 @@ from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.checkpoint import resolve_resume
 from roll_gspo.lifecycle.reshape import ResumeAction, prepare_resume, resume_actions
 from roll_gspo.lifecycle.graceful_stop import GracefulStop
+from roll_gspo.metrics.drift import TRAINER_GAPS
 from roll_gspo.metrics.recorder import MetricsTracker, plot_metrics
 from roll_gspo.metrics.rollouts import RolloutWriter
 from roll_gspo.metrics.stalls import StallWatch
@@ -46,6 +47,7 @@ from pipelines.checkpoint import (announce_stop, checkpoint_due, load_buffered, 
     resumed_old_logprobs, save_final_model, write_checkpoint)
 from pipelines.common import prepare_models, progress_bar, timed
 from pipelines.critic import actor_trains, collect_values, critic_view, start_values
+from pipelines.drift_watch import DriftWatch
 from pipelines.endpoint import start_endpoint, stop_endpoint
 from pipelines.rollout_buffer import RolloutBuffer
 from pipelines.rollout_records import train_records
@@ -71,6 +73,8 @@ class TrainerLoop:
         self.buffer = RolloutBuffer(self.source, self.plan.rollout_depth, last_step=cfg.max_steps)
         self.response_ratios: Dict[int, tuple] = {}  # the last train call's {row: (ratio, clipped)}
         self.stalls = StallWatch()  # a phase far above its median, throughput collapsing: one line each
+        self.drift = DriftWatch(self.plan.drift, checkpoint_base(cfg))  # the trainer-vs-engine gap, judged each step
+        self.trainer_gaps: Dict[int, object] = {}  # the last train call's {row: per-token gaps}
         self.rollout_files = RolloutWriter(cfg.rollout_dump_dir if cfg.rollout_dump_samples else None,
                                            cfg.validation_data_dir)
         self.start_step = self.trained_step = 0  # trained_step: the step of the trainer's weights
@@ -168,6 +172,7 @@ class TrainerLoop:
         with timed(timings, "advantages"):
             batch["advantages"], adv_metrics = self.source.advantages(batch)
         train_metrics, sync_metrics = self._train_and_sync(step, batch, timings)
+        metrics.update(self.drift.observe(step, batch, self.trainer_gaps))  # one line per breach, drift/*
         with timed(timings, "record"):  # the rollout file: what the model said (docs/rollouts.md)
             record_metrics = self.rollout_files.write("train", step, train_records(
                 batch, step, self.cfg.rollout_dump_samples, self.cfg.num_return_sequences_in_group,
@@ -229,6 +234,7 @@ class TrainerLoop:
         lost = per_rank[0].pop(RECEIVER_LOST, None) if per_rank else None
         self.response_ratios = {row: figures for rank in per_rank or () for row, figures
                                 in rank.pop(RESPONSE_RATIOS, {}).items()}
+        self.trainer_gaps = {row: gaps for rank in per_rank or () for row, gaps in rank.pop(TRAINER_GAPS, {}).items()}
         train_metrics, sync_metrics = _split_sync_metrics(per_rank) if per_rank else ({}, {})
         if sync_in_train:
             if lost is None:
@@ -408,6 +414,7 @@ class TrainerLoop:
                         last = metrics
                         if checkpoint_due(cfg, step, stop):
                             folder = self.save_checkpoint(step)
+                        self.drift.stop_if_breached(step, self._write_report)  # the stop gap: DriftStop
                         if stop.requested and step < cfg.max_steps:
                             self.stopped_by = stop.requested
                             announce_stop(stop.requested, step, cfg.max_steps, folder)

@@ -665,6 +665,20 @@ class FaultToleranceConfig(SchemaBlock):
            "([crash_safety.md](crash_safety.md#when-a-process-dies)).")
 
 
+@dataclass
+class DriftAlarmConfig(SchemaBlock):
+    enabled: bool = _f(True, "Watch the trainer-vs-engine log-prob gap every step, per task, turn and staleness lag "
+                             "(`drift/*` metrics); a breach prints one line ([algorithm.md](algorithm.md#the-drift-alarm)).")
+    warn_gap: Optional[float] = _f(
+        None, "Mean per-token |trainer - engine| log-prob gap above which a step prints a warning line. Null: by the run's "
+              "precision, 1e-3 in fp32 on both sides, 0.1 otherwise ([algorithm.md](algorithm.md#the-drift-alarm)).")
+    stop_gap: Optional[float] = _f(
+        None, "The gap above which the run stops (non-zero exit) after the step's checkpoint policy; `.inf` (an "
+              "override: `inf`) never. "
+              "Null: 0.05 in fp32, 0.5 otherwise, never where the sampling keys make the engine report another "
+              "quantity ([algorithm.md](algorithm.md#the-drift-alarm)).")
+
+
 # --------------------------------------------------------------------------------------------
 # The agentic pipeline (`pipeline: agentic`): environments, env managers, trajectory rewards
 # --------------------------------------------------------------------------------------------
@@ -925,6 +939,9 @@ class PipelineConfig(SchemaBlock):
     fault_tolerance: FaultToleranceConfig = _sub(
         FaultToleranceConfig, "Replacing rollout ranks and reward workers that die or hang, and resuming "
                               "automatically after a training rank died ([crash_safety.md](crash_safety.md)).")
+    drift_alarm: DriftAlarmConfig = _sub(
+        DriftAlarmConfig, "The train-inference drift alarm: the trainer-vs-engine log-prob gap judged every step "
+                          "against warn and stop thresholds ([algorithm.md](algorithm.md#the-drift-alarm)).")
     system_envs: Dict[str, str] = _f(
         {}, "Environment variables set in every worker (all roles, rewards included) before it "
             "builds anything; a role's own `system_envs` wins. The driver keeps its environment. "

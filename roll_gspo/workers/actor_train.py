@@ -26,6 +26,7 @@ from roll_gspo.distributed.micro_batching import MicroBatch, ppo_mini_batches, r
 from roll_gspo.models.causal_lm import (num_micro_batches, padding_pass, padding_passes,
     response_token_log_probs, score_micro_batches)
 from roll_gspo.lifecycle.seeding import trainer_seed
+from roll_gspo.metrics.drift import TRAINER_GAPS
 from roll_gspo.strategies import engine_class
 from roll_gspo.sync.broadcast import RECEIVER_LOST, WeightSender, broadcast_weights, receiver_lost
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
@@ -155,6 +156,7 @@ class ActorTrainWorker(HealthProbed, RankWorker):
         cfg = self.cfg
         metrics = SplitInvariantMetrics()
         self._response_ratios: Dict[int, Tuple[float, float]] = {}  # row_index -> (ratio, clipped) when first trained
+        self._response_gaps: Dict[int, torch.Tensor] = {}  # row_index -> per-token |trainer - rollout| before any update
         self.strategy.offloader.reload()
         # Mini-batch order and the torch RNG (dropout) are functions of the optimizer step, which
         # checkpoints restore, so a resumed run draws what an uninterrupted one does.
@@ -167,6 +169,8 @@ class ActorTrainWorker(HealthProbed, RankWorker):
         result = metrics.reduce(self.strategy.all_reduce_sum)
         if self._response_ratios:  # the driver sent row_index: it pops these for the rollout files
             result[RESPONSE_RATIOS] = self._response_ratios
+        if self._response_gaps:  # the drift alarm's per-token gaps (roll_gspo.metrics.drift), popped by the driver
+            result[TRAINER_GAPS] = self._response_gaps
         if self.moe is not None and "routed_experts" in batch:
             result.update(self._moe_step_metrics(batch))
         memory = self._offload_optimizer_side() if self.offload else {}
@@ -300,6 +304,9 @@ class ActorTrainWorker(HealthProbed, RankWorker):
             # Trainer vs rollout engine on the same, not yet updated, policy.
             gap = (log_probs.detach() - micro["rollout_log_probs"]).abs()
             micro_metrics["rollout/logprob_gap"] = float((gap * full_mask).sum() / max(float(full_mask.sum()), 1.0))
+            if "row_index" in micro:  # each response's gaps on its generated tokens (0 elsewhere), for the drift alarm
+                for row, gaps in zip(micro["row_index"].tolist(), (gap * (full_mask > 0)).float()):
+                    self._response_gaps[int(row)] = gaps.clone()  # its own storage: the row alone is sent
             if "token_lags" in micro:  # a staleness bound k >= 2: the gap per lag (trainer - token version)
                 for lag in range(self.plan.staleness_bound + 1):  # every lag on every rank: same keys
                     own = full_mask * (micro["token_lags"] == lag)

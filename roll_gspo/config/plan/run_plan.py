@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from roll_gspo.config.plan.async_mode import generates_ahead, staleness_bound
+from roll_gspo.config.plan.drift_alarm import drift_thresholds
 from roll_gspo.config.plan.model_shape import policy_shape
 from roll_gspo.config.plan.policy_loss import describe_policy_loss
 from roll_gspo.config.plan.rollout_logprobs import OldLogprobChoice, choose_old_logprob_source
 from roll_gspo.placement.cluster_plan import ClusterSpec, gpu_roles, plan_cluster
 from roll_gspo.placement.colocation import colocation, offload_between_phases, offload_reason, sleep_level
 from roll_gspo.placement.device_mapping import reward_roles
+from roll_gspo.metrics.drift import DriftThresholds
 from roll_gspo.placement.memory import ModelShape
 from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.schema.frozen import freeze, is_frozen
@@ -72,6 +74,7 @@ class RunPlan:
     # (the pooled sources' partial rollouts; None for 0 and 1).
     rollout_depth: int = 0
     staleness_bound: Optional[int] = None
+    drift: Optional[DriftThresholds] = None  # the drift alarm's warn and stop gaps; None: no alarm
 
     def role(self, name: str) -> RolePlan:
         for role in self.roles:
@@ -98,6 +101,9 @@ class RunPlan:
         if self.old_logprobs is not None:
             out.append(f"  old log-probs: {self.old_logprobs.source} ({self.old_logprobs.reason})")
         out.append(f"  reference log-probs: {_REFERENCE_TEXT[self.reference]}")
+        if self.drift is not None:
+            out.append(f"  drift alarm: warn above a log-prob gap of {self.drift.warn:g}, stop above "
+                       f"{self.drift.stop:g} ({self.drift.basis})")
         out.append(f"  critic: {'yes (adv_estimator gae)' if self.critic else 'none'}")
         return out
 
@@ -179,6 +185,7 @@ def build_run_plan(cfg: PipelineConfig, model_is_moe: Optional[bool] = None,
         policy_loss=describe_policy_loss(cfg) if rollout else None,
         rollout_depth=int(rollout and generates_ahead(cfg)),
         staleness_bound=staleness_bound(cfg) if rollout else None,
+        drift=drift_thresholds(cfg),
     )
 
 
