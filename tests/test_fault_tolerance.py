@@ -202,7 +202,7 @@ def test_a_killed_or_frozen_rank_is_replaced_and_its_calls_answered(ray_session,
             cluster.gather([frozen])
         message = str(error.value)
         assert replaced_pid not in old
-        assert message.startswith("role test_rollout rank 1 (node ") and " died: stopped answering: it held 1 " \
+        assert message.startswith("role test_rollout rank 1 (node ") and " is unresponsive (not dead): stopped answering: it held 1 " \
             "requests while its engine took no step" in message
         assert "It was replaced 2 times already in this run (fault_tolerance.max_restarts = 2)" in message
         assert "The run stops; its last complete checkpoint is intact" in message
@@ -232,7 +232,7 @@ def test_calls_awaited_on_their_own_are_sent_again_to_a_replaced_rank(ray_sessio
         value, _, pid = turn.result(timeout=120)
         assert value == "again" and pid != old[0] and given == [1, 0]
         assert cluster.budget.metrics([cluster.name]) == {"fault/restarts/test_rollout": 2.0}
-        with pytest.raises(RestartsExhaustedError, match="died: stopped answering: it held 1 requests"):
+        with pytest.raises(RestartsExhaustedError, match=r"is unresponsive \(not dead\): stopped answering: it held 1 requests"):
             cluster.submit(1, "hang", "x").result(timeout=120)  # rank 1's one restart is spent
         assert cluster.workers == []
         with pytest.raises(RestartsExhaustedError):  # a later call gets the reason, too

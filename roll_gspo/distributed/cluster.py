@@ -146,6 +146,11 @@ class WorkerHungError(WorkerDiedError):
     driver stops the run as for a death (`auto_resume_on_failure` applies)."""
 
 
+class RankUnresponsive(TimeoutError):
+    """Why a live rank was given up on (no answer to a health probe, no engine step): its lines say
+    "is unresponsive (not dead)" where a death's say "died"."""
+
+
 class RestartsExhaustedError(WorkerDiedError):
     """A replaceable rank died once more than `fault_tolerance.max_restarts` allows."""
 
@@ -455,10 +460,12 @@ class Cluster:
             return "unknown", "unknown"
 
     def death_line(self, rank: int, exc: BaseException) -> str:
-        """`role <name> rank <r> (node <ip>, pid <pid>) died: <reason>`"""
+        """`role <name> rank <r> (node <ip>, pid <pid>) died: <reason>` (`is unresponsive (not dead)`
+        for a `RankUnresponsive` reason)."""
         node, pid = self.where(rank)
         reason = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
-        return f"role {self.name} rank {rank} (node {node}, pid {pid}) died: {reason}"
+        verb = "is unresponsive (not dead)" if isinstance(exc, RankUnresponsive) else "died"
+        return f"role {self.name} rank {rank} (node {node}, pid {pid}) {verb}: {reason}"
 
     def output_of(self, rank: int) -> Optional[str]:
         """The log file `rank`'s output went to (with its node when known)."""

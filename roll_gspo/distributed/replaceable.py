@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import ray
 
-from roll_gspo.distributed.cluster import Cluster, RestartsExhaustedError
+from roll_gspo.distributed.cluster import Cluster, RankUnresponsive, RestartsExhaustedError
 from roll_gspo.distributed.fault_tolerance import HangWatch, RestartBudget, probe_interval_s
 
 logger = logging.getLogger("roll_gspo.cluster")
@@ -203,7 +203,7 @@ class ReplaceableCluster(Cluster):
                 ray.get(probe, timeout=self.hang_timeout_s)
                 continue
             except ray.exceptions.GetTimeoutError:
-                reason: BaseException = TimeoutError(
+                reason: BaseException = RankUnresponsive(
                     f"did not answer a health probe within fault_tolerance.hang_timeout_s = {self.hang_timeout_s:g} s")
                 self._kill_hung(rank)
             except ray.exceptions.RayActorError as exc:
@@ -287,7 +287,7 @@ class ReplaceableCluster(Cluster):
             if why is None:
                 continue
             self._kill_hung(rank)
-            self.replace(rank, TimeoutError(f"stopped answering: it {why}"))
+            self.replace(rank, RankUnresponsive(f"stopped answering: it {why}"))
             watches.pop(rank, None)
             probes.pop(rank, None)
             send_again(rank)
