@@ -6,6 +6,7 @@ as a LoRA request) scoring as the trainer does; the placement plan's memory of a
 LoRA run end to end with a KL term, colocation's sleep and offload, checkpoints and the final model.
 
 Ranks of the strategy test are plain processes (torch.multiprocessing, gloo), no Ray."""
+import dataclasses
 import json
 import math
 import os
@@ -315,6 +316,7 @@ def test_lora_run_syncs_exactly_with_colocation_and_kl(tmp_path, tiny_model, ray
 
     from pipelines.rlvr_pipeline import make_prompt_group_source
     from pipelines.trainer_loop import TrainerLoop
+    from roll_gspo.eval.checkpoint_model import checkpoint_model
     from roll_gspo.lifecycle.checkpoint import complete_checkpoints
     from tests.test_pipeline_e2e import load_weights, read_metrics
 
@@ -344,6 +346,18 @@ def test_lora_run_syncs_exactly_with_colocation_and_kl(tmp_path, tiny_model, ray
     for folder in complete_checkpoints(cfg.output_dir):
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
         assert size < model_bytes  # adapter + its optimizer state, no base weights
+    # The last checkpoint holds the adapter only; the evaluation command merges it onto the base model
+    # (the run's model_args say where it sits): the same weights as final_model/, which the trainer merged.
+    last = complete_checkpoints(cfg.output_dir)[-1]
+    args = cfg.actor_train.model_args
+    converted = load_weights(checkpoint_model(last, tiny_model, str(tmp_path / "cache"), model_args=args))
+    common = set(converted) & set(trained)
+    assert common >= set(trained) - {"lm_head.weight"}  # tied to the embedding: either file may name it
+    assert max(float((converted[k] - trained[k]).abs().max()) for k in common) < 1e-5
+    with pytest.raises(ValueError, match="is a LoRA checkpoint .the adapter only.: give --config"):
+        checkpoint_model(last, tiny_model, str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="lora_rank 4,.*other shapes"):
+        checkpoint_model(last, tiny_model, str(tmp_path / "cache"), model_args=dataclasses.replace(args, lora_rank=4))
     ids = torch.tensor([[20, 21, 15, 22, 30, 31]])
     merged = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)(ids).logits
     adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32),

@@ -359,7 +359,7 @@ def test_eval_model_names(tmp_path):
         resolve_eval_model(str(step))  # not committed (no COMPLETE): not a checkpoint
     (step / "COMPLETE").write_text("")
     for shape, why in [({"engine": "fsdp2", "lora": False}, "an fsdp2 checkpoint is not converted"),
-                       ({"engine": "deepspeed", "lora": True}, "a LoRA checkpoint is not converted"),
+                       ({"engine": "deepspeed", "lora": True}, "is a LoRA checkpoint .the adapter only.: give --config"),
                        ({"engine": "deepspeed", "lora": False}, "give --config with the run's YAML")]:
         (step / "pipeline_state.json").write_text(json.dumps({"step": 2, "trainer_shapes": {"actor_train": shape}}))
         with pytest.raises(ValueError, match=why):

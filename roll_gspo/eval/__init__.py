@@ -12,20 +12,24 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from roll_gspo.tasks import TaskSpec
+
+if TYPE_CHECKING:
+    from roll_gspo.schema.config import ModelArgs
 
 logger = logging.getLogger(__name__)
 # Replies generated between two progress lines: a few engine batches, so chunking costs nothing.
 PROGRESS_CHUNK_REPLIES = 1024
 
 
-def resolve_eval_model(model: str, base_model: Optional[str] = None) -> str:
+def resolve_eval_model(model: str, base_model: Optional[str] = None, model_args: Optional["ModelArgs"] = None) -> str:
     """A Hugging Face folder for what `--model` names: a folder (a run's `final_model/` is one), a
     run's output_dir (its final_model/, else its latest checkpoint), a training checkpoint
     (`checkpoints/step_N/`: its weights with `base_model`'s config and tokenizer, see
-    `checkpoint_model`), a `.gguf` file or a `builtin:` name (converted or built once into the cache)."""
+    `checkpoint_model`; a LoRA run's with its adapter merged, which needs the run's actor_train
+    `model_args`), a `.gguf` file or a `builtin:` name (converted or built once into the cache)."""
     from roll_gspo.builtin.models import resolve_model
     from roll_gspo.eval.checkpoint_model import checkpoint_model, is_checkpoint
     from roll_gspo.lifecycle.checkpoint import complete_checkpoints
@@ -36,10 +40,10 @@ def resolve_eval_model(model: str, base_model: Optional[str] = None) -> str:
         if os.path.isfile(os.path.join(final, "config.json")):  # a run's output_dir
             return final
         if is_checkpoint(path):
-            return checkpoint_model(path, base_model)
+            return checkpoint_model(path, base_model, model_args=model_args)
         saved = complete_checkpoints(path)
         if saved:  # a run stopped before its end: no final_model/ yet, its latest checkpoint
-            return checkpoint_model(saved[-1], base_model)
+            return checkpoint_model(saved[-1], base_model, model_args=model_args)
         raise ValueError(f"--model {model!r} is a folder without config.json: give a Hugging Face model folder "
                          f"(a run's final_model/ or output_dir), a training checkpoint (checkpoints/step_N/, with "
                          f"--config), a .gguf file or a builtin: name")
@@ -64,7 +68,8 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
              temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 256, prompt_length: int = 1024,
              template: Optional[str] = None, dtype: str = "fp32", seed: int = 0,
              engine_config: Optional[Dict[str, Any]] = None, env: Optional[Dict[str, str]] = None,
-             keep_replies: int = 3, base_model: Optional[str] = None) -> Dict[str, Any]:
+             keep_replies: int = 3, base_model: Optional[str] = None,
+             model_args: Optional["ModelArgs"] = None) -> Dict[str, Any]:
     """Greedy accuracy (one greedy reply per prompt) and, with n > 1, pass@k and maj@k over n
     sampled replies (temperature, top_p), per task and over all prompts.
 
@@ -72,7 +77,8 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
     `prompts`, `greedy_accuracy`, `greedy_format_rate`, `pass@k`, `maj@k`, `mean_reply_tokens`,
     `greedy_truncated_rate`.
     `env`: environment variables for vLLM (default: the rollout workers', e.g. its 1 GiB CPU KV cache).
-    `base_model`: the run's model when `model` is a training checkpoint (`resolve_eval_model`)."""
+    `base_model`: the run's model when `model` is a training checkpoint (`resolve_eval_model`);
+    `model_args`: the run's actor_train.model_args (a LoRA checkpoint's adapter settings)."""
     from transformers import AutoTokenizer
 
     from roll_gspo.schema.config import GeneratingArgs, RoleConfig
@@ -88,7 +94,7 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
     if problems:
         raise ValueError("; ".join(problems))
     started = time.perf_counter()
-    folder = resolve_eval_model(model, base_model)
+    folder = resolve_eval_model(model, base_model, model_args)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     items, stats = load_prompts([write_task_data(specs, "val")], default_domain="tasks", tokenizer=tokenizer,
                                 max_prompt_length=prompt_length, template=template)

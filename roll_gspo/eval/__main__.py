@@ -17,7 +17,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     "(reasoning-gym and built-in), through vLLM: a table on the console and a JSON file.")
     p.add_argument("--list-tasks", action="store_true", help="print every task name (source:task) and exit")
     p.add_argument("--model", help="HF folder (a run's final_model/ or output_dir: its final_model/, else its "
-                                   "latest checkpoint), a training checkpoint (checkpoints/step_N/, with --config), "
+                                   "latest checkpoint), a training checkpoint (checkpoints/step_N/, with --config; a LoRA "
+                                   "one gets its adapter merged), "
                                    ".gguf file, or builtin: name")
     p.add_argument("--tasks", nargs="*", default=[], help="task names: chain_sum, rg:basic_arithmetic, "
                                                           "builtin:arith_easy, ...")
@@ -79,7 +80,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "dtype": cfg.actor_infer.model_args.dtype,
                     "engine_config": dict(cfg.actor_infer.strategy_args.strategy_config),
                     "env": {**cfg.system_envs, **(cfg.actor_infer.system_envs or {})},
-                    "base_model": cfg.actor_train.model_args.model_name_or_path}
+                    "base_model": cfg.actor_train.model_args.model_name_or_path,
+                    "model_args": cfg.actor_train.model_args}  # a LoRA checkpoint's adapter settings
         if args.val_size is not None:
             for spec in specs:
                 spec.val_size = args.val_size
@@ -102,7 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             prompt_length=args.prompt_length or settings.get("prompt_length") or 1024,
             template=args.template or settings.get("template"), dtype=args.dtype or settings.get("dtype") or "fp32",
             seed=args.seed, engine_config=settings.get("engine_config"), env=settings.get("env"),
-            base_model=settings.get("base_model"))
+            base_model=settings.get("base_model"), model_args=settings.get("model_args"))
     finally:
         if restore is not None:
             restore()
