@@ -209,10 +209,12 @@ def checkpoint_loads(output_dir: str) -> Optional[str]:
 
 
 def names_all(line: str, role: str, rank: Optional[int], phase: str, call: Optional[str]) -> Dict[str, bool]:
-    """Which of role, rank, phase and the resume command the line names."""
+    """Which of role, rank, phase and the resume command the line names (the phase: the one the
+    fault was found in, `... ran train (train_step)` or `..., in phase train (train_step)`; for a
+    role idle in the cell's phase, the phase of its next call)."""
     role_ok = (role in line) if role != "reward" else ("reward" in line)
     return {"role": role_ok, "rank": rank is not None and f"rank {rank}" in line,
-            "phase": phase in line or bool(call and call in line),
+            "phase": bool(re.search(r"(in phase|ran) [a-z -]+ \(\w+\)", line)),
             "resume": "resume_from_checkpoint=auto" in line and "run_pipeline.py" in line}
 
 

@@ -67,6 +67,8 @@ def test_fault_matrix_verdicts_and_markdown(tmp_path, capsys):
     assert module.names_all("error: role actor_train rank 1 ... ran train (train_step) ... Resume with: python "
                             "run_pipeline.py --config x resume_from_checkpoint=auto", "actor_train", 1, "train",
                             "train_step") == {"role": True, "rank": True, "phase": True, "resume": True}
+    assert not module.names_all("error: role actor_train rank 1 died: gone. Resume with: python run_pipeline.py",
+                                "actor_train", 1, "train", "train_step")["phase"]  # `actor_train` names no phase
     saved = tmp_path / "m.json"
     saved.write_text(json.dumps({"command": "benchmarks/bench_fault_matrix.py --quick", "date": "d", "machine": "m",
                                  "cells": [good, hang]}))

@@ -18,7 +18,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_gspo.distributed.batch import Batch
-from roll_gspo.distributed.fault_tolerance import HangWatch, PhaseDeadline, hung_message, probe_interval_s
+from roll_gspo.distributed.fault_tolerance import HangWatch, PhaseDeadline, hung_message, phase_of, probe_interval_s
 from roll_gspo.lifecycle.graceful_stop import resume_command
 from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.utils.imports import lighter_imports
@@ -366,7 +366,8 @@ class Cluster:
             try:
                 ray.get(ready[0])
             except Exception as exc:
-                self.fail(list(refs).index(ready[0]), exc)
+                index = list(refs).index(ready[0])
+                self.fail(sent[index][1] if sent[index] else index, exc, sent[index][0] if sent[index] else None)
         if self.deadlines is not None and len({call[0] for call in calls}) == 1:
             first = min(call[2] for call in calls)
             self.deadlines.record(sent[0][0], time.monotonic() - first)
@@ -418,7 +419,7 @@ class Cluster:
                 except OSError:
                     pass
 
-    def fail(self, rank: int, exc: BaseException):
+    def fail(self, rank: int, exc: BaseException, call: Optional[str] = None):
         """Stop every rank and raise what `rank`'s failed call says: a WorkerDiedError in one line
         when a process died (this rank, or a worker it called), else the call's own exception."""
         if not (isinstance(exc, ray.exceptions.RayActorError) or is_memory_kill(exc)):
@@ -429,10 +430,11 @@ class Cluster:
             message = describe_memory_kill(str(exc), known_rank_pids(), (
                 f"a worker called by role {self.name} rank {rank}" if nested else f"role {self.name} rank {rank}"))
         elif isinstance(exc, ray.exceptions.RayTaskError):  # alive, but a worker it called died
-            message = (f"role {self.name} rank {rank} failed because a worker it called died: "
+            during = f" during {phase_of(call)}" if call else ""
+            message = (f"role {self.name} rank {rank} failed{during} because a worker it called died: "
                        f"{describe_dead_actor(str(exc))}")
         else:
-            message = self.death_message(rank, exc)
+            message = self.death_message(rank, exc, call=call)
         self.shutdown()
         raise WorkerDiedError(message) from exc
 
@@ -446,9 +448,9 @@ class Cluster:
                 continue
         return pids
 
-    def death_message(self, rank: int, exc: BaseException, note: str = "") -> str:
+    def death_message(self, rank: int, exc: BaseException, note: str = "", call: Optional[str] = None) -> str:
         """`role <name> rank <r> (node, pid) died: <reason>. [note. ]Its output: <log file>. The run stops; ...`"""
-        return (f"{self.death_line(rank, exc)}. " + (f"{note}. " if note else "")
+        return (f"{self.death_line(rank, exc, call)}. " + (f"{note}. " if note else "")
                 + (f"Its output: {self.output_of(rank)}. " if self.output_of(rank) else "")
                 + f"The run stops; its last complete checkpoint is intact. Resume with: {resume_command()}")
 
@@ -459,13 +461,14 @@ class Cluster:
         except Exception:  # died before it could answer
             return "unknown", "unknown"
 
-    def death_line(self, rank: int, exc: BaseException) -> str:
+    def death_line(self, rank: int, exc: BaseException, call: Optional[str] = None) -> str:
         """`role <name> rank <r> (node <ip>, pid <pid>) died: <reason>` (`is unresponsive (not dead)`
         for a `RankUnresponsive` reason)."""
         node, pid = self.where(rank)
         reason = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
         verb = "is unresponsive (not dead)" if isinstance(exc, RankUnresponsive) else "died"
-        return f"role {self.name} rank {rank} (node {node}, pid {pid}) {verb}: {reason}"
+        during = f", in phase {phase_of(call)}" if call else ""  # the call it was running, when known
+        return f"role {self.name} rank {rank} (node {node}, pid {pid}) {verb}: {reason}{during}"
 
     def output_of(self, rank: int) -> Optional[str]:
         """The log file `rank`'s output went to (with its node when known)."""
