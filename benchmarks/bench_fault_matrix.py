@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_fault_matrix.py --quick             # the suite's subset
     .venv/bin/python benchmarks/bench_fault_matrix.py --cells actor_train:train:stop,actor_infer:generate:kill
     .venv/bin/python benchmarks/bench_fault_matrix.py --list              # the cells, without running any
-    .venv/bin/python benchmarks/bench_fault_matrix.py --markdown matrix.json   # a saved matrix as a table
+    .venv/bin/python benchmarks/bench_fault_matrix.py --markdown a.json b.json   # saved matrices as one table
 
 A cell is a role, a phase and a signal: SIGSTOP (`stop`: a hang) or kill -9 (`kill`: a death). Per
 cell one short run as a user starts it (`run_pipeline.py --config examples/example_gspo.yaml`, a
@@ -58,9 +58,12 @@ SIGNALS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL}
 # The process title prefix of each role's workers (Ray names them after the class).
 TITLES = {"actor_train": "ray::ActorTrainWorker", "actor_infer": "ray::ActorInferWorker",
           "reference": "ray::ReferenceWorker", "critic": "ray::CriticWorker", "reward": "RewardWorker"}
-# The call a role runs in a phase (its process title ends with it); a role absent here idles then.
-CALLS = {"actor_train": {"log-probs": "compute_log_probs", "train": "train_step", "weight sync": "sync_weights_to",
-                         "checkpoint write": "save_checkpoint"},
+# The call a role runs in a phase (its process title ends with it); a role absent here idles then. A
+# (role, call) pair: the call another role runs meanwhile (the trainer sends the weights inside
+# train_step; the rollout rank's `load_weight_bucket` is the sync's own title).
+CALLS: Dict[str, Dict[str, Any]] = {
+    "actor_train": {"log-probs": "compute_log_probs", "train": "train_step",
+                    "weight sync": ("actor_infer", "load_weight_bucket"), "checkpoint write": "save_checkpoint"},
          "actor_infer": {"generate": "generate", "validation": "generate", "weight sync": "load_weight_bucket"},
          "reference": {"log-probs": "compute_log_probs"},
          "critic": {"log-probs": "compute_values", "train": "train_step", "checkpoint write": "save_checkpoint"},
@@ -221,7 +224,8 @@ def names_all(line: str, role: str, rank: Optional[int], phase: str, call: Optio
 def run_cell(args, cell: Tuple[str, str, str], folder: str) -> Dict[str, Any]:
     """One run with the cell's fault; its outcome (module docstring)."""
     role, phase, sig = cell
-    call = CALLS.get(role, {}).get(phase)
+    spec = CALLS.get(role, {}).get(phase)
+    watched, call = spec if isinstance(spec, tuple) else (role, spec)
     step = cell_step(phase, args.save_steps)
     name = cell_name(cell).replace(":", "_").replace("-", "_")
     output_dir, log_path = os.path.join(folder, name), os.path.join(folder, f"{name}.log")
@@ -231,16 +235,19 @@ def run_cell(args, cell: Tuple[str, str, str], folder: str) -> Dict[str, Any]:
     driver = start(args, overrides, log_path)
     watch = LogWatch(log_path)
     out: Dict[str, Any] = {"cell": cell_name(cell), "role": role, "phase": phase, "signal": sig, "step": step,
-                           "call": call, "log": log_path}
+                           "call": call if watched == role else f"{watched}.{call}", "log": log_path}
     try:
         if not wait_step_logged(output_dir, step - 1, driver, args.start_s):
             out.update(outcome="no run", note=f"the driver exited ({driver.poll()}) or step {step - 1} did not come "
                                               f"within {args.start_s:.0f} s", detect_s=None)
             return out
         # validation: step 0's, the run's first generate, after start-up
-        process, caught = aim(driver, role, call, args.start_s if step == 0 else args.catch_s)
-        if process is None:
-            out.update(outcome="no run", note=f"no {role} process", detect_s=None)
+        process, caught = aim(driver, watched, call, args.start_s if step == 0 else args.catch_s)
+        if watched != role:  # seen in another role's process: the role's own (the highest pid) gets the signal
+            process = aim(driver, role, None, 0)[0]
+        if process is None or driver.poll() is not None:
+            out.update(outcome="no run", detect_s=None, note=f"no {role} process" if driver.poll() is None else
+                       f"the run ended (exit {driver.poll()}) before {call or 'the signal'} was seen")
             return out
         out["title"] = process.name()
         out["caught"] = caught
@@ -365,17 +372,21 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--override", action="append", default=[], help="a Hydra override for every run")
     parser.add_argument("--folder", default=None, help="where the runs go (default: a temporary folder, kept)")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--markdown", default=None, metavar="JSON", help="print a saved matrix's table and exit")
+    parser.add_argument("--markdown", default=None, nargs="+", metavar="JSON",
+                        help="print saved matrices (--json files) as one table and exit")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
-    if args.markdown:
-        with open(args.markdown) as handle:
-            saved = json.load(handle)
-        print(f"`{saved['command']}` on {saved['date']}, {saved['machine']}\n")
-        print(table(saved))
+    if args.markdown:  # several saved matrices: one table, each one's command, date and machine above it
+        cells = []
+        for path in args.markdown:
+            with open(path) as handle:
+                saved = json.load(handle)
+            print(f"`{saved['command']}` on {saved['date']}, {saved['machine']}\n")
+            cells += saved["cells"]
+        print(table({"cells": cells}))
         return 0
     if args.phase_floor is not None and args.phase_floor < 0:
         args.phase_floor = None
