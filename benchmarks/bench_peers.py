@@ -467,7 +467,8 @@ def trl_worker(spec: Dict[str, Any], reply_fd: int) -> None:
 
         def on_train_begin(self, args, state, control, **kwargs):
             if spec.get("breakdown"):  # the model and optimizer as the trainer prepared them
-                clock.wrap(kwargs["model"], "forward", lambda: "forward" if torch.is_grad_enabled() else None)
+                clock.wrap(kwargs["model"], "forward",
+                           lambda: "forward" if torch.is_grad_enabled() else "forward_no_grad")
                 clock.wrap(trainer.accelerator, "backward", "backward")
                 clock.wrap(kwargs["optimizer"], "step", "optimizer_step")
             reply.write(json.dumps({"ready": True, "threads": torch.get_num_threads()}) + "\n")
@@ -602,7 +603,29 @@ def _install_rank_clock(worker, role: str) -> None:
 
     if role == "actor_infer":
         wrap(worker.strategy, "wait", "rank_generate")
+        wrap(worker.strategy, "submit", "rank_submit")
         wrap(worker, "_rows", "rank_rows")
+        llm = getattr(worker.strategy, "llm", None)
+        if llm is not None:  # vLLM in the rank's process: its engine's parts (issue 58)
+            engine = llm.llm_engine
+            core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
+            if core is not None:
+                wrap(core.scheduler, "schedule", "vllm_schedule")
+                wrap(core.scheduler, "update_from_output", "vllm_update")
+                wrap(core.model_executor, "sample_tokens", "vllm_sample")
+                runner = getattr(getattr(getattr(core.model_executor, "driver_worker", None), "worker", None),
+                                 "model_runner", None)
+                if runner is not None:
+                    wrap(runner, "execute_model", "vllm_execute")
+                    wrap(runner, "_model_forward", "vllm_forward")
+            wrap(engine.output_processor, "process_outputs", "vllm_outputs")
+            wrap(engine, "step", "vllm_steps")
+            timed_step = engine.step
+
+            def counted_step(*args, **kwargs):  # engine steps taken (a count, not seconds)
+                seconds["vllm_step_count"] = seconds.get("vllm_step_count", 0.0) + 1.0
+                return timed_step(*args, **kwargs)
+            engine.step = counted_step
     else:
         wrap(worker, "_train_mini_batch", "rank_train_mini_batches")
         wrap(worker, "sync_weights_to", "rank_sync")
@@ -623,7 +646,9 @@ def _take_rank_clock(worker) -> Dict[str, float]:
 
 # Pipeline sub-phases (--breakdown): what the driver measured, what the ranks' own calls took, and
 # the difference: Ray's round trips and the driver's and workers' bookkeeping around the calls.
-PIPELINE_BREAKDOWN = ("generate", "rank_generate", "rank_rows", "old_log_probs", "forward_scoring", "train",
+PIPELINE_BREAKDOWN = ("generate", "rank_submit", "rank_generate", "vllm_step_count", "vllm_steps", "vllm_schedule",
+                      "vllm_execute", "vllm_forward", "vllm_sample", "vllm_update", "vllm_outputs",
+                      "rank_rows", "old_log_probs", "forward_scoring", "train",
                       "rank_train_mini_batches", "forward", "backward", "optimizer_step", "metric_collectives",
                       "sync", "rank_sync", "driver")
 
@@ -905,12 +930,26 @@ def breakdown_figures(seconds: Dict[str, float], variant: str) -> Dict[str, floa
     around_train = train + sync - the mini-batches' training - the sync (Ray's round trip, the call's
     set-up and final metric reduction); trainer_bookkeeping = the mini-batches' training - forward,
     backward and optimizer step (micro-batching, the loss, its normaliser's all-reduce, metrics).
-    TRL: its training time outside the forward and backward passes and optimizer steps."""
+    vLLM's engine inside rank_generate (issue 58): vllm_steps (vllm_step_count engine steps) =
+    vllm_schedule + vllm_execute (= vllm_prepare_inputs + vllm_forward, the model alone) +
+    vllm_sample (sampler and log-probs) + vllm_update (the scheduler's bookkeeping) + vllm_outputs
+    (per-request outputs) + vllm_step_rest; rank_wait_rest = rank_generate - vllm_steps (the
+    rank's own per-token handling); rank_submit: adding the requests.
+    TRL: its training time outside the forward and backward passes and optimizer steps;
+    forward_no_grad: its generation's and old-log-prob pass's forward calls."""
     out = dict(seconds)
     passes = sum(seconds.get(k, 0.0) for k in ("forward", "backward", "optimizer_step"))
     if variant.startswith("pipeline"):
         out["around_generate"] = (seconds.get("generate", 0.0) - seconds.get("rank_generate", 0.0)
-                                  - seconds.get("rank_rows", 0.0))
+                                  - seconds.get("rank_submit", 0.0) - seconds.get("rank_rows", 0.0))
+        if "vllm_steps" in seconds:
+            # the engine step outside its model runner, sampler, scheduler and output processing
+            # (vLLM's Python between them), and the runner's input preparation (execute - forward)
+            out["vllm_step_rest"] = seconds["vllm_steps"] - sum(
+                seconds.get(k, 0.0) for k in ("vllm_schedule", "vllm_execute", "vllm_sample", "vllm_update",
+                                              "vllm_outputs"))
+            out["vllm_prepare_inputs"] = seconds.get("vllm_execute", 0.0) - seconds.get("vllm_forward", 0.0)
+            out["rank_wait_rest"] = seconds.get("rank_generate", 0.0) - seconds["vllm_steps"]
         out["around_old_log_probs"] = seconds.get("old_log_probs", 0.0) - seconds.get("forward_scoring", 0.0)
         out["around_train"] = (seconds.get("train", 0.0) + seconds.get("sync", 0.0)
                                - seconds.get("rank_train_mini_batches", 0.0) - seconds.get("rank_sync", 0.0))
@@ -922,7 +961,8 @@ def breakdown_figures(seconds: Dict[str, float], variant: str) -> Dict[str, floa
 
 def format_breakdown(size: Dict[str, Any]) -> List[str]:
     """One line per variant measured with --breakdown: its sub-phases, seconds per cycle."""
-    order = PIPELINE_BREAKDOWN + ("around_generate", "around_old_log_probs", "around_train", "trainer_bookkeeping")
+    order = PIPELINE_BREAKDOWN + ("vllm_prepare_inputs", "vllm_step_rest", "rank_wait_rest", "around_generate",
+                                  "around_old_log_probs", "around_train", "trainer_bookkeeping")
     lines = []
     for variant, row in size["rows"].items():
         figures = row.get("breakdown_s")
