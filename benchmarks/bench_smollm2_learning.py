@@ -14,7 +14,9 @@ often as it occurs among the gold answers (read from the last validation's repli
 gains accuracy without solving anything. After the run (outside the budget) the base and the final
 model's pass@1 / pass@k at the rollout temperature are measured with `python -m roll_gspo.eval`
 (`--passk-prompts` held-out prompts a task, `--passk-n` replies; 0 skips it) and printed beside the
-curve. Prints the curve and the goal side by side, writes `<out>/learning.json` and
+curve. A run stopped by the budget has no final_model/: its last checkpoint is evaluated, a LoRA
+run's with the adapter merged onto the base model by the config's actor_train.model_args (LoRA keys
+given as overrides here are not seen there: write them in the YAML). Prints the curve and the goal side by side, writes `<out>/learning.json` and
 `<out>/learning.png`.
 
     .venv/bin/python benchmarks/bench_smollm2_learning.py                      # 45 minutes
@@ -42,6 +44,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.harness import validation_tasks  # noqa: E402  (needs REPO_ROOT on sys.path)
+
 CONFIG = "examples/example_gspo_smollm2.yaml"
 GOAL_RISE = 0.25
 # A task's most common reply answer may be given at most this many times as often as it is a gold answer.
@@ -83,8 +90,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def task_keys(records: List[Dict]) -> List[str]:
     """The tasks of a run: every `val/<task>/accuracy` key."""
-    return sorted({k.split("/")[1] for r in records for k in r
-                   if k.startswith("val/") and k.endswith("/accuracy") and k.count("/") == 2})
+    return validation_tasks(records)
 
 
 def learning_curve(records: List[Dict], elapsed: Optional[Dict[int, float]] = None) -> List[Dict]:
