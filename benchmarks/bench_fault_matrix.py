@@ -217,7 +217,7 @@ def names_all(line: str, role: str, rank: Optional[int], phase: str, call: Optio
     role idle in the cell's phase, the phase of its next call)."""
     role_ok = (role in line) if role != "reward" else ("reward" in line)
     return {"role": role_ok, "rank": rank is not None and f"rank {rank}" in line,
-            "phase": bool(re.search(r"(in phase|ran) [a-z -]+ \(\w+\)", line)),
+            "phase": bool(re.search(r"\b(in phase|ran) [a-z -]+ \(\w+\)", line)),
             "resume": "resume_from_checkpoint=auto" in line and "run_pipeline.py" in line}
 
 
@@ -281,7 +281,7 @@ def run_cell(args, cell: Tuple[str, str, str], folder: str) -> Dict[str, Any]:
         watch.stop()
     found = watch.first(DETECTED, at)
     out["exit_code"] = code
-    out["detect_s"] = None if found is None else round(found[0] - at, 2)
+    out["line_seen_s"] = None if found is None else round(found[0] - at, 2)
     out["line"] = None if found is None else _whole_line(watch, found)
     errors = [line for _, line in watch.lines if line.startswith("error: ")]
     out["error_line"] = errors[0] if errors else None
@@ -297,12 +297,25 @@ def run_cell(args, cell: Tuple[str, str, str], folder: str) -> Dict[str, Any]:
             out["outcome"] = "clean exit"
         else:
             out["outcome"] = f"exit {code}"
-    reported = out["error_line"] or out["line"] or ""
-    out["names"] = names_all(reported, role, out.get("rank"), phase, call)
-    out["within_bound"] = out["detect_s"] is not None and out["detect_s"] <= out["bound_s"]
+    settle(out)
     out["checkpoint"] = checkpoint_loads(output_dir)
     out["wall_s"] = round(time.time() - started, 1)
     return out
+
+
+def settle(cell: Dict[str, Any]) -> Dict[str, Any]:
+    """A cell's verdicts from what its run printed: `detect_s` (the reporting line's time after the
+    signal, less the replacement's own seconds where the line reports a replaced rank: it is printed
+    once the new rank is up), `names`, `within_bound`. Also applied to saved JSON (`--markdown`)."""
+    seen = cell.get("line_seen_s", cell.get("detect_s"))
+    line = cell.get("line") or ""
+    replaced = re.search(r"replaced in its placement bundle \(restart \d+ of \d+ for this rank, ([\d.]+) s\)", line)
+    cell["detect_s"] = None if seen is None else round(seen - (float(replaced.group(1)) if replaced else 0.0), 2)
+    spec = CALLS.get(cell["role"], {}).get(cell["phase"])
+    call = spec[1] if isinstance(spec, tuple) else spec
+    cell["names"] = names_all(cell.get("error_line") or line, cell["role"], cell.get("rank"), cell["phase"], call)
+    cell["within_bound"] = cell["detect_s"] is not None and cell["detect_s"] <= (cell.get("bound_s") or 0)
+    return cell
 
 
 def _whole_line(watch: LogWatch, found) -> str:
@@ -319,7 +332,9 @@ def table(result: Dict[str, Any]) -> str:
              "checkpoint loads | note |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for cell in result["cells"]:
         names = cell.get("names") or {}
-        named = "/".join("yes" if names.get(k) else "no" for k in ("role", "rank", "phase", "resume")) if names else "-"
+        keys = ("role", "rank", "phase", "resume") if cell["outcome"] != "recovered" else ("role", "rank", "phase")
+        named = "/".join("yes" if names.get(k) else "no" for k in keys) + ("/n.a." if len(keys) == 3 else "") \
+            if names else "-"
         note = cell.get("note") or ("" if cell.get("caught", True) else "not caught")
         signal_name = "SIGSTOP" if cell["signal"] == "stop" else "kill -9"
         lines.append(f"| {cell['role']}{'' if cell.get('rank') is None else ' rank ' + str(cell['rank'])} | "
@@ -385,7 +400,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             with open(path) as handle:
                 saved = json.load(handle)
             print(f"`{saved['command']}` on {saved['date']}, {saved['machine']}\n")
-            cells += saved["cells"]
+            cells += [settle(cell) if cell.get("outcome") not in ("no run", "HANG") else cell
+                      for cell in saved["cells"]]
         print(table({"cells": cells}))
         return 0
     if args.phase_floor is not None and args.phase_floor < 0:

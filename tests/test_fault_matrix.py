@@ -56,7 +56,10 @@ def test_fault_matrix_verdicts_and_markdown(tmp_path, capsys):
         module.parse_cell("actor_train:sleeping:stop")
     good = {"cell": "a", "role": "actor_train", "phase": "train", "signal": "stop", "outcome": "clean exit",
             "detect_s": 4.0, "bound_s": 14.0, "within_bound": True, "checkpoint": "step 2", "rank": 1,
-            "names": {"role": True, "rank": True, "phase": True, "resume": True}}
+            "names": {"role": True, "rank": True, "phase": True, "resume": True},
+            "error_line": "error: role actor_train rank 1 (node n, pid 7) is unresponsive (stopped or hung, not dead): "
+                          "... ran train (train_step) for 9 s ... Resume with: python run_pipeline.py --config x "
+                          "resume_from_checkpoint=auto"}
     assert module.failures({"cells": [good]}) == []
     late = {**good, "cell": "b", "detect_s": 20.0, "within_bound": False}
     hang = {**good, "cell": "c", "outcome": "HANG", "detect_s": None, "within_bound": False}
@@ -69,6 +72,10 @@ def test_fault_matrix_verdicts_and_markdown(tmp_path, capsys):
                             "train_step") == {"role": True, "rank": True, "phase": True, "resume": True}
     assert not module.names_all("error: role actor_train rank 1 died: gone. Resume with: python run_pipeline.py",
                                 "actor_train", 1, "train", "train_step")["phase"]  # `actor_train` names no phase
+    replaced = module.settle({"role": "actor_infer", "phase": "generate", "rank": 0, "bound_s": 35, "line_seen_s": 50.0,
+                              "line": "WARNING role actor_infer rank 0 (node n, pid 7) is unresponsive (not dead): ...; "
+                                      "replaced in its placement bundle (restart 1 of 3 for this rank, 25.0 s)"})
+    assert replaced["detect_s"] == 25.0 and replaced["within_bound"]  # the line comes once the new rank is up
     saved = tmp_path / "m.json"
     saved.write_text(json.dumps({"command": "benchmarks/bench_fault_matrix.py --quick", "date": "d", "machine": "m",
                                  "cells": [good, hang]}))
