@@ -196,8 +196,8 @@ class PromptGroupSource(RolloutSource):
     def advantages(self, batch: Batch):
         """(B, T) advantages: per group (`adv_estimator`, optional KL penalty; gdpo: from the reward
         workers' named components, `gdpo_reward_keys`) or, PPO (gae), GAE over the critic's `values`
-        (adds `returns` too); use_opd: plus the teacher's dense per-token term; then ROLL's per-response
-        loss weights."""
+        (adds `returns` too); use_opd: plus the teacher's dense per-token term (is_pure_opd: that term
+        alone); then ROLL's per-response loss weights."""
         cfg = self.cfg
         if cfg.uses_critic():
             metrics = gae_advantages_and_returns(cfg, batch, self.running_stats)
@@ -224,9 +224,10 @@ class PromptGroupSource(RolloutSource):
         if cfg.uses_teacher():  # on-policy distillation: the dense per-token reverse KL to the teacher
             from roll_gspo.algorithms.distillation import opd_advantages
 
+            # is_pure_opd (ROLL's pure mode): the teacher term alone; the task reward is logged, not trained on
+            task = torch.zeros_like(batch["advantages"]) if cfg.is_pure_opd else batch["advantages"]
             batch["advantages"], opd_metrics = opd_advantages(
-                batch["advantages"], batch["old_log_probs"], batch["teacher_log_probs"], batch["response_mask"],
-                cfg.opd_kl_coef)
+                task, batch["old_log_probs"], batch["teacher_log_probs"], batch["response_mask"], cfg.opd_kl_coef)
             metrics.update(opd_metrics)
         metrics.update(self._apply_sample_weights(batch))
         return batch["advantages"], metrics

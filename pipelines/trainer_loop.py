@@ -53,6 +53,7 @@ from pipelines.rollout_buffer import RolloutBuffer
 from pipelines.rollout_records import train_records
 from pipelines.setup import log_colocation, start_clusters
 from pipelines.sources import MakeSource, RewardFuture, Rollout, add_sequence_tensors
+from pipelines.teacher import teacher_view
 
 logger = logging.getLogger("roll_gspo")
 
@@ -188,7 +189,8 @@ class TrainerLoop:
         view = self._view(batch)  # the passes read the same tensors
         if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
             with timed(timings, "teacher"):
-                calls = self.teacher.dispatch_async("compute_log_probs", view)
+                calls = self.teacher.dispatch_async(
+                    "compute_log_probs", teacher_view(self.cfg, self.tokenizer, batch, view))  # opsd: hinted
                 rewards.start()
                 batch["teacher_log_probs"] = self.teacher.collect(calls)["teacher_log_probs"]
         if self.reference is not None:

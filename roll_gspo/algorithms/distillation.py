@@ -8,10 +8,16 @@ teacher's log-prob of the sampled token only, not its whole distribution). Its n
 reward; with ROLL's pure-OPD settings, gamma 0 and no baseline, that is the advantage itself). The
 student's log-prob is the old policy's (the one that sampled, no gradient), so the term is a
 reward, not a loss: the policy loss carries its gradient.
+
+Self-distillation (OPSD; prime-rl's `opsd`, the SDFT paper): the teacher is the student's own model,
+given privileged context the student does not see: `opsd_hint` writes the row's reference answer
+into a template, and `privileged_prompts` puts its token ids before the prompt the student sampled
+from, so the teacher scores the same response tokens knowing the answer.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import string
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -48,3 +54,28 @@ def opd_advantages(advantages: torch.Tensor, student_log_probs: torch.Tensor, te
         "opd/advantage_mean": float(term.sum() / tokens),
     }
     return out, metrics
+
+
+def opsd_hint(template: str, demonstration: str) -> str:
+    """The privileged context of one row: `template` with its ``{demonstration}`` field replaced by
+    the row's reference answer. ValueError when the template has no ``{demonstration}`` field, any
+    other field, or braces that do not format (a literal brace is written ``{{`` / ``}}``)."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"it does not format ({exc}); write a literal brace as {{{{ or }}}}") from None
+    if "demonstration" not in fields:
+        raise ValueError("it has no {demonstration} field, so the teacher would see no reference answer")
+    others = sorted({name for name in fields if name != "demonstration"})
+    if others:
+        raise ValueError(f"it names fields other than {{demonstration}}: {others}")
+    return template.format(demonstration=demonstration)
+
+
+def privileged_prompts(prompt_ids: Sequence[Sequence[int]], hint_ids: Sequence[Sequence[int]]) -> List[List[int]]:
+    """Each row's teacher prompt: its hint's token ids, then the prompt's ids unchanged (B rows each).
+    The response ids follow both prompts alike, so the teacher's log-prob of response token t is of
+    the same token as the student's, with the hint in its context."""
+    if len(prompt_ids) != len(hint_ids):
+        raise ValueError(f"privileged_prompts: {len(prompt_ids)} prompts but {len(hint_ids)} hints")
+    return [list(hint) + list(prompt) for prompt, hint in zip(prompt_ids, hint_ids)]

@@ -1070,6 +1070,18 @@ class PipelineConfig(SchemaBlock):
     opd_kl_coef: float = _f(
         1.0, "use_opd: weight (>= 0) of the per-token reverse KL in the advantages (ROLL sets it per teacher, "
              "default 1.0; slime's --opd-kl-coef).")
+    is_pure_opd: bool = _f(
+        False, "Pure on-policy distillation (ROLL's key; its OPD launcher sets it): the advantages are the teacher "
+               "term alone, -opd_kl_coef * (old_logp - teacher_logp), no task reward (rewards are still scored and "
+               "logged). Needs `teacher`; exclusive with use_opd, as in ROLL.")
+    opsd: bool = _f(
+        False, "On-policy self-distillation (prime-rl's `opsd`): the teacher scores each response with "
+               "`opsd_template` (the row's reference answer) before its prompt; with use_opd or is_pure_opd. The "
+               "teacher's model follows the student's when it names none.")
+    opsd_template: str = _f(
+        "Reference answer: {demonstration}\n",
+        "opsd: the privileged context put before the teacher's prompt (only the teacher sees it); "
+        "`{demonstration}` is the row's reference answer (`ground_truth`).")
     add_token_level_kl: bool = _f(False, "Subtract init_kl_coef * (old_logp - ref_logp) from each "
                                          "token's reward before advantages (starts the reference).")
     init_kl_coef: float = _f(0.2, "Coefficient of the token-level KL penalty (>= 0).")
@@ -1314,7 +1326,8 @@ class PipelineConfig(SchemaBlock):
         metadata={"help": "`use_opd`: the frozen teacher model (ROLL's `teacher` block, the keys of `reference`: "
                           "model_args, strategy_args `hf_infer` or a frozen `deepspeed_train` / `fsdp2_train`, "
                           "world_size, device_mapping, infer_batch_size), scoring the student's sampled tokens "
-                          "beside the reference pass; started only with use_opd: true."})
+                          "beside the reference pass; started only with use_opd or is_pure_opd (opsd: its model "
+                          "follows the student's)."})
     rewards: Dict[str, RewardConfig] = field(
         default_factory=lambda: {"math_rule": RewardConfig()},
         metadata={"help": "Reward workers per data domain (`rewards.<domain>.*`)."})
@@ -1356,9 +1369,9 @@ class PipelineConfig(SchemaBlock):
         return self.needs_reference_log_probs() and not self.actor_train.model_args.uses_lora()
 
     def uses_teacher(self) -> bool:
-        """On-policy distillation: a teacher role is started (use_opd with a `teacher` block; validation
-        refuses use_opd without one)."""
-        return self.use_opd and self.teacher is not None
+        """On-policy distillation: a teacher role is started (use_opd or is_pure_opd with a `teacher`
+        block; validation refuses either without one)."""
+        return (self.use_opd or self.is_pure_opd) and self.teacher is not None
 
     def uses_critic(self) -> bool:
         """PPO: a critic role is started (adv_estimator gae; validation refuses gae without a `critic`

@@ -17,36 +17,77 @@ from roll_gspo.schema.config import PipelineConfig
 PROBE = "The answer is 42. Let's check: 3 + 4 = 7!"
 
 
-@check("check", keys=("use_opd", "opd_kl_coef", "teacher", "teacher.model_args.model_name_or_path"),
-       doc="`use_opd` without a `teacher` block or its model, `opd_kl_coef` < 0, `use_opd` outside `pipeline: "
-           "rlvr`; a `teacher` block without use_opd (warned: it does not start)", name="opd.problems",
+@check("derive", keys=("teacher.model_args.model_name_or_path",),
+       doc="opsd: a teacher naming no model follows the student's (actor_train's) model, as self-distillation "
+           "asks", name="opd.opsd_teacher", after=("defaults.derived",), rollout_only=True)
+def opsd_teacher_model(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    if cfg.opsd and cfg.teacher is not None and not cfg.teacher.model_args.model_name_or_path:
+        cfg.teacher.model_args.model_name_or_path = cfg.actor_train.model_args.model_name_or_path
+    return []
+
+
+@check("check", keys=("use_opd", "is_pure_opd", "opd_kl_coef", "teacher", "teacher.model_args.model_name_or_path",
+                      "opsd", "opsd_template"),
+       doc="`use_opd` / `is_pure_opd` without a `teacher` block or its model, both at once (ROLL refuses it too), "
+           "`opd_kl_coef` < 0, outside `pipeline: rlvr`; `opsd` without either or with a template lacking "
+           "`{demonstration}`; a `teacher` block without either (warned: it does not start)", name="opd.problems",
        rollout_only=True)
 def opd_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if not cfg.use_opd:
-        if cfg.teacher is not None:
-            return [warning("teacher", "teacher: the block is given but use_opd is false, so no teacher starts "
-                                       "and nothing is distilled", "set use_opd: true, or remove the block")]
-        return []
     problems: List[Finding] = []
+    if cfg.opsd:
+        problems.extend(opsd_problems(cfg))
+    if not (cfg.use_opd or cfg.is_pure_opd):
+        if cfg.teacher is not None:
+            problems.append(warning("teacher", "teacher: the block is given but use_opd and is_pure_opd are false, "
+                                               "so no teacher starts and nothing is distilled",
+                                    "set use_opd: true (beside the task reward) or is_pure_opd: true, or remove "
+                                    "the block"))
+        return problems
+    key = "use_opd" if cfg.use_opd else "is_pure_opd"
+    if cfg.use_opd and cfg.is_pure_opd:
+        problems.append(error("is_pure_opd", "is_pure_opd and use_opd are both true: they are exclusive (as in ROLL): "
+                                             "is_pure_opd trains on the teacher term alone, use_opd adds it to the "
+                                             "task reward's advantages", "keep one of them"))
     if cfg.pipeline != "rlvr":
-        problems.append(error("use_opd", f"use_opd: on-policy distillation runs in `pipeline: rlvr` only (this is "
-                                         f"`pipeline: {cfg.pipeline}`: its per-token term is added to the prompt "
-                                         f"groups' advantages; the agentic sources' trajectory and turn "
-                                         f"advantages do not take it yet)",
-                              "use pipeline: rlvr, or set use_opd: false"))
+        problems.append(error(key, f"{key}: on-policy distillation runs in `pipeline: rlvr` only (this is "
+                                   f"`pipeline: {cfg.pipeline}`: its per-token term is added to the prompt "
+                                   f"groups' advantages; the agentic sources' trajectory and turn "
+                                   f"advantages do not take it yet)",
+                              f"use pipeline: rlvr, or set {key}: false"))
     if cfg.teacher is None:
-        problems.append(error("use_opd", "use_opd: true needs a `teacher` block (the frozen model that scores the "
-                                         "student's tokens; the keys of `reference`)",
+        problems.append(error(key, f"{key}: true needs a `teacher` block (the frozen model that scores the "
+                                   f"student's tokens; the keys of `reference`)",
                               "add teacher: {model_args: {model_name_or_path: ...}, strategy_args: "
                               "{strategy_name: hf_infer}}"))
     elif not cfg.teacher.model_args.model_name_or_path:
         problems.append(error("teacher.model_args.model_name_or_path",
                               "teacher.model_args.model_name_or_path: the teacher names no model (it does not "
-                              "follow `pretrain`: a teacher equal to the student teaches nothing)",
-                              "name the teacher's model folder or built-in name"))
+                              "follow `pretrain`: a teacher equal to the student teaches nothing, unless opsd "
+                              "gives it privileged context)",
+                              "name the teacher's model folder or built-in name, or set opsd: true"))
     if cfg.opd_kl_coef < 0:
         problems.append(error("opd_kl_coef", f"opd_kl_coef = {cfg.opd_kl_coef}: must be >= 0 (a negative weight "
                                              f"rewards moving away from the teacher)"))
+    return problems
+
+
+def opsd_problems(cfg: PipelineConfig) -> List[Finding]:
+    """Self-distillation's own keys: it needs a distillation mode to act in, and a template that
+    places the demonstration and formats (the teacher's prompt is built from it every step)."""
+    problems: List[Finding] = []
+    if not (cfg.use_opd or cfg.is_pure_opd):
+        problems.append(error("opsd", "opsd: self-distillation is a way to form the teacher's prompt; it needs "
+                                      "use_opd: true (beside the task reward) or is_pure_opd: true, and a `teacher` "
+                                      "block (its model follows the student's)",
+                              "set use_opd: true or is_pure_opd: true, with teacher: {strategy_args: "
+                              "{strategy_name: hf_infer}}"))
+    from roll_gspo.algorithms.distillation import opsd_hint
+
+    try:
+        opsd_hint(cfg.opsd_template, "42")
+    except ValueError as exc:
+        problems.append(error("opsd_template", f"opsd_template = {cfg.opsd_template!r}: {exc}",
+                              "e.g. opsd_template: 'Reference answer: {demonstration}\\n'"))
     return problems
 
 
