@@ -187,7 +187,7 @@ def markdown_table(table: Dict[str, Dict[str, Any]], skipped: Optional[Dict[str,
         n = f["seeds"]
         label, _ = GAUGES.get(arm, DEFAULT_GAUGE)
         if "failed" in f:
-            lines.append(f"| {arm} | {ARMS.get(arm, {}).get('title', arm)} | failed: {f['failed']} |"
+            lines.append(f"| {arm} | {ARMS.get(arm, {}).get('title', arm)} | failed: {f['failed'].replace('|', '/')} |"
                          + " |" * (len(heads) - 3))
             continue
         cells = [arm, ARMS.get(arm, {}).get("title", arm), str(n), _cell(f["mean_first"], f["mean_first_std"], n)]

@@ -2,6 +2,7 @@
 benchmark itself (Ray, vLLM, DeepSpeed) is not run here: see benchmarks/README.md."""
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -387,3 +388,86 @@ def test_rollout_files_benchmark_figures_and_its_bound(tmp_path):
     empty = subprocess.run([sys.executable, str(BENCH.parent / "bench_rollout_files.py"), str(tmp_path / "none")],
                            capture_output=True, text=True, timeout=120)
     assert empty.returncode == 2 and empty.stderr.strip().endswith("is not a run folder (no metrics.jsonl)")
+
+
+# --------------------------------------------------------------------------------------------
+# study_policy_losses.py: its arms (each loss's documented defaults, nothing per arm) and its table
+# --------------------------------------------------------------------------------------------
+def test_policy_loss_study_arms_run_their_loss_with_its_defaults():
+    """Every arm loads on the built-in GSPO example as the loss it names, writes none of the loss's
+    own keys (its documented defaults run), and only the keys that make the loss; the OPD arm needs
+    a teacher."""
+    from benchmarks import study_policy_losses as study
+    from roll_gspo.catalog.policy_losses import LOSS_SPECS
+    from roll_gspo.config import load_config
+    from roll_gspo.config.checks.policy_loss import GMPO_LOG_CLIP
+
+    assert study.GMPO_LOG_CLIP == GMPO_LOG_CLIP
+    expected = {"gspo": ("clip", "seq", "seq-mean-token-mean", 3e-3), "gspo_token": ("clip", "gspo-token",
+                                                                                     "seq-mean-token-mean", 3e-3),
+                "grpo": ("clip", "token", "token-mean", 0.2), "cispo": ("cispo", "token", "token-mean", 3e-3),
+                "sapo": ("sapo", "token", "token-mean", 3e-3), "gmpo": ("gmpo", "seq", "seq-mean-token-mean", 0.4),
+                "luspo": ("luspo", "seq", "seq-mean-token-sum", 3e-3), "vespo": ("vespo", "seq", "seq-mean-token-mean", 3e-3),
+                "opd": ("clip", "gspo-token", "seq-mean-token-mean", 3e-3)}
+    assert list(study.ARMS) == list(expected)  # opd after gspo: its default teacher is the gspo run
+    own_keys = {key for spec in LOSS_SPECS.values() for key in spec.keys}
+    for arm, (loss, ratio, agg, clip) in expected.items():
+        overrides = study.run_overrides(arm, 3, 2, 1, teacher="builtin:tiny-arith")
+        assert not {o.split("=")[0] for o in overrides} & own_keys, arm
+        assert overrides[:5] == ["seed=3", "max_steps=2", "eval_steps=1", "save_steps=0", "track_with=none"]
+        cfg = load_config(str(study.REPO_ROOT / study.MODELS["builtin"]), overrides)
+        assert (cfg.policy_loss, cfg.importance_sampling, cfg.loss_agg_mode, cfg.pg_clip_low) == (loss, ratio, agg, clip)
+        assert cfg.use_opd == (arm == "opd"), arm
+    assert study.run_overrides("gspo", 0, 2, 1, extra=["seed=9"])[-1] == "seed=9"  # extra overrides win
+    with pytest.raises(ValueError, match="arm opd needs a teacher"):
+        study.arm_overrides("opd")
+    with pytest.raises(ValueError, match="unknown arm 'ppo'"):
+        study.arm_overrides("ppo")
+
+
+def _study_records(accs, clip, gauge_key=None, gauge=0.0, entropy=0.5):
+    """A run's metrics.jsonl: validations at steps 0, 2, 4 (`accs`: task -> three accuracies), 4 steps."""
+    rows = []
+    for i, step in enumerate((0, 2, 4)):
+        rows.append({"step": step, **{f"val/{t}/accuracy": a[i] for t, a in accs.items()}, "val/accuracy": 0.0})
+    for step in (1, 2, 3, 4):
+        row = {"step": step, "actor/pg_loss": 0.1, "actor/clipfrac": clip, "actor/entropy": entropy * step,
+               "response/length_mean": 3.0, "reward/mean": 0.5, "rollout/logprob_gap": 1e-6, "time/step_s": 2.0}
+        if gauge_key:
+            row[gauge_key] = gauge
+        rows.append(row)
+    return sorted(rows, key=lambda r: r["step"])
+
+
+def test_policy_loss_study_summary_table_and_separation():
+    from benchmarks import study_policy_losses as study
+
+    one = study.run_summary("sapo", _study_records({"a": [0.2, 0.5, 0.6], "b": [0.4, 0.4, 0.8]}, 0.1,
+                                                    "actor/sapo_gate_off_frac", 0.25), wall_s=30.0)
+    assert one["acc_first"] == {"a": 0.2, "b": 0.4} and one["acc_last"] == {"a": 0.6, "b": 0.8}
+    assert one["mean_first"] == pytest.approx(0.3) and one["delta"] == pytest.approx(0.4)
+    assert one["mean_run"] == pytest.approx((0.45 + 0.7) / 2)  # validations after step 0 only
+    assert (one["gauge"], one["clipfrac"], one["entropy"], one["steps"]) == (0.25, 0.1, 2.0, 4)  # entropy: last quarter
+    cispo = study.run_summary("cispo", _study_records({"a": [0.2, 0.3, 0.4]}, 0.1, "actor/cispo_clipfrac_low", 0.05))
+    assert math.isnan(cispo["gauge"])  # one of its two keys missing: no gauge, not half of one
+    runs = {"gspo": {0: study.run_summary("gspo", _study_records({"a": [0.2, 0.5, 0.6]}, 0.4)),
+                     1: study.run_summary("gspo", _study_records({"a": [0.2, 0.5, 0.62]}, 0.4))},
+            "grpo": {0: study.run_summary("grpo", _study_records({"a": [0.2, 0.6, 0.8]}, 0.02)),
+                     1: study.run_summary("grpo", _study_records({"a": [0.2, 0.6, 0.82]}, 0.02))},
+            "sapo": {0: study.run_summary("sapo", _study_records({"a": [0.2, 0.5, 0.5]}, 0.0)),
+                     1: study.run_summary("sapo", _study_records({"a": [0.2, 0.5, 0.7]}, 0.0))}}
+    table = study.build_table(runs, {"cispo": "seed 0: RuntimeError: boom"})
+    assert table["gspo"]["mean_last"] == pytest.approx(0.61) and table["gspo"]["seeds"] == 2
+    assert table["cispo"] == {"seeds": 0, "failed": "seed 0: RuntimeError: boom"}
+    verdicts = study.separation(table)
+    assert any(v.startswith("grpo: 0.810 vs gspo 0.610 (+0.200") and v.endswith("ABOVE") for v in verdicts)
+    assert any(v.startswith("sapo:") and v.endswith("within seed noise") for v in verdicts)
+    assert study.separation({"grpo": table["grpo"]}) == ["no gspo arm: nothing to compare against"]
+    text = study.markdown_table(table, {"opd": "no teacher"})
+    lines = text.splitlines()
+    assert lines[0].startswith("| arm | loss | seeds | acc step 0 | acc a | acc mean | Δ acc | acc over run | clip frac")
+    assert all(line.count("|") == lines[0].count("|") for line in lines), text  # every row has every column
+    assert "| gspo | GSPO (clip, seq) | 2 | 0.200 ± 0.000 | 0.610 ± 0.014 |" in text
+    assert "| cispo | CISPO | failed: seed 0: RuntimeError: boom |" in text
+    assert "| opd | OPD + task reward (GSPO-token) | not run: no teacher |" in text
+    assert "gate < 0.5: " in text  # the loss's own gauge, named
