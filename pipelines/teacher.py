@@ -16,7 +16,7 @@ from roll_gspo.schema.config import PipelineConfig
 def teacher_view(cfg: PipelineConfig, tokenizer: Any, batch: Batch, trainer_view: Batch) -> Batch:
     """`trainer_view` unchanged without opsd; with it, a copy whose input_ids, attention_mask,
     prompt_lengths and response_mask lay out each row's hint ids + prompt ids + response ids (the
-    hint: `opsd_template` with the row's `ground_truth`, encoded without special tokens)."""
+    hint: `opsd_template` with the row's reference answer, encoded without special tokens)."""
     if not cfg.opsd:
         return trainer_view
     hints = hint_ids(tokenizer, cfg.opsd_template, batch["ground_truth"])
@@ -29,8 +29,11 @@ def teacher_view(cfg: PipelineConfig, tokenizer: Any, batch: Batch, trainer_view
     return view
 
 
-def hint_ids(tokenizer: Any, template: str, answers: Sequence[Any]) -> list:
-    """Each row's privileged context as token ids (a row without a reference answer gets the
-    template with an empty one)."""
-    return [tokenizer.encode(opsd_hint(template, "" if answer is None else str(answer)), add_special_tokens=False)
-            for answer in answers]
+def hint_ids(tokenizer: Any, template: str, ground_truths: Sequence[Any]) -> list:
+    """Each row's privileged context as token ids: the template holding the row's reference answer
+    (a task row's JSON `answer`, else the ground truth as written; none: empty). Special tokens
+    written in the template (e.g. ChatML's <|im_start|>) encode as themselves."""
+    from roll_gspo.tasks import reference_answer
+
+    return [tokenizer.encode(opsd_hint(template, "" if truth is None else reference_answer(truth)),
+                             add_special_tokens=False) for truth in ground_truths]

@@ -951,6 +951,10 @@ class PipelineConfig(SchemaBlock):
                 " on CPU), `system` (the C library's), or `auto`: jemalloc for CPU roles of a policy under 100M "
                 "parameters, else system ([training_speed.md](training_speed.md)).",
         choices=["auto", "jemalloc", "system"])
+    num_nodes: int = _refused_unless(
+        1, "ROLL's count of cluster nodes (its resource manager's).",
+        "the nodes here are Ray's (a run: every node of its cluster) or --dry-run's --nodes; device_mapping "
+        "is checked against those.")
     num_gpus_per_node: int = _f(
         8, "GPUs per node, for `device_mapping`: device id d is GPU d % num_gpus_per_node of node d // "
            "num_gpus_per_node; `--dry-run` plans on nodes of this many GPUs unless `--gpus-per-node` says otherwise"
@@ -1321,6 +1325,13 @@ class PipelineConfig(SchemaBlock):
                           "`fsdp2_train`, world_size, device_mapping, infer_batch_size); its model is the folder's "
                           "causal LM body with a new scalar head (null: `pretrain`) "
                           "([algorithm.md](algorithm.md#ppo-with-a-critic-adv_estimator-gae))."})
+    student_train: Optional[RoleConfig] = field(default=None, metadata={
+        "help": "ROLL's name for `actor_train` in its pure on-policy distillation YAMLs (written there, "
+                "`is_pure_opd` is implied unless use_opd is set, as ROLL's OPD launcher sets it).",
+        "alias_of": "actor_train", "alias_invert": False})
+    student_infer: Optional[RoleConfig] = field(default=None, metadata={
+        "help": "ROLL's name for `actor_infer` in its pure on-policy distillation YAMLs (see student_train).",
+        "alias_of": "actor_infer", "alias_invert": False})
     teacher: Optional[RoleConfig] = field(
         default=None,
         metadata={"help": "`use_opd`: the frozen teacher model (ROLL's `teacher` block, the keys of `reference`: "

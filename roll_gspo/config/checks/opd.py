@@ -9,7 +9,7 @@ import json
 import os
 from typing import AbstractSet, Any, Dict, List, Optional
 
-from roll_gspo.config.findings import Finding, error, warning
+from roll_gspo.config.findings import Finding, error, notice, warning
 from roll_gspo.config.checks.registry import check
 from roll_gspo.schema.config import PipelineConfig
 
@@ -24,6 +24,21 @@ def opsd_teacher_model(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]
     if cfg.opsd and cfg.teacher is not None and not cfg.teacher.model_args.model_name_or_path:
         cfg.teacher.model_args.model_name_or_path = cfg.actor_train.model_args.model_name_or_path
     return []
+
+
+@check("derive", keys=("student_train", "student_infer", "is_pure_opd"),
+       doc="ROLL's pure-OPD role names (`student_train` / `student_infer`, read as actor_train / actor_infer) "
+           "written without use_opd or is_pure_opd: is_pure_opd, as ROLL's OPD launcher sets it (said in a notice)",
+       name="opd.student_roles", rollout_only=True)
+def student_roles_imply_pure_opd(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
+    written = sorted(name for name in ("student_train", "student_infer")
+                     if yaml_keys is not None and any(k == name or k.startswith(f"{name}.") for k in yaml_keys))
+    if not written or cfg.use_opd or cfg.is_pure_opd:
+        return []
+    cfg.is_pure_opd = True
+    return [notice("is_pure_opd", f"is_pure_opd: true, as ROLL's start_onpolicy_distill_pipeline.py sets it for a "
+                                  f"YAML with {' / '.join(written)} (its pure-OPD names of actor_train / actor_infer): "
+                                  f"the advantages are the teacher term alone")]
 
 
 @check("check", keys=("use_opd", "is_pure_opd", "opd_kl_coef", "teacher", "teacher.model_args.model_name_or_path",
@@ -185,14 +200,15 @@ def _tokenizer_signature(tokenizer) -> Dict[str, Any]:
             "probe_ids": tuple(tokenizer.encode(PROBE, add_special_tokens=False))}
 
 
-@check("warn", keys=("use_opd", "importance_sampling"),
-       doc="`use_opd` under GSPO's sequence ratio (`importance_sampling: seq`), whose gradient gives every token "
+@check("warn", keys=("use_opd", "is_pure_opd", "importance_sampling"),
+       doc="`use_opd` / `is_pure_opd` under GSPO's sequence ratio (`importance_sampling: seq`), whose gradient gives every token "
            "its response's mean advantage, so the per-token teacher signal is averaged away", name="opd.seq_ratio",
        rollout_only=True)
 def opd_seq_ratio(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     if not cfg.uses_teacher() or cfg.importance_sampling != "seq":
         return []
-    return [warning("importance_sampling", "use_opd with importance_sampling: seq: the sequence ratio's gradient "
+    mode = "use_opd" if cfg.use_opd else "is_pure_opd"
+    return [warning("importance_sampling", f"{mode} with importance_sampling: seq: the sequence ratio's gradient "
                                            "gives every token its response's mean advantage, so OPD's per-token "
                                            "reverse KL acts per response (the teacher's token-level credit is "
                                            "averaged away)", "importance_sampling: gspo-token (GSPO's ratio, "

@@ -1,0 +1,133 @@
+"""ROLL's own examples for on-policy distillation and the policy-gradient variants
+(tests/data/roll/examples/, each unchanged from alibaba/ROLL at 8eb27cc) loaded here with only
+models, data and outputs changed: the pg_var FrozenLake recipe loads, passes preflight and --dry-run;
+the on-policy distill recipe (student_train / student_infer / teacher, run by ROLL's launcher that
+sets is_pure_opd) is read as pure OPD, and what it asks for that is not built here (Megatron's model
+parallelism, sequence packing, per-file sampling) is refused naming each key and why; with those
+off it loads, passes preflight and --dry-run. Config-level: no Ray, no weights."""
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from roll_gspo.config import ConfigError, load_config, preflight
+
+REPO = Path(__file__).resolve().parents[1]
+ROLL_DIR = REPO / "tests" / "data" / "roll"
+OPD = ROLL_DIR / "examples" / "onpolicy_distill_config.yaml"
+PG_VAR = ROLL_DIR / "examples" / "agent_val_frozen_lake-pg_var.yaml"
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A model folder holding only a config (Qwen2.5-0.5B's shape, 32768 positions): ROLL's lengths
+    need a model that holds them; nothing is loaded."""
+    folder = tmp_path_factory.mktemp("qwen2.5-0.5b-config")
+    config = json.loads((REPO / "tests" / "data" / "model_configs" / "Qwen2.5-0.5B.json").read_text())
+    config.setdefault("max_position_embeddings", 32768)
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """A config-only small Qwen2 holding ROLL's 8192-token agentic trajectories (as tests/test_cpu_run.py's:
+    the host-memory plan of --dry-run fits it on this machine)."""
+    folder = tmp_path_factory.mktemp("small-qwen2")
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 1024, "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128,
+        "tie_word_embeddings": True, "max_position_embeddings": 32768}))
+    return str(folder)
+
+
+@pytest.fixture
+def in_roll_dir(monkeypatch):
+    monkeypatch.chdir(ROLL_DIR)  # ROLL runs from its repository root; its data and defaults paths are relative
+
+
+def outputs(out) -> list:
+    return [f"output_dir={out}", f"logging_dir={out}/logs", f"rollout_dump_dir={out}/dump",
+            f"checkpoint_config.output_dir={out}/ckpt"]
+
+
+def opd_overrides(model: str, out) -> list:
+    """Models (student, reward, teacher), data (DAPO-Math is not in tests/data: another math file) and
+    outputs; the megatron_* strategy names as tests/test_roll_recipes.py changes them."""
+    return [f"pretrain={model}", f"reward_pretrain={model}", f"teacher.model_args.model_name_or_path={model}",
+            "student_train.data_args.file_name=[data/math_deepmath_deal.jsonl]", *outputs(out),
+            "student_train.strategy_args.strategy_name=deepspeed_train",
+            "teacher.strategy_args.strategy_name=deepspeed_infer"]
+
+
+NOT_BUILT = ["student_train.use_sequence_packing=false", "student_train.sequence_packing_args={}",
+             "teacher.sequence_packing_args={}", "student_train.data_args.interleave_probs=null",
+             "student_train.strategy_args.strategy_config.context_parallel_size=1",
+             "student_train.strategy_args.strategy_config.pipeline_model_parallel_size=1"]
+
+
+def test_roll_onpolicy_distill_example_refuses_what_is_not_built_naming_each_key(model_folder, tmp_path,
+                                                                                 in_roll_dir):
+    """The refusals come in two rounds (ROLL keys at their values first, then the strategy's keys),
+    each naming the key and what is not built; no key of ROLL's YAML is unknown here."""
+    def refusal(extra):
+        with pytest.raises(ConfigError) as info:
+            load_config(str(OPD), opd_overrides(model_folder, tmp_path) + extra, cpu_host=True)
+        assert "unknown key" not in str(info.value)  # num_nodes, student_*, teacher: all known
+        return str(info.value)
+
+    message = refusal([])
+    for key, reason in [("student_train.use_sequence_packing", "sequence packing is not built"),
+                        ("student_train.sequence_packing_args", "sequence packing is not built"),
+                        ("teacher.sequence_packing_args", "sequence packing is not built"),
+                        ("student_train.data_args.interleave_probs", "per-file sampling is not built")]:
+        assert key in message and reason in message, key
+    message = refusal(NOT_BUILT[:4])
+    for key in ("pipeline_model_parallel_size = 2", "context_parallel_size = 2"):
+        assert key in message and "Megatron model parallelism is not built" in message, key
+
+
+def test_roll_onpolicy_distill_example_runs_as_pure_opd(model_folder, tmp_path, in_roll_dir, caplog, capsys):
+    """With what is not built turned off, ROLL's recipe is pure OPD as its launcher makes it: the
+    student_* blocks are actor_train / actor_infer, the teacher its own role, said in one notice."""
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config(str(OPD), opd_overrides(model_folder, tmp_path) + NOT_BUILT, cpu_host=True)
+    preflight(cfg)
+    assert cfg.is_pure_opd and not cfg.use_opd and cfg.uses_teacher() and cfg.opd_kl_coef == 1.0
+    assert caplog.text.count("as ROLL's start_onpolicy_distill_pipeline.py sets it") == 1
+    assert cfg.actor_train.training_args.learning_rate == 5.0e-7  # student_train's
+    assert cfg.actor_infer.generating_args.temperature == 0.99  # student_infer's
+    assert cfg.teacher.strategy_args.strategy_name == "deepspeed_infer"
+    from roll_gspo.cli import main
+
+    # --dry-run on this CPU: the plan with the teacher's role, then ROLL's 2048 + 14336-token
+    # sequences refused on host memory, naming the trainer's logits and what to lower.
+    capsys.readouterr()
+    assert main(["--config", str(OPD), "--dry-run", *opd_overrides(model_folder, tmp_path), *NOT_BUILT]) != 0
+    out, err = capsys.readouterr()
+    assert "teacher: 1 x deepspeed_infer" in out and "host memory: does not fit" in err and "logits" in err
+
+
+def test_roll_pure_and_mixed_opd_at_once_is_refused_as_roll_refuses_it(model_folder, tmp_path, in_roll_dir):
+    with pytest.raises(ConfigError, match="is_pure_opd and use_opd are both true"):
+        load_config(str(OPD), opd_overrides(model_folder, tmp_path) + NOT_BUILT + ["is_pure_opd=true",
+                                                                                     "use_opd=true"], cpu_host=True)
+
+
+def test_roll_pg_var_frozen_lake_example_loads_and_passes_dry_run(small_model, tmp_path, in_roll_dir, monkeypatch,
+                                                                  capsys):
+    """ROLL's agent_val_frozen_lake-pg_var.yaml as ROLL has it (its agentic PG worker named in
+    actor_train.worker_cls, `pg_variant: topr`, generating_args under actor_infer)."""
+    over = [f"pretrain={small_model}", f"reward_pretrain={small_model}", *outputs(tmp_path),
+            f"tracker_kwargs.log_dir={tmp_path}/tb"]
+    cfg = load_config(str(PG_VAR), over, cpu_host=True)
+    preflight(cfg)
+    assert cfg.pipeline == "agentic" and cfg.policy_loss == "topr"
+    from roll_gspo.cli import main
+
+    monkeypatch.setattr("roll_gspo.config.plan.cpu_run.cpu_only_host", lambda: True)
+    capsys.readouterr()
+    assert main(["--config", str(PG_VAR), "--dry-run", *over]) == 0
+    out = capsys.readouterr().out
+    assert "policy loss: topr" in out and "agentic pipeline" in out
