@@ -128,6 +128,7 @@ def test_example_trains_fp32_gap_exact_resume_and_a_replaced_rollout_rank(tmp_pa
     assert set(steps) == {1, 2}
     for row in steps.values():
         assert row["rollout/logprob_gap"] <= 1e-4
+        assert row["drift/breaches"] == 0 and row["drift/gap/turn1"] <= 1e-4  # the drift alarm: silent, per turn
         assert row["traj/num_turns_mean"] > 1 and row["actor/grad_norm"] > 0
         assert 0 < row["traj/agent_tokens_mean"] < row["traj/length_mean"]  # boards are not in the loss
         assert math.isfinite(row["actor/pg_loss"])
@@ -205,6 +206,11 @@ def test_async_agentic_staleness_two_and_exact_resume(tmp_path, session_cache, r
     assert sum(r["rollout/continuations"] for r in records) > 0 and records[-1]["rollout/dropped_past_bound_total"] == 0
     assert records[0]["rollout/logprob_gap/lag0"] <= 1e-4  # the trainer's own version: fp32 noise
     assert max(r["rollout/logprob_gap/lag2"] for r in records[2:]) > 1e-4  # two versions back: the policy moved
+    # The drift alarm judges the current version's tokens only: the moved policy at lag 2 is no breach.
+    assert max(r.get("drift/gap/lag2", 0.0) for r in records[2:]) > 1e-4 and all(r["drift/breaches"] == 0 for r in records)
+    # Per env tag over lag-0 tokens only (the Long episodes, continued across syncs, may have none).
+    per_tag = {k: v for r in records for k, v in r.items() if k.startswith("drift/gap/task/")}
+    assert "drift/gap/task/Short" in per_tag and max(per_tag.values()) <= 1e-4
     checkpoints = os.path.join(cfg.output_dir, "checkpoints")
     assert os.path.exists(os.path.join(checkpoints, "step_2", "rollout_pool.pt"))
 

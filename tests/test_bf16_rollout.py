@@ -44,6 +44,7 @@ def test_bf16_trainer_and_vllm_report_the_gap_each_step_and_correct_it(tmp_path,
     for record in steps:  # every step: new weights synced, gap measured on them before the update
         assert "sync/seconds" in record
         assert record["rollout/logprob_gap"] > 0  # bf16 kernels differ (fp32 on both sides: ~1e-5)
+        assert record["drift/gap"] < 0.1 and record["drift/breaches"] == 0  # bf16's drift: no alarm
         assert record["rollout/old_logprobs_from_rollout"] == 0.0  # the correction needs the trainer's pass
         assert record["rollout_correction/k3_kl"] >= 0 and "rollout_correction/clipped_fraction" in record
         assert record["rollout_correction/weight_max"] <= 1.2 + 1e-6

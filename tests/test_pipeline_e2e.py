@@ -109,6 +109,8 @@ def test_seed_004_keys_zero2_vllm_with_kl_and_validation(seed_004_run, tiny_mode
     assert [r["step"] for r in records if "val/accuracy" in r] == [0, 2]
     # Trainer and vLLM agree on the rollout policy's log-probs (fp32 both sides).
     assert records[1]["rollout/logprob_gap"] < 1e-3
+    # So the drift alarm stays silent: its gap below fp32's warn gap every step, no breach.
+    assert all(r["drift/gap"] < 1e-3 and r["drift/breaches"] == 0 for r in records if "actor/pg_loss" in r)
     # So old_logprob_source: auto took vLLM's and the trainer's old-log-prob pass never ran.
     steps = [r for r in records if "actor/pg_loss" in r]
     assert all(r["rollout/old_logprobs_from_rollout"] == 1.0 and "time/old_log_probs_s" not in r for r in steps)
