@@ -230,6 +230,7 @@ def run_cell(args, cell: Tuple[str, str, str], folder: str) -> Dict[str, Any]:
     name = cell_name(cell).replace(":", "_").replace("-", "_")
     output_dir, log_path = os.path.join(folder, name), os.path.join(folder, f"{name}.log")
     overrides = cell_overrides(args, output_dir, step)
+    os.makedirs(folder, exist_ok=True)
     print(f"[bench] cell {cell_name(cell)}: signal in step {step}; log {log_path}", flush=True)
     started = time.time()
     driver = start(args, overrides, log_path)
