@@ -107,7 +107,9 @@ with the character vocabulary (random weights, 32 tokens).
 
 Run: ``.venv/bin/python benchmarks/bench_peers.py`` (both small sizes, the pipeline and both TRL variants; ``--sizes builtin``, ``--sizes 0.5b``
 with 256-token responses (~24 GiB machine to itself, about an hour), ``--sizes smollm2 --dtype bf16``,
-``--reps 5 --warmup 1``, ``--json out.json``, ``--variants pipeline trl_vllm``);
+``--reps 5 --warmup 1``, ``--json out.json``, ``--variants pipeline trl_vllm``; issue 58's three goals
+against both TRL variants in one run of about 15 minutes on a quiet 2-core machine:
+``--sizes builtin 20m smollm2-32 --reps 1 --reps-at builtin=5 --reps-at 20m=3 --warmup 1 --breakdown``);
 ``--smoke`` is a micro model, 4 prompts x 4, 1 cycle, the variants' start-ups overlapped
 (``--overlap-startup``) and a 0.2 s matmul peak, for the test suite. TRL comes with
 ``pip install -e ".[bench]"``; without it the TRL rows say so and the pipeline row is measured.
@@ -765,11 +767,12 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompt_tokens = float(sum(len(tokenizer(r["prompt"])["input_ids"]) for r in prompts) * size["group"])
-    cycles = args.warmup + args.reps
+    reps = dict(args.reps_at).get(name, args.reps)
+    cycles = args.warmup + reps
     n_params = parameter_count(model_dir)
     print(f"[bench] {name}: {size['label']}, {n_params / 1e6:.2f}M parameters, {size['prompts']} prompts x "
           f"{size['group']}, prompt <= {prompt_length} + response {size['response_length']} tokens, {args.dtype}, "
-          f"{args.warmup} warm-up + {args.reps} measured cycles", flush=True)
+          f"{args.warmup} warm-up + {reps} measured cycles", flush=True)
     skipped: Dict[str, str] = {}
     trl_missing = trl_available()
     layouts = dict(args.pipeline_variants)
@@ -804,7 +807,7 @@ def run_size(name: str, args, workdir: str) -> Dict[str, Any]:
         if cycle_results:
             last = cycle_results[-1]["peak_rss_mb"]
             rss[variant] = last if isinstance(last, dict) else {"process": last}
-    return summarise(name, size, n_params, results, args.warmup, rss, skipped, old_sources)
+    return {**summarise(name, size, n_params, results, args.warmup, rss, skipped, old_sources), "reps": reps}
 
 
 def _ready(variant: str, child: ChildProcess, old_sources: Dict[str, str]) -> None:
@@ -1004,7 +1007,9 @@ def format_report(report: Dict[str, Any]) -> str:
     for size in report["sizes"]:
         lines += ["", f"{size['label']}: {size['parameters'] / 1e6:.2f}M parameters, {size['prompts']} prompts x "
                       f"{size['group']}, response {size['response_length']} tokens, {report.get('dtype', 'fp32')} on "
-                      f"both sides; pipeline old log-probs from the {size['pipeline_old_logprob_source']}", header]
+                      f"both sides; pipeline old log-probs from the {size['pipeline_old_logprob_source']}"
+                      + (f"; medians of {size['reps']} cycles" if size.get("reps", report["reps"]) != report["reps"]
+                         else ""), header]
         for variant, row in size["rows"].items():
             p = row["phases_s"]
             ratio = row["cycle_over_pipeline"]
@@ -1043,6 +1048,14 @@ def format_summary(report: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def parse_size_reps(text: str):
+    """`SIZE=N` (--reps-at): N measured cycles at that size."""
+    name, _, count = text.partition("=")
+    if name not in SIZES or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: want SIZE=N with SIZE one of {sorted(SIZES)} and N >= 1")
+    return name, int(count)
+
+
 def parse_pipeline_variant(text: str):
     name, _, spec = text.partition(":")
     if not name.startswith("pipeline_"):
@@ -1059,6 +1072,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="default: the pipeline and both TRL variants (pipeline_trainer: the pipeline with the "
                              "trainer's old-log-prob pass, on request)")
     parser.add_argument("--reps", type=int, default=5, help="measured cycles per variant")
+    parser.add_argument("--reps-at", dest="reps_at", action="append", default=[], type=parse_size_reps,
+                        metavar="SIZE=N", help="measured cycles at one size instead of --reps (repeatable), e.g. "
+                                               "builtin=5: more cycles where they are cheap")
     parser.add_argument("--warmup", type=int, default=1, help="cycles per variant not counted")
     parser.add_argument("--pipeline-variant", dest="pipeline_variants", action="append", default=[],
                         type=parse_pipeline_variant, metavar="NAME:KEY=VALUE,...",

@@ -230,6 +230,11 @@ def test_peers_ratio_against_trls_faster_variant_and_goal(peers):
     assert {name: size.get("goal") for name, size in peers.SIZES.items() if size.get("goal")} == {
         "builtin": 1.0, "20m": 1.3, "smollm2": 1.5, "smollm2-32": 1.5}
     assert peers.parse_args([]).variants == ["pipeline", "trl_hf", "trl_vllm"]
+    # --reps-at: more cycles where they are cheap; a size or count that is not one is refused
+    assert peers.parse_args(["--reps-at", "builtin=5", "--reps-at", "20m=3"]).reps_at == [("builtin", 5), ("20m", 3)]
+    for bad in ("tiny=3", "builtin=0", "builtin=x", "builtin"):
+        with pytest.raises(SystemExit):
+            peers.parse_args(["--reps-at", bad])
 
 
 def test_peers_summary_table_names_the_cpu_and_each_sizes_verdict(peers):
