@@ -174,7 +174,7 @@ def separation(table: Dict[str, Dict[str, Any]], baseline: str = "gspo") -> List
 def _cell(value: Optional[float], std: Optional[float], seeds: int, spec: str = ".3f") -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
-    return format(value, spec) + (f" ± {format(std or 0.0, spec)}" if seeds > 1 else "")
+    return format(value, spec) + (f" ± {format(std or 0.0, spec.lstrip('+'))}" if seeds > 1 else "")
 
 
 def markdown_table(table: Dict[str, Dict[str, Any]], skipped: Optional[Dict[str, str]] = None) -> str:
@@ -249,6 +249,10 @@ def report_from_log(out: Path, json_path: Path, markdown_path: Optional[str]) ->
     runs = {arm: {seed: run_summary(arm, rows, wall.get(arm, {}).get(seed, float("nan")))
                   for seed, rows in per.items()} for arm, per in records.items()}
     facts = {k: old.get(k) for k in ("model", "config", "seeds", "max_steps", "eval_steps", "teacher")}
+    # a study still running (or its summary lost): what the log itself says
+    facts["seeds"] = facts["seeds"] or sorted({seed for per in records.values() for seed in per})
+    facts["max_steps"] = facts["max_steps"] or max((r["step"] for per in records.values() for rows in per.values()
+                                                   for r in rows), default=0)
     facts["wall_seconds"] = old.get("wall_seconds", float("nan"))
     report(runs, old.get("failures", {}), old.get("skipped", {}), facts, json_path, markdown_path)
     return 0
