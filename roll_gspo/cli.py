@@ -111,10 +111,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             run_pipeline_from_config(cfg)
             return 0
         except WorkerDiedError as exc:
-            print(f"error: {exc}", file=sys.stderr)
             checkpoint = _auto_resume_from(cfg, exc, resumes)
-            if checkpoint is None:
+            if checkpoint is None:  # the line names the rank, its phase, and the command that resumes the run
+                from roll_gspo.lifecycle.graceful_stop import resume_command
+
+                print(f"error: {exc}. Resume with: {resume_command()}", file=sys.stderr)
                 return 1
+            print(f"error: {exc}", file=sys.stderr)
             resumes += 1
             from roll_gspo.distributed.cluster import wait_until_stopped
 

@@ -19,7 +19,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.fault_tolerance import HangWatch, PhaseDeadline, hung_message, phase_of, probe_interval_s
-from roll_gspo.lifecycle.graceful_stop import resume_command
 from roll_gspo.schema.config import PipelineConfig, RoleConfig
 from roll_gspo.utils.imports import lighter_imports
 from roll_gspo.utils.logging import (LOG_DIR_ENV, capture_output, configure_vllm_logging, keep_logs_in_file,
@@ -404,7 +403,8 @@ class Cluster:
         self._kill_stopped([r for r, _ in hung])
         self.shutdown()
         raise WorkerHungError(f"{message}. " + (f"Its output: {output}. " if output else "")
-                              + f"The run stops; its last complete checkpoint is intact. Resume with: {resume_command()}")
+                              + "The run stops; its last complete checkpoint is intact (resume with "
+                              "resume_from_checkpoint=auto)")
 
     def _kill_stopped(self, ranks: List[int]) -> None:
         """kill -9 the hung ranks on this node (a stopped process may never serve Ray's kill request)."""
@@ -452,7 +452,7 @@ class Cluster:
         """`role <name> rank <r> (node, pid) died: <reason>. [note. ]Its output: <log file>. The run stops; ...`"""
         return (f"{self.death_line(rank, exc, call)}. " + (f"{note}. " if note else "")
                 + (f"Its output: {self.output_of(rank)}. " if self.output_of(rank) else "")
-                + f"The run stops; its last complete checkpoint is intact. Resume with: {resume_command()}")
+                + "The run stops; its last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
 
     def where(self, rank: int):
         """(node, pid) of `rank`, ("unknown", "unknown") when it died before it could answer."""
