@@ -205,6 +205,18 @@ def test_the_watch_judges_the_current_weights_rows_logs_one_line_and_stops_after
     assert DriftWatch(None, str(tmp_path)).observe(3, drift_batch(), rows) == {}
 
 
+def test_the_run_report_warns_of_the_breaches():
+    from roll_gspo.report.checks import drift_warning
+
+    assert drift_warning([{"step": 1, "drift/gap": 1e-6, "drift/level": 0.0}, {"step": 2}]) == []
+    rows = [{"step": 1, "drift/gap": 1e-6, "drift/level": 0.0}, {"step": 2, "drift/gap": 2e-3, "drift/level": 1.0},
+            {"step": 3, "drift/gap": 0.2, "drift/level": 2.0}]
+    (found,) = drift_warning(rows)
+    assert found["kind"] == "drift" and found["steps"] == [2, 3]
+    assert "2 step(s) above the warn gap, the first at step 2; the largest gap over every task 0.2 at step 3; a step " \
+           "crossed the stop gap" in found["message"]
+
+
 def test_a_drift_stop_is_one_line_and_exit_1():
     from pipelines.drift_watch import DriftStop
     from roll_gspo.cli import _report_failure

@@ -237,6 +237,21 @@ def logprob_gap_warning(rows: Sequence[Mapping[str, Any]], key: str = "rollout/l
     return []
 
 
+def drift_warning(rows: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """The drift alarm's breaches (`drift/level` 1 warn, 2 stop; roll_gspo.metrics.drift) as one
+    warning naming the first step, the worst gap and whether a step crossed the stop gap."""
+    breached = [row for row in rows if _finite(row.get("drift/level")) and float(row["drift/level"]) >= 1]
+    if not breached:
+        return []
+    worst = max(breached, key=lambda row: float(row["drift/gap"]) if _finite(row.get("drift/gap")) else 0.0)
+    stopped = any(float(row["drift/level"]) >= 2 for row in breached)
+    gap = f"{float(worst['drift/gap']):.3g}" if _finite(worst.get("drift/gap")) else "unknown"
+    return [warning("drift", f"the drift alarm: {len(breached)} step(s) above the warn gap, the first at step "
+                             f"{breached[0]['step']}; the largest gap over every task {gap} at step {worst['step']}"
+                             f"{'; a step crossed the stop gap' if stopped else ''} (trainer vs rollout engine)",
+                    [row["step"] for row in breached])]
+
+
 def stall_warning(stalls: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     """The stalls as one warning naming the worst phase stall (or the first other one)."""
     if not stalls:
@@ -251,7 +266,7 @@ def stall_warning(stalls: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
 def run_warnings(rows: Sequence[Mapping[str, Any]], train: Mapping[int, Sequence[Mapping[str, Any]]],
                  val: Mapping[int, Sequence[Mapping[str, Any]]]) -> List[Dict[str, Any]]:
     """Every warning of a run, most telling first: reward leaks, collapsed answers, truncation,
-    the log-prob gap, stalls. Truncation falls back on `response/truncated_frac` without rollouts."""
+    the log-prob gap, the drift alarm, stalls. Truncation falls back on `response/truncated_frac` without rollouts."""
     shares = truncated_shares(train)
     source = "training rollouts"
     if not shares:
@@ -260,4 +275,4 @@ def run_warnings(rows: Sequence[Mapping[str, Any]], train: Mapping[int, Sequence
         source = "response/truncated_frac"
     return (reward_without_correctness_warnings(train) + dominant_answer_warnings(train, "train")
             + dominant_answer_warnings(val, "validation") + truncation_warning(shares, source)
-            + logprob_gap_warning(rows) + stall_warning(find_stalls(rows)))
+            + logprob_gap_warning(rows) + drift_warning(rows) + stall_warning(find_stalls(rows)))
