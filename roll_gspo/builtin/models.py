@@ -222,6 +222,11 @@ register_builtin_model(
     description="builtin:tiny-arith-base after SFT on builtin:arith/sft (configs/sft_tiny_arith.yaml).",
     config=qwen2_config_dict(MODEL_SIZES["tiny"]))
 register_builtin_model(
+    "builtin:tiny-arith-teacher", None,
+    description="builtin:tiny-arith-base after SFT on builtin:arith_easy/sft, the true answers "
+                "(configs/sft_tiny_arith_teacher.yaml): examples/example_opd.yaml's teacher.",
+    config=qwen2_config_dict(MODEL_SIZES["tiny"]))
+register_builtin_model(
     "builtin:qwen2.5-0.5b-shape", lambda folder: write_shaped_model(folder, QWEN25_05B_SHAPE, seed=0),
     description="Random-init Qwen2 of Qwen2.5-0.5B's shape (24 layers, hidden 896, 14/2 heads, FFN 4864, "
                 "vocabulary 151936, tied embeddings; 494M parameters, 2 GB in fp32) with the char-level tokenizer.",
