@@ -17,7 +17,8 @@ the arm is skipped and the table says so. No stronger built-in model exists to t
 
 Per arm, mean and seed spread of: held-out greedy accuracy per task at step 0 and at the last step
 (and their task mean and change; "acc over run": the task mean of every validation after step 0,
-which tells a faster learner from one that only ends as high), the clip fraction (`actor/clipfrac`) and the loss's own gauge
+which tells a faster learner from one that only ends as high; "val drawdown": the largest fall of
+that mean below its best so far), the clip fraction (`actor/clipfrac`) and the loss's own gauge
 (CISPO's clipped weights, SAPO's gate below 0.5, GMPO's log clip, VESPO's mean weight phi, OPD's
 reverse KL to the teacher), entropy
 and response length over the last quarter of steps, the trainer-vs-rollout log-prob gap, the median
@@ -124,13 +125,18 @@ def run_summary(arm: str, records: List[Dict], wall_s: float = float("nan")) -> 
     # the task-mean accuracy of every validation after step 0: how fast, not only how far
     out["mean_run"] = mean_finite(mean_finite(r.get(f"val/{t}/accuracy") for t in tasks) for r in val
                                   if r["step"] > 0)
+    # the largest fall of the task-mean validation accuracy below its best so far (0: never fell)
+    best, out["drawdown"] = -1.0, 0.0
+    for r in val:
+        acc = mean_finite(r.get(f"val/{t}/accuracy") for t in tasks)
+        best, out["drawdown"] = max(best, acc), max(out["drawdown"], best - acc)
     out["mean_first"] = mean_finite(out["acc_first"].values())
     out["mean_last"] = mean_finite(out["acc_last"].values())
     out["delta"] = out["mean_last"] - out["mean_first"]
     return out
 
 
-SCALARS = ["mean_first", "mean_last", "delta", "mean_run", "clipfrac", "gauge", "entropy", "length", "reward", "logprob_gap",
+SCALARS = ["mean_first", "mean_last", "delta", "mean_run", "drawdown", "clipfrac", "gauge", "entropy", "length", "reward", "logprob_gap",
            "opd_reverse_kl", "step_s", "wall_s"]
 
 
@@ -181,7 +187,7 @@ def markdown_table(table: Dict[str, Dict[str, Any]], skipped: Optional[Dict[str,
     """One row per arm (mean ± seed std); per-task columns are the last validation's accuracy."""
     tasks = sorted({t for f in table.values() for t in f.get("acc_last", {})})
     heads = (["arm", "loss", "seeds", "acc step 0"] + [f"acc {t}" for t in tasks]
-             + ["acc mean", "Δ acc", "acc over run", "clip frac", "loss gauge", "entropy", "length", "logprob gap", "step s", "wall s"])
+             + ["acc mean", "Δ acc", "acc over run", "val drawdown", "clip frac", "loss gauge", "entropy", "length", "logprob gap", "step s", "wall s"])
     lines = ["| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]
     for arm, f in table.items():
         n = f["seeds"]
@@ -193,7 +199,7 @@ def markdown_table(table: Dict[str, Dict[str, Any]], skipped: Optional[Dict[str,
         cells = [arm, ARMS.get(arm, {}).get("title", arm), str(n), _cell(f["mean_first"], f["mean_first_std"], n)]
         cells += [_cell(f["acc_last"].get(t), f["acc_last_std"].get(t), n) for t in tasks]
         cells += [_cell(f["mean_last"], f["mean_last_std"], n), _cell(f["delta"], f["delta_std"], n, "+.3f"),
-                  _cell(f["mean_run"], f["mean_run_std"], n),
+                  _cell(f["mean_run"], f["mean_run_std"], n), _cell(f["drawdown"], f["drawdown_std"], n),
                   _cell(f["clipfrac"], f["clipfrac_std"], n),
                   ("" if label == DEFAULT_GAUGE[0] else f"{label}: ") + _cell(f["gauge"], f["gauge_std"], n),
                   _cell(f["entropy"], f["entropy_std"], n), _cell(f["length"], f["length_std"], n, ".2f"),

@@ -452,6 +452,9 @@ def test_policy_loss_study_summary_table_and_separation():
     assert one["acc_first"] == {"a": 0.2, "b": 0.4} and one["acc_last"] == {"a": 0.6, "b": 0.8}
     assert one["mean_first"] == pytest.approx(0.3) and one["delta"] == pytest.approx(0.4)
     assert one["mean_run"] == pytest.approx((0.45 + 0.7) / 2)  # validations after step 0 only
+    assert one["drawdown"] == 0.0
+    fell = study.run_summary("gspo", _study_records({"a": [0.2, 0.7, 0.5]}, 0.1))
+    assert fell["drawdown"] == pytest.approx(0.2) and fell["delta"] == pytest.approx(0.3)
     assert (one["gauge"], one["clipfrac"], one["entropy"], one["steps"]) == (0.25, 0.1, 2.0, 4)  # entropy: last quarter
     cispo = study.run_summary("cispo", _study_records({"a": [0.2, 0.3, 0.4]}, 0.1, "actor/cispo_clipfrac_low", 0.05))
     assert math.isnan(cispo["gauge"])  # one of its two keys missing: no gauge, not half of one
@@ -470,7 +473,8 @@ def test_policy_loss_study_summary_table_and_separation():
     assert study.separation({"grpo": table["grpo"]}) == ["no gspo arm: nothing to compare against"]
     text = study.markdown_table(table, {"opd": "no teacher"})
     lines = text.splitlines()
-    assert lines[0].startswith("| arm | loss | seeds | acc step 0 | acc a | acc mean | Δ acc | acc over run | clip frac")
+    assert lines[0].startswith("| arm | loss | seeds | acc step 0 | acc a | acc mean | Δ acc | acc over run | val drawdown | "
+                           "clip frac")
     assert all(line.count("|") == lines[0].count("|") for line in lines), text  # every row has every column
     assert "| gspo | GSPO (clip, seq) | 2 | 0.200 ± 0.000 | 0.610 ± 0.014 |" in text
     assert "| cispo | CISPO | failed: seed 0: RuntimeError: boom |" in text
