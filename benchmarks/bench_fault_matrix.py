@@ -145,9 +145,12 @@ def rank_of(output_dir: str, role: str, pid: int) -> Optional[int]:
 
 
 def role_processes(driver: subprocess.Popen, role: str) -> List[Any]:
-    if role == "reward":
-        return [p for p in ranks(driver, "ray::") if TITLES["reward"] in p.name()]
-    return ranks(driver, TITLES[role])
+    """The role's rank processes: not their children, which carry the same title (a reward worker's
+    scoring subprocess; stopping one of those is the per-response `timeout_s`'s case, not a hung worker)."""
+    found = ([p for p in ranks(driver, "ray::") if TITLES["reward"] in p.name()] if role == "reward"
+             else ranks(driver, TITLES[role]))
+    pids = {p.pid for p in found}
+    return [p for p in found if p.ppid() not in pids]
 
 
 def wait_step_logged(output_dir: str, step: int, driver: subprocess.Popen, timeout_s: float) -> bool:
