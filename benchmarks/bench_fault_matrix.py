@@ -150,7 +150,16 @@ def role_processes(driver: subprocess.Popen, role: str) -> List[Any]:
     found = ([p for p in ranks(driver, "ray::") if TITLES["reward"] in p.name()] if role == "reward"
              else ranks(driver, TITLES[role]))
     pids = {p.pid for p in found}
-    return [p for p in found if p.ppid() not in pids]
+    return [p for p in found if _parent(p) not in pids]
+
+
+def _parent(process) -> Optional[int]:
+    import psutil
+
+    try:
+        return process.ppid()
+    except psutil.Error:  # gone meanwhile
+        return None
 
 
 def wait_step_logged(output_dir: str, step: int, driver: subprocess.Popen, timeout_s: float) -> bool:
