@@ -209,9 +209,10 @@ def test_gather_turns_rays_out_of_memory_error_into_one_line(monkeypatch):
         raise ray.exceptions.OutOfMemoryError(RAY_OOM)
 
     monkeypatch.setattr(ray, "get", fake_get)
-    monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1: (refs[:1], refs[1:]))
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (refs[:1], refs[1:]))
     cluster = Cluster.__new__(Cluster)
     cluster.name, cluster.workers, cluster.placement_group, cluster._whereabouts = "actor_train", [], None, ["where 0"]
+    cluster._sent, cluster.deadlines = {}, None  # built without __init__: no bounded waits
     monkeypatch.setattr(cluster_module, "_CLUSTERS", {cluster})
     with pytest.raises(WorkerDiedError) as info:
         cluster.gather(["call on rank 0"])

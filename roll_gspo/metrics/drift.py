@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a gap is computed: the config checks read the thresholds without it
+    import torch
 
 MIN_TOKENS = 16  # a judged group's fewest tokens
 # The key of a training rank's train_step result holding {row_index: (T,) per-token gaps} (the driver pops it).
@@ -81,6 +82,8 @@ def gap_matrix(rows: Dict[int, torch.Tensor], mask: torch.Tensor) -> Tuple[torch
     """The training ranks' per-response gaps as (B, T) tensors: the gaps (0 where unmeasured) and the
     measured mask (`mask` (B, T) on the rows the ranks measured). rows: {row: (w,) gaps of its first
     w response positions}."""
+    import torch
+
     gap = torch.zeros(mask.shape, dtype=torch.float32)
     measured = torch.zeros(mask.shape, dtype=torch.float32)
     for row, values in rows.items():
@@ -101,6 +104,8 @@ def group_gaps(gap: torch.Tensor, mask: torch.Tensor, tasks: Sequence[Optional[s
     (None: every token lag 0). Judged groups (every task, each task, each turn, each task's turn)
     are over lag-0 tokens; each lag's group over its own tokens. Groups without tokens are absent.
     """
+    import torch
+
     mask = mask.to(torch.float64) * (torch.nan_to_num(gap) == gap).to(torch.float64)
     gap = torch.nan_to_num(gap.to(torch.float64)).abs()
     lags = torch.zeros_like(mask) if lags is None else lags.to(torch.float64).round()

@@ -31,8 +31,9 @@ def opsd_teacher_model(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]
            "written without use_opd or is_pure_opd: is_pure_opd, as ROLL's OPD launcher sets it (said in a notice)",
        name="opd.student_roles", rollout_only=True)
 def student_roles_imply_pure_opd(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    written = sorted(name for name in ("student_train", "student_infer")
-                     if yaml_keys is not None and any(k == name or k.startswith(f"{name}.") for k in yaml_keys))
+    written = sorted(name for name in ("student_train", "student_infer")  # written with a value (a printed config has nulls)
+                     if yaml_keys is not None and getattr(cfg, name) is not None
+                     and any(k == name or k.startswith(f"{name}.") for k in yaml_keys))
     if not written or cfg.use_opd or cfg.is_pure_opd:
         return []
     cfg.is_pure_opd = True
