@@ -16,7 +16,6 @@ import pytest
 from roll_gspo.distributed.cluster import HealthProbed, RankWorker
 from roll_gspo.distributed.fault_tolerance import PhaseDeadline, hung_message, phase_of
 
-pytestmark = pytest.mark.serial
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fault_matrix.py"
 
 
@@ -96,6 +95,7 @@ class Trainer(HealthProbed, RankWorker):
         return os.getpid()
 
 
+@pytest.mark.serial  # a stopped rank and a deadline: a fair share of the CPU
 def test_a_stopped_rank_is_unresponsive_not_dead_and_a_slow_one_is_left_alone(ray_session):
     from roll_gspo.distributed.cluster import Cluster, WorkerHungError
 
