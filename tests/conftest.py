@@ -60,8 +60,7 @@ def tiny_moe_model(session_cache):
 # the CPU the first leaves idle. An end-to-end run keeps the 2 cores ~87 % busy (cpuacct of the PPO
 # critic test: 73 CPU-s in 42 s), a unit test one core at most. Serial: the end-to-end and chaos
 # tests, and the files whose tests kill, hang or time processes (their deadlines assume a fair share
-# of the CPU). `beside`: an end-to-end test without deadlines or timings (a benchmark's smoke run) goes
-# to the second lane, whose unit tests end long before the first's.
+# of the CPU).
 SERIAL_FILES = {"test_code_sandbox.py", "test_reward_workers.py", "test_cluster.py", "test_scale_out.py",
                 "test_console.py", "test_engine_loop.py", "test_endpoint.py", "test_endpoint_ray.py",
                 "test_llm_judge.py", "test_ifeval.py", "test_envs.py", "test_agentic.py", "test_trackers.py",
@@ -69,7 +68,5 @@ SERIAL_FILES = {"test_code_sandbox.py", "test_reward_workers.py", "test_cluster.
 
 
 def pytest_itemcollected(item):
-    if item.get_closest_marker("beside"):  # e2e with no deadline or timing: the nice-19 lane has room
-        return
     if item.get_closest_marker("e2e") or item.get_closest_marker("chaos") or item.path.name in SERIAL_FILES:
         item.add_marker(pytest.mark.serial)

@@ -130,7 +130,6 @@ def test_weight_sync_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.beside  # asserts figures' sanity, no timing
 def test_peers_benchmark_smoke(tmp_path):
     """bench_peers.py --smoke: the pipeline and TRL's GRPOTrainer (HF generate and vLLM colocate)
     each run one cycle on the micro model, one after the other; every column of the table is there and

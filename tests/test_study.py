@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.beside]  # a study's smoke run: no timing asserted
+pytestmark = pytest.mark.e2e
 
 
 def test_study_smoke_mode_writes_table_plots_and_claims(tmp_path, session_cache, ray_session):
