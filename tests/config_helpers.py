@@ -126,3 +126,15 @@ def schema_fields(cls, prefix=""):
             block = typing.get_args(tp)[1]
             out += schema_fields(block, f"{path}.<{'domain' if block.__name__ == 'RewardConfig' else 'tag'}>")
     return out
+
+
+def small_qwen2_config_folder(folder: Path) -> str:
+    """A model folder holding only a config: a small Qwen2 that holds ROLL's 8192-token trajectories
+    (the host-memory plan of --dry-run fits it on this machine; nothing is loaded)."""
+    import json
+
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 1024, "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128,
+        "tie_word_embeddings": True, "max_position_embeddings": 32768}))
+    return str(folder)

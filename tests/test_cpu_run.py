@@ -1,13 +1,13 @@
 """A config written for GPUs, run on CPUs (roll_gspo.config.plan.cpu_run): ROLL's agentic recipes, unchanged
 (tests/data/roll/agentic_unchanged/), pass --dry-run on a CPU with only models and outputs overridden; each GPU-only setting is adapted with one notice naming its keys, and
 `roll_check` lists those keys as acting differently. Config-level: no Ray, no model weights."""
-import json
 import logging
 from pathlib import Path
 
 import pytest
 
 from roll_gspo.config import ConfigError, load_config, preflight
+from tests.config_helpers import small_qwen2_config_folder
 
 REPO = Path(__file__).resolve().parents[1]
 ROLL_DIR = REPO / "tests" / "data" / "roll"
@@ -26,12 +26,7 @@ KNOBS = {
 def small_model(tmp_path_factory):
     """A model folder holding only a config: a small Qwen2 that holds ROLL's 8192-token trajectories
     (the host-memory plan of --dry-run fits it on this machine; nothing is loaded)."""
-    folder = tmp_path_factory.mktemp("small-qwen2")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 1024, "hidden_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128,
-        "tie_word_embeddings": True, "max_position_embeddings": 32768}))
-    return str(folder)
+    return small_qwen2_config_folder(tmp_path_factory.mktemp("small-qwen2"))
 
 
 def knobs(recipe: Path) -> dict:

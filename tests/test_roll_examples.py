@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from roll_gspo.config import ConfigError, load_config, preflight
+from tests.config_helpers import small_qwen2_config_folder
 
 REPO = Path(__file__).resolve().parents[1]
 ROLL_DIR = REPO / "tests" / "data" / "roll"
@@ -34,12 +35,7 @@ def model_folder(tmp_path_factory):
 def small_model(tmp_path_factory):
     """A config-only small Qwen2 holding ROLL's 8192-token agentic trajectories (as tests/test_cpu_run.py's:
     the host-memory plan of --dry-run fits it on this machine)."""
-    folder = tmp_path_factory.mktemp("small-qwen2")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 1024, "hidden_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128,
-        "tie_word_embeddings": True, "max_position_embeddings": 32768}))
-    return str(folder)
+    return small_qwen2_config_folder(tmp_path_factory.mktemp("small-qwen2"))
 
 
 @pytest.fixture
