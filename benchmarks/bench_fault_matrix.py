@@ -99,6 +99,19 @@ def config_roles(config: str, extra: Sequence[str]) -> List[str]:
             + (["critic"] if cfg.uses_critic() else []) + (["reward"] if cfg.rewards else []))
 
 
+def config_calls(config: str, extra: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """`CALLS` for this config: where the old log-probs come from the rollout engine
+    (`old_logprob_source` resolved as the run resolves it), actor_train runs no `compute_log_probs`,
+    and its log-probs cells signal at the nearest point."""
+    from roll_gspo.config import load_config
+    from roll_gspo.config.plan.rollout_logprobs import choose_old_logprob_source
+
+    calls = {role: dict(phases) for role, phases in CALLS.items()}
+    if choose_old_logprob_source(load_config(config, list(extra))).source == "rollout":
+        calls["actor_train"]["log-probs"] = None
+    return calls
+
+
 def all_cells(roles: Sequence[str]) -> List[Tuple[str, str, str]]:
     return [(role, phase, sig) for role in roles for phase in PHASES for sig in SIGNALS]
 
@@ -236,7 +249,7 @@ def names_all(line: str, role: str, rank: Optional[int], phase: str, call: Optio
 def run_cell(args, cell: Tuple[str, str, str], folder: str) -> Dict[str, Any]:
     """One run with the cell's fault; its outcome (module docstring)."""
     role, phase, sig = cell
-    spec = CALLS.get(role, {}).get(phase)
+    spec = getattr(args, "calls", CALLS).get(role, {}).get(phase)
     watched, call = spec if isinstance(spec, tuple) else (role, spec)
     step = cell_step(phase, args.save_steps)
     name = cell_name(cell).replace(":", "_").replace("-", "_")
@@ -430,6 +443,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.list:
         print("\n".join(cell_name(cell) for cell in cells))
         return 0
+    args.calls = config_calls(args.config, args.override)
     folder = args.folder or tempfile.mkdtemp(prefix="bench_fault_matrix_")
     os.makedirs(folder, exist_ok=True)
     import platform

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from roll_gspo.schema.config import PipelineConfig
 from roll_gspo.lifecycle.checkpoint import checkpoint_base
@@ -30,7 +30,7 @@ from roll_gspo.config.plan.run_plan import RunPlan, build_run_plan
 from roll_gspo.distributed.batch import Batch
 from roll_gspo.distributed.batch_fields import RESPONSE_RATIOS, TRAINER_TENSORS, view
 from roll_gspo.distributed.cluster import WorkerDiedError
-from roll_gspo.distributed.fault_tolerance import regeneration_note
+from roll_gspo.distributed.fault_tolerance import phase_of, regeneration_note
 from roll_gspo.distributed.replaceable import ReplaceableCluster
 from roll_gspo.lifecycle.checkpoint import resolve_resume
 from roll_gspo.lifecycle.reshape import ResumeAction, prepare_resume, resume_actions
@@ -41,7 +41,7 @@ from roll_gspo.metrics.rollouts import RolloutWriter
 from roll_gspo.metrics.stalls import StallWatch
 from roll_gspo.report import REPORT_FILE, write_report
 from roll_gspo.models.moe_routing import folder_is_moe
-from roll_gspo.sync.broadcast import RECEIVER_LOST
+from roll_gspo.sync.broadcast import RECEIVER_LOST, UNRESPONSIVE_RECEIVERS
 
 from pipelines.checkpoint import (announce_stop, checkpoint_due, load_buffered, load_pool_states, restore_trainer,
     resumed_old_logprobs, save_final_model, write_checkpoint)
@@ -234,6 +234,7 @@ class TrainerLoop:
         if train_actor:
             self.weights_synced, self.trained_step = False, step
         lost = per_rank[0].pop(RECEIVER_LOST, None) if per_rank else None
+        unresponsive = per_rank[0].pop(UNRESPONSIVE_RECEIVERS, ()) if per_rank else ()
         self.response_ratios = {row: figures for rank in per_rank or () for row, figures
                                 in rank.pop(RESPONSE_RATIOS, {}).items()}
         self.trainer_gaps = {row: gaps for rank in per_rank or () for row, gaps in rank.pop(TRAINER_GAPS, {}).items()}
@@ -243,7 +244,7 @@ class TrainerLoop:
                 self._synced(step)
             else:  # a rollout rank died or hung during the sync: replaced, then every rank synced again
                 timings["train"] -= sync_metrics["sync/seconds"]
-                self._replace_lost_receivers(step, lost)
+                self._replace_lost_receivers(step, lost, unresponsive)
                 sync_metrics = self.sync_weights(step)
                 timings["train"] += sync_metrics["sync/seconds"]
         train_metrics.update(critic_metrics)
@@ -320,9 +321,9 @@ class TrainerLoop:
         """The trainer's weights (those of pipeline step `version`; None keeps the rollout ranks'
         stamp) into every rollout rank (a rank lost during it: replaced, and the sync made again)."""
         metrics = self.actor_train.execute_all("sync_weights_to", self.actor_infer.workers, version)[0]
-        lost = metrics.pop(RECEIVER_LOST, None)
+        lost, unresponsive = metrics.pop(RECEIVER_LOST, None), metrics.pop(UNRESPONSIVE_RECEIVERS, ())
         if lost is not None:
-            self._replace_lost_receivers(version, lost)
+            self._replace_lost_receivers(version, lost, unresponsive)
             return self.sync_weights(version)
         self._synced(version)
         return metrics
@@ -332,16 +333,21 @@ class TrainerLoop:
         self.weights_synced = True
         self.rollout_version = self.rollout_version if version is None else version
 
-    def _replace_lost_receivers(self, version: Optional[int], lost: str) -> None:
-        """A weight sync lost a rollout rank (`lost`: why): the ranks that died or hang are replaced;
-        the caller then syncs every rank again (a survivor may hold half a sync)."""
+    def _replace_lost_receivers(self, version: Optional[int], lost: str, unresponsive: Sequence[int] = ()) -> None:
+        """A weight sync lost a rollout rank (`lost`: why; `unresponsive`: the ranks the sender found
+        stopped or hung): the ranks that died or hang are replaced; the caller then syncs every
+        rank again (a survivor may hold half a sync)."""
         if self.replaceable is None:
             raise WorkerDiedError(f"a rollout rank was lost during the weight sync ({lost}). The run stops; its "
                                   f"last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
-        logger.warning("weight sync: a rollout rank was lost (%s); replacing it", lost)
+        if unresponsive:  # the line names the rank as the driver's own probes would
+            logger.warning("role %s, in phase %s; replacing it", lost.split(": ", 1)[-1],
+                           phase_of("load_weight_bucket"))
+        else:
+            logger.warning("weight sync: a rollout rank was lost (%s); replacing it", lost)
         self.resyncing, self.resync_version = True, version  # a new rank takes what every rank takes next
         try:
-            replaced = self.replaceable.recover()
+            replaced = self.replaceable.recover(unresponsive)
         finally:
             self.resyncing = False
         if not replaced:  # every rank alive and answering: nothing a replacement would mend

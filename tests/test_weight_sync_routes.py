@@ -5,9 +5,13 @@ run must hand its weights to the rollout worker on the trainer's GPU by CUDA IPC
 one pure function (roll_gspo.placement.weight_routes), taken by the run from the real devices and
 printed by `--dry-run` from the planned ones; both are checked here without a GPU.
 """
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 from roll_gspo.placement.weight_routes import (CUDA_IPC, GLOO, NCCL, NO_SHM_ROOM, OBJECT_STORE, SHARED_MEMORY,
@@ -219,3 +223,56 @@ def test_weight_sender_routes_each_rank_from_the_devices_it_reports(ray_session,
     assert sender.by_shared_memory == [sinks[2]] and sender.by_object_store == []
     for sink in sinks:
         ray_session.kill(sink)
+
+
+class LoadingSink:
+    """A CPU rollout rank that takes `load_s` to load a bucket and answers health probes meanwhile
+    (its `health` runs on a thread of its own, as ActorInferWorker's does)."""
+
+    def __init__(self, load_s):
+        self.load_s = load_s
+
+    def node_id(self):
+        return ray.get_runtime_context().get_node_id()
+
+    def weight_receivers(self):
+        return 1
+
+    def pid(self):
+        return os.getpid()
+
+    def load_weight_bucket(self, bucket, first, last, version=None):
+        time.sleep(self.load_s)
+
+    @ray.method(concurrency_group="health")
+    def health(self):
+        return 0, 0
+
+
+@pytest.mark.e2e
+def test_a_rollout_rank_stopped_mid_load_fails_the_sync_at_the_hang_deadline_naming_it(ray_session):
+    """Issue 57's HANG cell (actor_infer:weight-sync:stop): a rollout rank SIGSTOPped while it loads
+    a bucket answers no probe; the sender names it (`unresponsive`) after fault_tolerance.hang_timeout_s,
+    not weight_sync_timeout_s, while a slow rank that answers is waited for."""
+    from roll_gspo.sync import broadcast
+    from roll_gspo.sync.collective import WeightSyncError
+
+    remote = ray_session.remote(num_cpus=0.01, concurrency_groups={"health": 1})(LoadingSink)
+    slow, stopped = remote.remote(2.5), remote.remote(0.1)
+    sender = broadcast.WeightSender([slow, stopped], "object_store", 1 << 20, timeout_s=600, hang_timeout_s=1.0)
+    bucket = [("w", torch.ones(4))]
+    pid = ray_session.get(stopped.pid.remote())
+    try:
+        sender.send(bucket, first=True, last=False)  # both still load after the bucket time: slow, not hung
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match=r"actor_infer rank 1 is unresponsive .*hang_timeout_s = 1 s") as err:
+            sender.send(bucket, first=False, last=True)
+        assert err.value.unresponsive == [1]
+        assert time.monotonic() - start < 10  # the probe deadline, not weight_sync_timeout_s (600 s)
+        fields = broadcast.lost_fields(err.value)
+        assert fields[broadcast.UNRESPONSIVE_RECEIVERS] == [1]
+        assert broadcast.receiver_lost(err.value)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        ray_session.kill(slow)

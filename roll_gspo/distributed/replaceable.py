@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import ray
 
@@ -193,12 +193,20 @@ class ReplaceableCluster(Cluster):
             self._calls.pop(refs[index], None)
         return results
 
-    def recover(self) -> List[int]:
+    def recover(self, unresponsive: Sequence[int] = ()) -> List[int]:
         """Probe every rank (one answer within the hang deadline); replace those that died or do not
-        answer. Returns the ranks replaced (after a failed weight sync: which rank broke it)."""
+        answer, and at once those of `unresponsive` (found so by the caller's own probes, e.g. the
+        weight sender's). Returns the ranks replaced (after a failed weight sync: which rank broke it)."""
         probes = {rank: worker.health.remote() for rank, worker in enumerate(self.workers)}
         replaced = []
         for rank, probe in probes.items():
+            if rank in unresponsive:
+                self._kill_hung(rank)
+                self.replace(rank, RankUnresponsive(
+                    f"did not answer a health probe within fault_tolerance.hang_timeout_s = {self.hang_timeout_s:g} s "
+                    f"while it loaded a weight bucket"))
+                replaced.append(rank)
+                continue
             try:
                 ray.get(probe, timeout=self.hang_timeout_s)
                 continue

@@ -66,7 +66,7 @@ def broadcast_weights(strategy, bucket_bytes: int, sender: Optional["WeightSende
     metrics: Dict[str, Any] = {"sync/seconds": time.perf_counter() - start, "sync/megabytes": sent_bytes / (1 << 20),
                                "sync/buckets": float(buckets)}
     if lost is not None:
-        metrics[RECEIVER_LOST] = lost
+        metrics.update(lost)
     return metrics
 
 
@@ -84,8 +84,23 @@ def receiver_lost(exc: BaseException) -> bool:
     return isinstance(exc, (ray.exceptions.RayActorError, WeightSyncError, ray.exceptions.GetTimeoutError))
 
 
-def _send_or_lost(sender: "WeightSender", bucket, **kwargs) -> Optional[str]:
-    """Send one bucket; the reason when a receiver was lost during it (other failures raise)."""
+# Beside `RECEIVER_LOST`: the indices (among the sync's receivers) of the rollout ranks found
+# unresponsive during it, which the driver replaces without probing them again.
+UNRESPONSIVE_RECEIVERS = "unresponsive_receivers"
+
+
+def lost_fields(exc: BaseException) -> Dict[str, Any]:
+    """A sync result's `RECEIVER_LOST` (why, one line) and `UNRESPONSIVE_RECEIVERS` for `exc`."""
+    text = str(exc).strip()
+    fields: Dict[str, Any] = {RECEIVER_LOST: f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"}
+    unresponsive = getattr(exc, "unresponsive", None)  # a WeightSyncError's
+    if unresponsive:
+        fields[UNRESPONSIVE_RECEIVERS] = list(unresponsive)
+    return fields
+
+
+def _send_or_lost(sender: "WeightSender", bucket, **kwargs) -> Optional[Dict[str, Any]]:
+    """Send one bucket; `lost_fields` when a receiver was lost during it (other failures raise)."""
     try:
         sender.send(bucket, **kwargs)
         return None
@@ -93,11 +108,12 @@ def _send_or_lost(sender: "WeightSender", bucket, **kwargs) -> Optional[str]:
         if not receiver_lost(exc):
             raise
         sender.close()
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return lost_fields(exc)
 
 
 def broadcast_adapter(strategy, receivers: Optional[Sequence[Any]], config: Dict[str, Any],
-                      version: Optional[int] = None, timeout_s: float = 600.0) -> Dict[str, float]:
+                      version: Optional[int] = None, timeout_s: float = 600.0,
+                      hang_timeout_s: Optional[float] = None) -> Dict[str, float]:
     """`lora_sync: adapter`: send `strategy`'s LoRA adapter (its tensors under PEFT's names, and its
     adapter_config.json content `config`) to every rollout worker, which loads it as a new LoRA
     request (`load_adapter`). Runs on every training rank at once (the adapter is gathered
@@ -108,7 +124,8 @@ def broadcast_adapter(strategy, receivers: Optional[Sequence[Any]], config: Dict
     if receivers is None:
         return {"sync/seconds": time.perf_counter() - start}
     ref = ray.put([(name, *to_wire(tensor)) for name, tensor in tensors])
-    ray.get([r.load_adapter.remote(ref, config, version) for r in receivers], timeout=timeout_s)
+    await_loads({r.load_adapter.remote(ref, config, version): r for r in receivers}, receivers, timeout_s,
+                hang_timeout_s)
     return {"sync/seconds": time.perf_counter() - start,
             "sync/megabytes": sum(t.numel() * t.element_size() for _, t in tensors) / (1 << 20),
             "sync/buckets": 1.0}
@@ -121,9 +138,12 @@ class WeightSender:
     (`node_id`) and each worker's GPU UUID (`weight_gpus`; a receiver without that method holds
     its weights on CPU, `weight_receivers` of them)."""
 
-    def __init__(self, receivers: Sequence[Any], transport: str, bucket_bytes: int, timeout_s: float = 600.0):
+    def __init__(self, receivers: Sequence[Any], transport: str, bucket_bytes: int, timeout_s: float = 600.0,
+                 hang_timeout_s: Optional[float] = None):
         receivers = list(receivers)
         self.timeout_s = timeout_s
+        # With it, each bucket's loads are awaited probing the receivers (`_await_loads`).
+        self.hang_timeout_s = hang_timeout_s
         self.receivers = receivers
         sender = _place(ray.get_runtime_context().get_node_id(), gpu_identity())
         nodes = ray.get([r.node_id.remote() for r in receivers])
@@ -153,22 +173,19 @@ class WeightSender:
 
     def send(self, bucket: List[Tuple[str, torch.Tensor]], first: bool, last: bool,
              version: Optional[int] = None) -> None:
-        calls = []
+        calls: Dict[Any, Any] = {}  # load call -> its receiver
         stamp = {"version": version} if version is not None else {}  # only the last bucket has one
         if self.by_shared_memory:
             shared = self.segment.write(bucket)
-            calls += [r.load_weight_bucket.remote(shared, first=first, last=last, **stamp)
-                      for r in self.by_shared_memory]
+            calls.update({r.load_weight_bucket.remote(shared, first=first, last=last, **stamp): r
+                          for r in self.by_shared_memory})
         if self.by_object_store:
             ref = ray.put([(name, *to_wire(tensor)) for name, tensor in bucket])
-            calls += [r.load_weight_bucket.remote(ref, first=first, last=last, **stamp)
-                      for r in self.by_object_store]
+            calls.update({r.load_weight_bucket.remote(ref, first=first, last=last, **stamp): r
+                          for r in self.by_object_store})
         if self.collective is not None:  # while the host routes' loads run
             self.collective.send(bucket, first, last, version)
-        try:
-            ray.get(calls, timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise _timeout_error(self.timeout_s) from None
+        await_loads(calls, self.receivers, self.timeout_s, self.hang_timeout_s)
         if self.segment is not None:
             self.segment.delivered()
             if last:  # the receivers unmap it too: between syncs no segment holds a bucket of the node's memory
@@ -179,6 +196,64 @@ class WeightSender:
         """Let go of the shared segment (a sync cut short by a lost receiver leaves it linked)."""
         if self.segment is not None:
             self.segment.close()
+
+
+def await_loads(calls: Dict[Any, Any], receivers: Sequence[Any], timeout_s: float,
+                hang_timeout_s: Optional[float]) -> None:
+    """Until every load call of `calls` (-> its receiver, one of `receivers`) returned; raises as
+    soon as one fails. Bounded by `timeout_s` in all, and with `hang_timeout_s` by each receiver's
+    health: one that leaves a probe (`health`) unanswered that long (stopped, or hung in native
+    code) fails the sync at once, naming it (`WeightSyncError.unresponsive`, its index in
+    `receivers`), as the driver's probes judge a rollout rank anywhere else; a slow but answering
+    one is waited for."""
+    if hang_timeout_s is None:
+        try:
+            ray.get(list(calls), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise _timeout_error(timeout_s) from None
+        return
+    from roll_gspo.distributed.fault_tolerance import HangWatch, probe_interval_s
+
+    receivers = list(receivers)
+    start = time.monotonic()
+    watches: Dict[int, HangWatch] = {}
+    probes: Dict[int, Any] = {}
+    pending = list(calls)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=probe_interval_s(hang_timeout_s))
+        if ready:
+            ray.get(ready[0])  # a receiver that died or raised: now, not after its peers
+            continue
+        now = time.monotonic()
+        if now - start > timeout_s:
+            raise _timeout_error(timeout_s)
+        waiting = {receivers.index(calls[ref]): ref for ref in pending}
+        for index in [index for index in watches if index not in waiting]:  # loaded meanwhile
+            watches.pop(index)
+            probes.pop(index, None)
+        for index, ref in waiting.items():
+            watch = watches.setdefault(index, HangWatch(hang_timeout_s, started=start))
+            probe = probes.get(index)
+            if probe is not None and ray.wait([probe], timeout=0)[0]:
+                watch.answered(now, 0, 0)  # answering: loading, however slowly
+                probes.pop(index)
+            if index not in probes:
+                probes[index] = calls[ref].health.remote()
+                watch.probe_sent(now)
+        silent = sorted(index for index, watch in watches.items() if watch.verdict(now))
+        if silent:
+            raise _unresponsive_error(silent, hang_timeout_s, now - start)
+
+
+def _unresponsive_error(unresponsive: List[int], hang_timeout_s: float, waited_s: float):
+    """The error of a sync whose receivers `unresponsive` (indices: their ranks in a sync of every
+    rollout rank) stopped answering health probes while loading a bucket."""
+    from roll_gspo.sync.collective import WeightSyncError
+
+    who = ", ".join(f"actor_infer rank {index}" for index in unresponsive)
+    return WeightSyncError(f"{who} is unresponsive (stopped or hung, not dead): it did not answer a health probe "
+                           f"within fault_tolerance.hang_timeout_s = {hang_timeout_s:g} s while loading a weight "
+                           f"bucket ({waited_s:.0f} s into the load)", unresponsive)
 
 
 def _timeout_error(timeout_s: float):

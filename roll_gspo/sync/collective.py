@@ -33,7 +33,15 @@ GROUP_PREFIX = "roll_gspo_weight_sync"
 
 
 class WeightSyncError(RuntimeError):
-    """A weight broadcast (or the group's set-up) failed or ran past its deadline."""
+    """A weight broadcast (or the group's set-up) failed or ran past its deadline; `unresponsive`:
+    the receivers (their indices) found stopped or hung, when that is why."""
+
+    def __init__(self, message: str, unresponsive: Sequence[int] = ()):
+        super().__init__(message)
+        self.unresponsive = list(unresponsive)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.unresponsive)
 
 
 @dataclass(frozen=True)

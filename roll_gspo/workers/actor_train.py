@@ -28,7 +28,7 @@ from roll_gspo.models.causal_lm import (num_micro_batches, padding_pass, padding
 from roll_gspo.lifecycle.seeding import trainer_seed
 from roll_gspo.metrics.drift import TRAINER_GAPS
 from roll_gspo.strategies import engine_class
-from roll_gspo.sync.broadcast import RECEIVER_LOST, WeightSender, broadcast_weights, receiver_lost
+from roll_gspo.sync.broadcast import RECEIVER_LOST, WeightSender, broadcast_weights, lost_fields, receiver_lost
 from roll_gspo.workers.train_metrics import SplitInvariantMetrics
 
 
@@ -378,11 +378,12 @@ class ActorTrainWorker(HealthProbed, RankWorker):
                     return broadcast_adapter(self.strategy, receivers if self.rank == 0 else None,
                                              adapter_config(self.strategy.module,
                                                             self.role.model_args.model_name_or_path),
-                                             version, self.cfg.weight_sync_timeout_s)
+                                             version, self.cfg.weight_sync_timeout_s,
+                                             self.cfg.fault_tolerance.hang_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - sorted by receiver_lost
                     if not receiver_lost(exc):
                         raise
-                    return {"sync/seconds": 0.0, RECEIVER_LOST: f"{type(exc).__name__}: {exc}"}
+                    return {"sync/seconds": 0.0, **lost_fields(exc)}
         bucket_bytes = int(self.cfg.weight_sync_bucket_mb * (1 << 20))
         lost = None
         if self.rank == 0:
@@ -391,7 +392,7 @@ class ActorTrainWorker(HealthProbed, RankWorker):
             except Exception as exc:  # noqa: BLE001 - sorted by receiver_lost
                 if not receiver_lost(exc):
                     raise
-                lost = f"{type(exc).__name__}: {exc}"
+                lost = lost_fields(exc)
         sender = self.weight_sender if lost is None else None  # without one, rank 0 still gathers every bucket
         if "lp_params" not in self.strategy.offloader.offloaded:
             metrics = broadcast_weights(self.strategy, bucket_bytes, sender, version)
@@ -399,7 +400,7 @@ class ActorTrainWorker(HealthProbed, RankWorker):
             with self.strategy.offloader.on_device():  # e.g. the sync after a resume
                 metrics = broadcast_weights(self.strategy, bucket_bytes, sender, version)
         if lost is not None:
-            metrics[RECEIVER_LOST] = lost
+            metrics.update(lost)
         if RECEIVER_LOST in metrics:
             self.weight_sender = None  # made again for the ranks the driver then gives
         return metrics
@@ -414,7 +415,7 @@ class ActorTrainWorker(HealthProbed, RankWorker):
             sender.close()
         self.weight_sender = None
         self.weight_sender = WeightSender(receivers, self.cfg.weight_sync_transport, bucket_bytes,
-                                          self.cfg.weight_sync_timeout_s)
+                                          self.cfg.weight_sync_timeout_s, self.cfg.fault_tolerance.hang_timeout_s)
 
     def save_checkpoint(self, folder: str) -> None:
         self.strategy.save_checkpoint(folder)
