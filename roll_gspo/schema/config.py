@@ -1142,8 +1142,9 @@ class PipelineConfig(SchemaBlock):
         WEIGHT_SYNC_TRANSPORTS)
     weight_sync_timeout_s: float = _f(
         600.0, "Deadline (> 0) of each step of a weight sync: forming the collective group, every "
-               "broadcast, every rollout rank's load of a bucket. A rollout worker that dies or hangs "
-               "mid-sync then fails the run with an error naming it instead of blocking it.")
+               "broadcast, every rollout rank's load of a bucket. A rollout worker that dies mid-sync, or "
+               "leaves a health probe unanswered for `fault_tolerance.hang_timeout_s` while it loads a bucket "
+               "(stopped, hung), is named and replaced well before it.")
     vllm_weight_update: str = _f(
         "auto", "How vLLM takes new weights: `auto` fills each layer directly and re-packs it once complete on CPU "
                 "with an unquantized model, and uses vLLM's layerwise reload elsewhere; `layerwise` always the "
