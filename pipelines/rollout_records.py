@@ -24,16 +24,26 @@ def rows_to_write(total: int, limit: int) -> range:
 
 
 def train_records(batch: Batch, step: int, limit: int, group_size: int = 1,
-                  ratios: Optional[Dict[int, Tuple[float, float]]] = None) -> List[Dict[str, Any]]:
+                  ratios: Optional[Dict[int, Tuple[float, float]]] = None,
+                  trainer_gaps: Optional[Dict[int, torch.Tensor]] = None) -> List[Dict[str, Any]]:
     """The first `limit` trained samples of `step`'s batch (scored, with advantages); `ratios`: the
-    training ranks' {row: (importance ratio, clipped share)} when each was first trained."""
+    training ranks' {row: (importance ratio, clipped share)} when each was first trained;
+    `trainer_gaps`: their {row: per-token |trainer - engine| log-prob (T,)} from the training pass
+    before any update (the drift alarm's), the gap where the trainer ran no old-log-prob pass."""
     ratios = ratios or {}
     mask = batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
     advantages = _masked_means(batch["advantages"], mask) if "advantages" in batch else None
-    gaps = None
+    gaps: Optional[List[Optional[float]]] = None
     if "old_log_probs" in batch and "rollout_log_probs" in batch \
             and batch["old_log_probs"] is not batch["rollout_log_probs"]:  # the trainer's own pass ran
         gaps = _masked_means(batch["old_log_probs"] - batch["rollout_log_probs"], batch["response_mask"])
+    elif trainer_gaps and "response_mask" in batch:  # the engine's log-probs were the old ones: |gap| per row
+        gaps = [None] * len(batch)
+        for row, row_gaps in trainer_gaps.items():
+            if 0 <= row < len(batch):  # a micro-batch may be padded shorter than the batch
+                length = min(row_gaps.shape[-1], batch["response_mask"].shape[1])
+                gaps[row] = _masked_means(row_gaps[None, :length].to(torch.float32),
+                                          batch["response_mask"][row:row + 1, :length])[0]
     records = []
     for i in rows_to_write(len(batch), limit):
         record = _sample_text(batch, i)

@@ -177,7 +177,7 @@ class TrainerLoop:
         with timed(timings, "record"):  # the rollout file: what the model said (docs/rollouts.md)
             record_metrics = self.rollout_files.write("train", step, train_records(
                 batch, step, self.cfg.rollout_dump_samples, self.cfg.num_return_sequences_in_group,
-                self.response_ratios))
+                self.response_ratios, self.trainer_gaps))
         return {**reward_metrics, **metrics, **adv_metrics, **train_metrics, **sync_metrics, **record_metrics,
                 **self._step_metrics(step, rollout, timings)}
 

@@ -76,6 +76,14 @@ def test_no_gap_where_the_old_log_probs_are_the_engines():
     assert {r["logprob_gap"] for r in train_records(scored_batch(trainer_pass=False), 1, -1, 2)} == {None}
 
 
+def test_where_the_old_log_probs_are_the_engines_the_training_pass_gives_each_row_its_gap():
+    """The drift alarm's per-token |trainer - engine| of the first training pass (rows 0 and 3 here;
+    a micro-batch padded to 2 tokens for row 3) are the rows' gaps, over their response tokens."""
+    gaps = {0: torch.tensor([0.2, 0.4, 9.0]), 3: torch.tensor([0.1, 0.3])}
+    records = train_records(scored_batch(trainer_pass=False), 1, -1, 2, trainer_gaps=gaps)
+    assert [r["logprob_gap"] for r in records] == [pytest.approx(0.3), None, None, pytest.approx(0.2)]
+
+
 def test_the_sample_bound_takes_whole_groups_first():
     assert list(rows_to_write(10, 4)) == [0, 1, 2, 3] and list(rows_to_write(10, -1)) == list(range(10))
     assert list(rows_to_write(10, 0)) == [] and list(rows_to_write(3, 64)) == [0, 1, 2]
