@@ -109,6 +109,8 @@ def config_calls(config: str, extra: Sequence[str]) -> Dict[str, Dict[str, Any]]
     calls = {role: dict(phases) for role, phases in CALLS.items()}
     if choose_old_logprob_source(load_config(config, list(extra))).source == "rollout":
         calls["actor_train"]["log-probs"] = None
+    for phases in calls.values():  # validation comes before step 0: a role idle in it is signalled while vLLM
+        phases.setdefault("validation", ("actor_infer", "generate"))  # generates (its processes exist by then)
     return calls
 
 
