@@ -46,6 +46,18 @@ def test_phase_deadline_is_the_runs_own_timing_with_a_floor():
     assert "ran train (train_step) for 25 s" in line and "rank 0 answers (waiting for it)" in line
 
 
+def test_each_cell_is_aimed_at_a_call_this_config_runs():
+    """example_gspo takes its old log-probs from vLLM: the training ranks run no compute_log_probs, so
+    their log-probs cells signal at the nearest point; a role idle in validation (before step 0) is
+    signalled while vLLM generates the validation replies; a training rank's own calls stay."""
+    calls = bench().config_calls(str(BENCH.parents[1] / "examples" / "example_gspo.yaml"), [])
+    assert calls["actor_train"]["log-probs"] is None and calls["actor_train"]["train"] == "train_step"
+    assert calls["actor_train"]["validation"] == calls["reward"]["validation"] == ("actor_infer", "generate")
+    assert calls["actor_infer"]["validation"] == "generate"
+    assert bench().config_calls(str(BENCH.parents[1] / "examples" / "example_gspo.yaml"),
+                                ["old_logprob_source=trainer"])["actor_train"]["log-probs"] == "compute_log_probs"
+
+
 def test_fault_matrix_verdicts_and_markdown(tmp_path, capsys):
     module = bench()
     assert module.parse_cell("actor_train:weight-sync:stop") == ("actor_train", "weight sync", "stop")
