@@ -69,7 +69,7 @@ CALLS: Dict[str, Dict[str, Any]] = {
          "critic": {"log-probs": "compute_values", "train": "train_step", "checkpoint write": "save_checkpoint"},
          "reward": {"reward": "compute_scores"}}
 # A console line that reports a fault (the first one after the signal is the detection).
-DETECTED = (r"^error: |WARNING role \S+ rank \d+ .*(died|hung|unresponsive)|reward worker \S+ rank \d+ restarted"
+DETECTED = (r"^error: |WARNING role \S+ rank \d+ .*(died|hung|unresponsive)|reward worker \S+ rank \d+ (restarted|is hung)"
             r"|auto resume \d+ of")
 QUICK = ("actor_train:train:stop",)
 

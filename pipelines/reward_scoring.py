@@ -94,6 +94,9 @@ class RewardScorer:
             now = time.monotonic()
             for i in [i for i in pending if deadlines[i] <= now]:
                 self.killed[(name, i)] = f"its call ran past fault_tolerance.reward_timeout_s = {self.timeout_s:g} s"
+                # Said now; the restart's own line follows its first answer (_count_restart).
+                logger.warning("reward worker reward_%s rank %d is hung: %s; killed, Ray restarts it and its "
+                               "responses are scored again", name, i, self.killed[(name, i)])
                 # Ray restarts it (within max_restarts) and runs the call again there (max_task_retries).
                 ray.kill(cluster.workers[i], no_restart=False)
                 deadlines[i] = now + self.timeout_s

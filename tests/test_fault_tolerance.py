@@ -267,5 +267,8 @@ def test_a_hung_reward_worker_is_killed_and_its_shard_scored_again(ray_session, 
         assert metrics["reward/worker_restarts"] == 1.0 and metrics["fault/restarts/reward_math"] == 1.0
         assert any("reward worker reward_math rank 0 restarted (its call ran past fault_tolerance.reward_timeout_s"
                    in r.message for r in caplog.records)
+        hung = [r.message for r in caplog.records if "is hung" in r.message]  # said at the deadline, before the restart
+        assert hung == ["reward worker reward_math rank 0 is hung: its call ran past fault_tolerance.reward_timeout_s "
+                        "= 8 s; killed, Ray restarts it and its responses are scored again"], hung
     finally:
         cluster.shutdown()
