@@ -26,8 +26,8 @@ Per cell: the outcome (`recovered`: the run ended at max_steps with exit 0, afte
 an automatic resume; `clean exit`: exit non-zero after a line that reports the fault; `HANG`: no such
 line within `--hang-after` seconds of the signal, the run then killed), the seconds from the signal
 to the first console line that reports it, the cell's bound beside it (kill -9: `--kill-bound`;
-SIGSTOP of a rollout rank: `hang_timeout_s` plus one probe interval; of a reward worker:
-`reward_timeout_s` plus one; of a training/reference/critic rank: the phase deadline,
+SIGSTOP of a rollout rank: `hang_timeout_s` plus one probe interval and 10 s; of a reward worker:
+`reward_timeout_s` plus 10 s; of a training/reference/critic rank: the phase deadline,
 max(`phase_timeout_floor_s`, `phase_timeout_factor` x the run's median step), plus one probe
 interval and 10 s), whether the error line names role, rank, phase and the resume command, and
 whether the newest complete checkpoint loads (`pipeline_state.json` and every `engine/*.pt` read
