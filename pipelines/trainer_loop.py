@@ -341,8 +341,8 @@ class TrainerLoop:
             raise WorkerDiedError(f"a rollout rank was lost during the weight sync ({lost}). The run stops; its "
                                   f"last complete checkpoint is intact (resume with resume_from_checkpoint=auto)")
         if unresponsive:  # the line names the rank as the driver's own probes would
-            logger.warning("role %s, in phase %s; replacing it", lost.split(": ", 1)[-1],
-                           phase_of("load_weight_bucket"))
+            logger.warning("role actor_infer rank %s is unresponsive (stopped or hung, not dead), in phase %s (%s); "
+                           "replacing it", ", ".join(map(str, unresponsive)), phase_of("load_weight_bucket"), lost)
         else:
             logger.warning("weight sync: a rollout rank was lost (%s); replacing it", lost)
         self.resyncing, self.resync_version = True, version  # a new rank takes what every rank takes next
