@@ -399,7 +399,12 @@ def reshape_part(args, folder: str) -> Dict[str, Any]:
     if shape.engine != "deepspeed" or ranks < 2:
         raise SystemExit(f"the reshape part resumes DeepSpeed on 2+ ranks; {args.config} trains with "
                          f"{shape.describe()} (pass --no-reshape)")
-    base = plain_run(short, folder, "reshape_uninterrupted")
+    # ZeRO-0 (the example's stage) reshards only onto fewer ZeRO-0 ranks: the part's runs train at
+    # ZeRO-2, whose checkpoint converts to every shape the cases resume on.
+    stage = ["actor_train.strategy_args.strategy_config.zero_optimization.stage=2"] if shape.zero_stage == 0 else []
+    if stage:
+        shape = role_shape(load_config(args.config, list(args.override) + stage).actor_train)
+    base = plain_run(short, folder, "reshape_uninterrupted", stage)
     checkpoint = os.path.join(base["output_dir"], "checkpoints", f"step_{save}")
     out: Dict[str, Any] = {
         "save_step": save, "steps": short.steps,
@@ -412,7 +417,7 @@ def reshape_part(args, folder: str) -> Dict[str, Any]:
         copied = os.path.join(folder, name, "checkpoints", f"step_{save}")
         if os.path.isdir(checkpoint) and not os.path.isdir(copied):
             shutil.copytree(checkpoint, copied)  # its own copy: the conversion writes into the checkpoint
-        run = plain_run(short, folder, name, [f"resume_from_checkpoint={copied}", *extra])
+        run = plain_run(short, folder, name, [f"resume_from_checkpoint={copied}", *stage, *extra])
         with open(run["log"], errors="replace") as handle:
             decided = re.findall(r"resume: (actor_train: .*)", handle.read())
         out["resumes"][label] = {"exit_code": run["exit_code"], "wall_s": run["wall_s"], "overrides": extra,

@@ -123,6 +123,10 @@ VARIANTS = {
     # micro-batches and their padding passes included.
     "zero1": ("deepspeed_train", {"zero_optimization": {"stage": 1, "contiguous_gradients": False}},
               {"use_dynamic_batching_in_train": True, "max_tokens_per_microbatch_in_train": 40}),
+    # ZeRO-0 (the CPU examples' stage): plain data parallelism, one all-reduce at the step and a
+    # whole optimizer on each rank; token-budget micro-batches with padding passes too.
+    "zero0": ("deepspeed_train", {"zero_optimization": {"stage": 0}},
+              {"use_dynamic_batching_in_train": True, "max_tokens_per_microbatch_in_train": 40}),
     "fsdp2": ("fsdp2_train", {"fsdp_size": 16, "param_dtype": "fp32", "reduce_dtype": "float32",
                               "reshard_after_forward": True, "offload_policy": False,
                               "use_batched_model_update": False}, {}),
@@ -186,7 +190,7 @@ def assert_same_training(ranks, name, want_name):
 
 def test_fsdp2_matches_zero2_loss_gradients_and_updates(tmp_path, tiny_model, tiny_moe_model):
     ranks = run_ranks(2, _compare_rank, tmp_path, tiny_model, tiny_moe_model)
-    for name in ("zero1", "fsdp2", "fsdp2_no_sync"):
+    for name in ("zero1", "zero0", "fsdp2", "fsdp2_no_sync"):
         assert_same_training(ranks, name, "zero2")
     padding = {name: ranks[0][name]["metrics"]["actor/padding_frac"] for name in ("fsdp2", "fsdp2_no_sync")}
     assert padding["fsdp2_no_sync"] < padding["fsdp2"]  # the token budget really split otherwise
