@@ -395,15 +395,16 @@ def reshape_part(args, folder: str) -> Dict[str, Any]:
     save = args.reshape_save_step
     short = argparse.Namespace(**{**vars(args), "steps": save + RESHAPE_STEPS, "save_steps": save})
     trainer = load_config(args.config, list(args.override)).actor_train
+    # A ZeRO-0 checkpoint (the example's stage) reshards only onto other ZeRO-0 rank counts: the
+    # part's runs then train at ZeRO-2, whose checkpoint converts to every shape the cases resume on.
+    stage = ["actor_train.strategy_args.strategy_config.zero_optimization.stage=2"] \
+        if role_shape(trainer).zero_stage == 0 else []
+    if stage:
+        trainer = load_config(args.config, stage + list(args.override)).actor_train
     shape, accumulation, ranks = role_shape(trainer), trainer.training_args.gradient_accumulation_steps, trainer.world_size
     if shape.engine != "deepspeed" or ranks < 2:
         raise SystemExit(f"the reshape part resumes DeepSpeed on 2+ ranks; {args.config} trains with "
                          f"{shape.describe()} (pass --no-reshape)")
-    # ZeRO-0 (the example's stage) reshards only onto fewer ZeRO-0 ranks: the part's runs train at
-    # ZeRO-2, whose checkpoint converts to every shape the cases resume on.
-    stage = ["actor_train.strategy_args.strategy_config.zero_optimization.stage=2"] if shape.zero_stage == 0 else []
-    if stage:
-        shape = role_shape(load_config(args.config, list(args.override) + stage).actor_train)
     base = plain_run(short, folder, "reshape_uninterrupted", stage)
     checkpoint = os.path.join(base["output_dir"], "checkpoints", f"step_{save}")
     out: Dict[str, Any] = {
