@@ -239,7 +239,7 @@ def _placement_plan_fits(cfg, args) -> bool:
 
 def _host_plan_fits(cfg, args) -> bool:
     """Print the host-memory plan of a CPU run and its problems (GPU runs: nothing)."""
-    from roll_gspo.config.plan.model_shape import policy_shape
+    from roll_gspo.config.plan.model_shape import model_shape, policy_shape
     from roll_gspo.placement.host_memory import plan_host_memory
 
     if args.host_memory_gb is not None:
@@ -250,7 +250,8 @@ def _host_plan_fits(cfg, args) -> bool:
         memory = psutil.virtual_memory()
         host = float(memory.total)
         source = f"this machine; {memory.available / (1 << 30):.1f} GiB available now"
-    plan = plan_host_memory(cfg, policy_shape(cfg), host, source)
+    teacher = model_shape(cfg.teacher.model_args.model_name_or_path or "") if cfg.teacher is not None else None
+    plan = plan_host_memory(cfg, policy_shape(cfg), host, source, teacher)
     if plan is None:
         if args.host_memory_gb is not None:
             print("error: --host-memory-gb: a role of this config uses a GPU; the device plan (--device-memory-gb) "

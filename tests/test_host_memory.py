@@ -133,6 +133,22 @@ def test_host_memory_flag_needs_dry_run_and_a_size(argv, capsys):
     assert info.value.code == 2 and "--host-memory-gb needs --dry-run" in capsys.readouterr().err
 
 
+def test_the_opd_teacher_is_a_process_of_the_plan_with_its_own_shape():
+    """A teacher scores like the reference, with its own model's shape; one whose shape is unknown is
+    noted, not counted as nothing."""
+    from roll_gspo.config import load_config
+
+    cfg = load_config("example_opd_smollm2.yaml", ["actor_train.model_args.dtype=fp32", "actor_infer.model_args.dtype=fp32",
+                                                   "teacher.model_args.dtype=fp32"])
+    teacher = ModelShape.from_hf_config(QWEN25_05B)
+    plan = plan_host_memory(cfg, SMALL, 24 * GIB, "test", teacher)
+    estimate = plan.process("teacher")
+    assert estimate is not None and estimate.count == 1 and estimate.what == "hf_infer, fp32"
+    assert estimate.parts["weights"] == 4.0 * teacher.num_parameters()
+    unknown = plan_host_memory(cfg, SMALL, 24 * GIB, "test")
+    assert unknown.process("teacher") is None and any(n.startswith("teacher: the shape of") for n in unknown.notes)
+
+
 def test_gpu_runs_get_no_host_plan():
     assert plan_host_memory(_example("actor_train.num_gpus_per_worker=1"), SMALL, 24 * GIB, "test") is None
 

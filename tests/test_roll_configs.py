@@ -139,7 +139,6 @@ def test_megatron_strategy_config_after_a_rename_acts_or_is_refused(in_roll_dir)
     ("+lora_rank=32", "top-level lora_rank set, but no role's model_args uses it"),
     ("actor_train.use_dynamic_batching_in_train=true", "must be set to at least one whole sequence"),
     ("actor_infer.use_dynamic_batching_in_infer=true", "vLLM schedules its own batches"),
-    ("actor_train.use_sequence_packing=true", "sequence packing is not built"),
     ("async_generation_ratio=2.5", "or an integer k >= 2 (a staleness bound"),
     ("is_num_return_sequences_expand=true", "samples num_return_sequences_in_group"),
     ("+rollout_mock={enable: true}", "rollout dumping/mocking is not built"),
@@ -153,6 +152,27 @@ def test_megatron_strategy_config_after_a_rename_acts_or_is_refused(in_roll_dir)
 def test_refused_key_prints_reason(in_roll_dir, override, reason):
     extra = ["actor_train.model_args.dtype=fp32"] if "bf16.enabled" in override else []
     assert reason in refusal(GSPO, [override, *extra])
+
+
+def test_sequence_packing_acts_as_token_budget_micro_batches(in_roll_dir, caplog):
+    """ROLL's packing (Megatron only there) becomes dynamic batching with its budgets, said once; a
+    missing budget is one whole sequence; another algorithm or an unknown option is refused."""
+    packing = ["actor_train.use_sequence_packing=true",
+               "+actor_train.sequence_packing_args={algorithm: load_balance, max_packed_sequence_length_train: 4096, "
+               "min_num_micro_batches_train: 2}"]
+    with caplog.at_level(logging.WARNING, logger="roll_gspo.config"):
+        cfg = load_roll(GSPO, packing)
+    role = cfg.actor_train
+    assert role.use_dynamic_batching_in_train and role.max_tokens_per_microbatch_in_train == 4096
+    assert role.use_dynamic_batching_in_infer and role.max_tokens_per_microbatch_in_infer == cfg.max_sequence_tokens()
+    assert caplog.text.count("actor_train.use_sequence_packing: token-budget micro-batches") == 1
+    assert "min_num_micro_batches_train (Megatron pipeline stages to fill) ignored" in caplog.text
+    message = refusal(GSPO, ["actor_train.use_sequence_packing=true",
+                             "+actor_train.sequence_packing_args={algorithm: first_fit, max_packed_len: 9}"])
+    assert "algorithm = 'first_fit': one of none, load_balance" in message
+    assert "unknown option(s) max_packed_len" in message
+    clash = refusal(GSPO, [*packing, "actor_train.max_tokens_per_microbatch_in_train=8192"])
+    assert "max_packed_sequence_length_train = 4096 sets actor_train.max_tokens_per_microbatch_in_train" in clash
 
 
 def test_async_generation_needs_the_rollout_engines_log_probs(in_roll_dir):

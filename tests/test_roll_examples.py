@@ -2,9 +2,9 @@
 (tests/data/roll/examples/, each unchanged from alibaba/ROLL at 8eb27cc) loaded here with only
 models, data and outputs changed: the pg_var FrozenLake recipe loads, passes preflight and --dry-run;
 the on-policy distill recipe (student_train / student_infer / teacher, run by ROLL's launcher that
-sets is_pure_opd) is read as pure OPD, and what it asks for that is not built here (Megatron's model
-parallelism, sequence packing, per-file sampling) is refused naming each key and why; with those
-off it loads, passes preflight and --dry-run. Config-level: no Ray, no weights."""
+sets is_pure_opd) is read as pure OPD on a CPU host, its Megatron strategies as DeepSpeed's (model-
+parallel sizes 1) and its sequence packing as token budgets, each said in a notice; on a GPU cluster
+Megatron's model parallelism is refused naming each key. Config-level: no Ray, no weights."""
 import json
 import logging
 from pathlib import Path
@@ -50,65 +50,61 @@ def outputs(out) -> list:
 
 def opd_overrides(model: str, out) -> list:
     """Models (student, reward, teacher), data (DAPO-Math is not in tests/data: another math file) and
-    outputs; the megatron_* strategy names as tests/test_roll_recipes.py changes them."""
+    outputs: nothing else of ROLL's recipe changes."""
     return [f"pretrain={model}", f"reward_pretrain={model}", f"teacher.model_args.model_name_or_path={model}",
-            "student_train.data_args.file_name=[data/math_deepmath_deal.jsonl]", *outputs(out),
-            "student_train.strategy_args.strategy_name=deepspeed_train",
-            "teacher.strategy_args.strategy_name=deepspeed_infer"]
+            "student_train.data_args.file_name=[data/math_deepmath_deal.jsonl]", *outputs(out)]
 
 
-NOT_BUILT = ["student_train.use_sequence_packing=false", "student_train.sequence_packing_args={}",
-             "teacher.sequence_packing_args={}", "student_train.data_args.interleave_probs=null",
-             "student_train.strategy_args.strategy_config.context_parallel_size=1",
-             "student_train.strategy_args.strategy_config.pipeline_model_parallel_size=1"]
-
-
-def test_roll_onpolicy_distill_example_refuses_what_is_not_built_naming_each_key(model_folder, tmp_path,
-                                                                                 in_roll_dir):
-    """The refusals come in two rounds (ROLL keys at their values first, then the strategy's keys),
-    each naming the key and what is not built; no key of ROLL's YAML is unknown here."""
-    def refusal(extra):
-        with pytest.raises(ConfigError) as info:
-            load_config(str(OPD), opd_overrides(model_folder, tmp_path) + extra, cpu_host=True)
-        assert "unknown key" not in str(info.value)  # num_nodes, student_*, teacher: all known
-        return str(info.value)
-
-    message = refusal([])
-    for key, reason in [("student_train.use_sequence_packing", "sequence packing is not built"),
-                        ("student_train.sequence_packing_args", "sequence packing is not built"),
-                        ("teacher.sequence_packing_args", "sequence packing is not built"),
-                        ("student_train.data_args.interleave_probs", "per-file sampling is not built")]:
-        assert key in message and reason in message, key
-    message = refusal(NOT_BUILT[:4])
+def test_roll_onpolicy_distill_example_on_a_gpu_cluster_refuses_megatron_model_parallelism(model_folder, tmp_path,
+                                                                                         in_roll_dir):
+    """Loaded for a GPU cluster with DeepSpeed in Megatron's place, the model-parallel sizes above 1
+    are refused naming each key (DeepSpeed ranks are data-parallel); nothing else is, and no key of
+    ROLL's YAML is unknown (num_nodes, student_*, teacher, sequence packing, interleave_probs "1.0")."""
+    deepspeed = ["student_train.strategy_args.strategy_name=deepspeed_train",
+                 "teacher.strategy_args.strategy_name=deepspeed_infer"]
+    with pytest.raises(ConfigError) as info:
+        load_config(str(OPD), opd_overrides(model_folder, tmp_path) + deepspeed, cpu_host=False)
+    message = str(info.value)
+    assert "unknown key" not in message
     for key in ("pipeline_model_parallel_size = 2", "context_parallel_size = 2"):
         assert key in message and "Megatron model parallelism is not built" in message, key
+    assert "sequence packing" not in message and "interleave_probs" not in message
 
 
 def test_roll_onpolicy_distill_example_runs_as_pure_opd(model_folder, tmp_path, in_roll_dir, caplog, capsys):
-    """With what is not built turned off, ROLL's recipe is pure OPD as its launcher makes it: the
-    student_* blocks are actor_train / actor_infer, the teacher its own role, said in one notice."""
+    """ROLL's recipe as written, models, data and outputs changed, on a CPU host: pure OPD as its
+    launcher makes it (student_* are actor_train / actor_infer, the teacher its own role), Megatron's
+    strategies as DeepSpeed's with their model-parallel sizes 1, sequence packing as token budgets;
+    each said in a notice."""
     with caplog.at_level(logging.WARNING):
-        cfg = load_config(str(OPD), opd_overrides(model_folder, tmp_path) + NOT_BUILT, cpu_host=True)
+        cfg = load_config(str(OPD), opd_overrides(model_folder, tmp_path), cpu_host=True)
     preflight(cfg)
     assert cfg.is_pure_opd and not cfg.use_opd and cfg.uses_teacher() and cfg.opd_kl_coef == 1.0
     assert caplog.text.count("as ROLL's start_onpolicy_distill_pipeline.py sets it") == 1
     assert cfg.actor_train.training_args.learning_rate == 5.0e-7  # student_train's
     assert cfg.actor_infer.generating_args.temperature == 0.99  # student_infer's
+    assert cfg.actor_train.strategy_args.strategy_name == "deepspeed_train"
     assert cfg.teacher.strategy_args.strategy_name == "deepspeed_infer"
+    assert "Megatron model-parallel sizes -> 1" in caplog.text
+    assert "teacher.strategy_args.strategy_config.pipeline_model_parallel_size = 4" in caplog.text
+    assert cfg.actor_train.use_dynamic_batching_in_train and cfg.actor_train.max_tokens_per_microbatch_in_train == 16384
+    assert cfg.actor_train.max_tokens_per_microbatch_in_infer == 16384
+    assert "teacher.sequence_packing_args: read only with teacher.use_sequence_packing" in caplog.text
+    assert cfg.actor_train.data_args.interleave_probs is None  # "1.0": one file, as written
     from roll_gspo.cli import main
 
     # --dry-run on this CPU: the plan with the teacher's role, then ROLL's 2048 + 14336-token
     # sequences refused on host memory, naming the trainer's logits and what to lower.
     capsys.readouterr()
-    assert main(["--config", str(OPD), "--dry-run", *opd_overrides(model_folder, tmp_path), *NOT_BUILT]) != 0
+    assert main(["--config", str(OPD), "--dry-run", *opd_overrides(model_folder, tmp_path)]) != 0
     out, err = capsys.readouterr()
     assert "teacher: 1 x deepspeed_infer" in out and "host memory: does not fit" in err and "logits" in err
 
 
 def test_roll_pure_and_mixed_opd_at_once_is_refused_as_roll_refuses_it(model_folder, tmp_path, in_roll_dir):
     with pytest.raises(ConfigError, match="is_pure_opd and use_opd are both true"):
-        load_config(str(OPD), opd_overrides(model_folder, tmp_path) + NOT_BUILT + ["is_pure_opd=true",
-                                                                                     "use_opd=true"], cpu_host=True)
+        load_config(str(OPD), opd_overrides(model_folder, tmp_path) + ["is_pure_opd=true", "use_opd=true"],
+                    cpu_host=True)
 
 
 def test_roll_pg_var_frozen_lake_example_loads_and_passes_dry_run(small_model, tmp_path, in_roll_dir, monkeypatch,

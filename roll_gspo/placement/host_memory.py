@@ -211,7 +211,8 @@ def uses_gpus(cfg: PipelineConfig) -> bool:
     """Whether any model role of the run has a GPU (then the device plan applies, not this one)."""
     roles = [cfg.actor_train] + ([cfg.actor_infer] if cfg.has_rollout() else []) + (
         [cfg.reference] if cfg.has_rollout() and cfg.needs_reference() else []) + (
-        [cfg.critic] if cfg.uses_critic() and cfg.critic is not None else [])
+        [cfg.critic] if cfg.uses_critic() and cfg.critic is not None else []) + (
+        [cfg.teacher] if cfg.has_rollout() and cfg.uses_teacher() and cfg.teacher is not None else [])
     return any(r.num_gpus_per_worker or r.device_mapping is not None for r in roles)
 
 
@@ -353,9 +354,23 @@ def _reference_estimate(cfg: PipelineConfig, shape: ModelShape) -> ProcessEstima
                            ["reference.infer_batch_size lower", "use_kl_loss: false (no reference process)"])
 
 
-def plan_host_memory(cfg: PipelineConfig, shape: Optional[ModelShape], host_bytes: float, source: str) -> Optional[HostPlan]:
+def _teacher_estimate(cfg: PipelineConfig, shape: ModelShape) -> ProcessEstimate:
+    """The OPD teacher's rank: a frozen model scoring the student's responses, as the reference does
+    (`shape` the teacher's own; an OPSD teacher's sequences carry the hint too, not counted)."""
+    role = cfg.teacher
+    seq_len = cfg.max_sequence_tokens()
+    rows = _micro_rows(role, "infer", seq_len)
+    parts = frozen_rank_memory(shape, dtype=role.model_args.dtype, tokens=rows * seq_len,
+                               logit_tokens=rows * (seq_len - cfg.prompt_length + 1))
+    return ProcessEstimate("teacher", f"{role.strategy_args.strategy_name}, {role.model_args.dtype}",
+                           role.world_size, parts, ["teacher.infer_batch_size lower"])
+
+
+def plan_host_memory(cfg: PipelineConfig, shape: Optional[ModelShape], host_bytes: float, source: str,
+                     teacher: Optional[ModelShape] = None) -> Optional[HostPlan]:
     """The host plan of a CPU run (None when a model role uses a GPU: the device plan applies).
-    `shape`: the policy's (None: the model roles are not estimated, and the plan says so)."""
+    `shape`: the policy's (None: the model roles are not estimated, and the plan says so); `teacher`:
+    the OPD teacher's, when the run has one (None there: noted, not estimated)."""
     if uses_gpus(cfg):
         return None
     processes: List[ProcessEstimate] = []
@@ -371,6 +386,12 @@ def plan_host_memory(cfg: PipelineConfig, shape: Optional[ModelShape], host_byte
                 processes.append(_reference_estimate(cfg, shape))
             if cfg.uses_critic():
                 processes.append(_train_estimate(cfg, shape, "critic"))
+            if cfg.uses_teacher() and cfg.teacher is not None:
+                if teacher is None:
+                    notes.append(f"teacher: the shape of {cfg.teacher.model_args.model_name_or_path!r} is not known "
+                                 f"before it is built (no config.json); not estimated")
+                else:
+                    processes.append(_teacher_estimate(cfg, teacher))
     for domain, reward in (cfg.rewards.items() if cfg.has_rollout() else []):
         if getattr(getattr(reward, "model_args", None), "model_name_or_path", None):
             notes.append(f"rewards.{domain}: its model is not estimated here")

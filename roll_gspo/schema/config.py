@@ -417,10 +417,16 @@ class RoleConfig(SchemaBlock):
         None, "ROLL's name (actor_train only) for the top-level topr_positive_weight.")
     topr_negative_weight: Optional[float] = _f(
         None, "ROLL's name (actor_train only) for the top-level topr_negative_weight.")
-    use_sequence_packing: bool = _refused_unless(
-        False, "ROLL's sequence packing (Megatron only in ROLL).", "sequence packing is not built.")
-    sequence_packing_args: Dict[str, Any] = _refused_unless(
-        {}, "ROLL's sequence-packing options.", "sequence packing is not built.")
+    use_sequence_packing: bool = _f(
+        False, "ROLL's sequence packing (its Megatron strategy only): here it acts as token-budget micro-batches "
+               "(use_dynamic_batching_in_train / _in_infer with sequence_packing_args' max_packed_sequence_length_* "
+               "as the budgets, said in a notice): the same gradient, rows padded to their micro-batch's longest "
+               "instead of concatenated ([training_speed.md](training_speed.md)).")
+    sequence_packing_args: Dict[str, Any] = _f(
+        {}, "ROLL's sequence-packing options, read with use_sequence_packing: algorithm (none, load_balance), "
+            "max_packed_sequence_length_train / _forward (the token budgets), min_num_micro_batches_train / _forward "
+            "(Megatron pipeline stages' minimum: nothing to fill here, accepted with a notice). Without "
+            "use_sequence_packing they are ignored, as in ROLL (one notice).")
 
 
 @dataclass

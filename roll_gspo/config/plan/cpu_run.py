@@ -144,10 +144,13 @@ def megatron_to_deepspeed(raw_cfg, cpu_host: Optional[bool] = False) -> List[Fin
     the notice (one, naming every key)."""
     from omegaconf import OmegaConf
 
+    from roll_gspo.config.roll.roll_compat import MEGATRON_PARALLEL_SIZES
+
     if cpu_host is False:
         return []
-    keys = []
-    for name in ("actor_train", "actor_infer", "reference", "critic"):
+    keys, sizes = [], []
+    # ROLL's pure-OPD names (student_*) and its teacher too: their Megatron recipes run here as written.
+    for name in ("actor_train", "actor_infer", "reference", "critic", "student_train", "student_infer", "teacher"):
         key = f"{name}.strategy_args.strategy_name"
         strategy = OmegaConf.select(raw_cfg, key, default=None, throw_on_resolution_failure=False)
         if strategy not in MEGATRON_ON_CPU:
@@ -159,8 +162,21 @@ def megatron_to_deepspeed(raw_cfg, cpu_host: Optional[bool] = False) -> List[Fin
             continue
         OmegaConf.update(raw_cfg, key, MEGATRON_ON_CPU[strategy], merge=False)
         keys.append(key)
+        # Model parallelism splits a model over the GPUs of the placement dropped above; a CPU role's
+        # ranks are data-parallel, so its sizes become 1 here (a GPU cluster keeps them, and refuses > 1).
+        for size in MEGATRON_PARALLEL_SIZES:
+            size_key = f"{name}.strategy_args.strategy_config.{size}"
+            value = OmegaConf.select(raw_cfg, size_key, default=None, throw_on_resolution_failure=False)
+            if isinstance(value, int) and value > 1:
+                OmegaConf.update(raw_cfg, size_key, 1, merge=False)
+                sizes.append(f"{size_key} = {value}")
     if not keys:
         return []
-    return _notice("strategy_name: megatron_train / megatron_infer -> deepspeed_train / deepspeed_infer "
-                   "(Megatron-Core needs CUDA; its strategy_config keys act in DeepSpeed's form where they can, "
-                   "others are refused)", keys)
+    found = _notice("strategy_name: megatron_train / megatron_infer -> deepspeed_train / deepspeed_infer "
+                    "(Megatron-Core needs CUDA; its strategy_config keys act in DeepSpeed's form where they can, "
+                    "others are refused)", keys)
+    if sizes:
+        found += _notice(f"Megatron model-parallel sizes -> 1 ({', '.join(sizes)}): they split a model over the GPUs "
+                         f"of a placement that runs on CPUs here, where a role's ranks are data-parallel",
+                         [s.split(" = ")[0] for s in sizes])
+    return found

@@ -11,7 +11,12 @@ from roll_gspo.schema.config import PipelineConfig, install_policy_size_reader
 def policy_shape(cfg: PipelineConfig) -> Optional[ModelShape]:
     """The policy's shape (actor_train's model): its folder's config.json, or a built-in's
     registered config (known before it is built); None when neither says."""
-    name = cfg.actor_train.model_args.model_name_or_path or ""
+    return model_shape(cfg.actor_train.model_args.model_name_or_path or "")
+
+
+def model_shape(name: str) -> Optional[ModelShape]:
+    """A model's shape by its name: a built-in's registered config or a folder's config.json; None
+    when neither says."""
     if name.startswith("builtin:"):
         from roll_gspo.builtin.models import builtin_model_config
 

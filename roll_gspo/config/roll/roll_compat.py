@@ -144,7 +144,8 @@ def normalise_roll_values(raw: Dict[str, Any]) -> None:
     """
     if not isinstance(raw, dict):
         return
-    blocks = [raw.get(r) for r in ("actor_train", "actor_infer", "reference", "critic", "validation")]
+    blocks = [raw.get(r) for r in ("actor_train", "actor_infer", "reference", "critic", "validation",
+                                   "student_train", "student_infer", "teacher")]  # ROLL's OPD roles too
     rewards = raw.get("rewards")
     if isinstance(rewards, dict):
         blocks += list(rewards.values())
