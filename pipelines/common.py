@@ -21,6 +21,9 @@ def prepare_models(cfg: PipelineConfig, roles: Sequence[str]) -> PipelineConfig:
 
     key = "{}.model_args.model_name_or_path"
     changes = {key.format(role): resolve_model(getattr(cfg, role).model_args.model_name_or_path) for role in roles}
+    if cfg.teachers and cfg.uses_teacher():  # ROLL's named teachers
+        changes.update({key.format(f"teachers.{name}"): resolve_model(role.model_args.model_name_or_path)
+                        for name, role in cfg.teachers.items()})
     for domain, reward in (cfg.rewards or {}).items():
         name = reward.model_args.model_name_or_path
         if loads_model(reward.worker_cls) and isinstance(name, str) and name.startswith(BUILTIN_PREFIX):

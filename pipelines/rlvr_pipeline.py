@@ -227,7 +227,8 @@ class PromptGroupSource(RolloutSource):
             # is_pure_opd (ROLL's pure mode): the teacher term alone; the task reward is logged, not trained on
             task = torch.zeros_like(batch["advantages"]) if cfg.is_pure_opd else batch["advantages"]
             batch["advantages"], opd_metrics = opd_advantages(
-                task, batch["old_log_probs"], batch["teacher_log_probs"], batch["response_mask"], cfg.opd_kl_coef)
+                task, batch["old_log_probs"], batch["teacher_log_probs"], batch["response_mask"],
+                batch["teacher_kl_coef"])  # per row: each teacher's opd_kl_coef, summed over those that scored it
             metrics.update(opd_metrics)
         metrics.update(self._apply_sample_weights(batch))
         return batch["advantages"], metrics

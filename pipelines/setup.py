@@ -80,7 +80,7 @@ class RunClusters:
     reference: Optional[Cluster]  # only when a KL term needs the reference's log-probs
     rewards: Dict[str, Cluster]  # reward block name -> its CPU (or GPU) scoring workers
     critic: Optional[Cluster] = None  # PPO (adv_estimator: gae): the value model's ranks
-    teacher: Optional[Cluster] = None  # use_opd: the frozen teacher scoring the sampled tokens
+    teachers: Dict[str, Cluster] = dataclasses.field(default_factory=dict)  # use_opd: role name -> frozen teacher
     endpoint: Optional[object] = None  # rollout_endpoint: the RolloutServer in front of actor_infer (pipelines.endpoint)
 
 
@@ -94,7 +94,7 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
     roles = {"actor_train": cfg.actor_train, "actor_infer": cfg.actor_infer,
              **({"reference": cfg.reference} if cfg.needs_reference() else {}),
              **({"critic": cfg.critic} if cfg.uses_critic() else {}),
-             **({"teacher": cfg.teacher} if cfg.uses_teacher() else {})}
+             **(cfg.teacher_roles() if cfg.uses_teacher() else {})}
     placeable = {**roles, **reward_roles(cfg)}
     cpus, gpus = resource_totals(placeable)
     init_ray(cpus, gpus)
@@ -119,11 +119,12 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
     else:
         actor_infer = cluster("actor_infer", ActorInferWorker, cfg.actor_infer, plan=run_plan)
     reference = cluster("reference", ReferenceWorker, cfg.reference) if cfg.needs_reference() else None
-    teacher = None
-    if cfg.uses_teacher():  # on-policy distillation: the reference's worker on the teacher block
+    teachers: Dict[str, Cluster] = {}
+    if cfg.uses_teacher():  # on-policy distillation: the reference's worker on each teacher block
         from roll_gspo.workers.teacher import TeacherWorker
 
-        teacher = cluster("teacher", TeacherWorker, cfg.teacher)
+        teachers = {name: cluster(name, TeacherWorker, role, role_name=name)
+                    for name, role in cfg.teacher_roles().items()}
     critic = None
     if cfg.uses_critic():
         from roll_gspo.workers.critic import CriticWorker
@@ -139,7 +140,7 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
                       rank_options=placement.rank_options(f"rewards.{name}") if reward.device_mapping is not None
                       else None)
         for name, reward in cfg.rewards.items()}
-    clusters = [actor_train, actor_infer, *([reference] if reference else []), *([teacher] if teacher else []),
+    clusters = [actor_train, actor_infer, *([reference] if reference else []), *teachers.values(),
                 *([critic] if critic else []),
                 *rewards.values()]
     start = time.perf_counter()
@@ -152,8 +153,8 @@ def start_clusters(cfg: PipelineConfig, run_plan: RunPlan) -> RunClusters:
             c.gather(refs)  # a rank that dies meanwhile: one line naming it (a rollout rank: replaced)
     logger.info("workers ready in %.1f s", time.perf_counter() - start)
     fault = cfg.fault_tolerance  # a rank that stops answering is reported hung at a bound from the run's timing
-    for waited in (actor_train, actor_infer, reference, teacher, critic):
+    for waited in (actor_train, actor_infer, reference, *teachers.values(), critic):
         if waited is not None and not isinstance(waited, ReplaceableCluster):  # replaceable: its own probes
             waited.bound_waits(PhaseDeadline(fault.phase_timeout_factor, fault.phase_timeout_floor_s,
                                              max(fault.phase_timeout_floor_s, fault.hang_timeout_s)))
-    return RunClusters(placement, actor_train, actor_infer, reference, rewards, critic, teacher=teacher)
+    return RunClusters(placement, actor_train, actor_infer, reference, rewards, critic, teachers=teachers)

@@ -115,7 +115,7 @@ class TrainerLoop:
                                                               clusters.actor_infer)
         self.reference, self.rewards = clusters.reference, clusters.rewards
         self.critic = clusters.critic  # PPO (adv_estimator: gae): the value model's ranks; None otherwise
-        self.teacher = clusters.teacher  # use_opd: the frozen teacher's ranks; None otherwise
+        self.teachers = clusters.teachers  # use_opd: role name -> the frozen teacher's ranks; empty otherwise
         clusters.endpoint = self.endpoint = start_endpoint(cfg, clusters, self.tokenizer)  # rollout_endpoint
         self.source.connect(clusters)
 
@@ -183,16 +183,13 @@ class TrainerLoop:
 
     # -- the step's phases --------------------------------------------------------------------------
     def _score_log_probs(self, batch: Batch, rewards: RewardFuture, timings: Dict[str, float]) -> None:
-        """Adds `ref_log_probs` (with a reference), `teacher_log_probs` (use_opd) and `old_log_probs`
-        (and MoE `routed_experts`) to the batch. The rewards start right after the first pass is sent,
-        so that both run at once."""
+        """Adds `ref_log_probs` (with a reference), `teacher_log_probs` and `teacher_kl_coef` (use_opd)
+        and `old_log_probs` (and MoE `routed_experts`) to the batch. The rewards start right after the
+        first pass is sent, so that both run at once."""
         view = self._view(batch)  # the passes read the same tensors
-        if self.teacher is not None:  # on-policy distillation: the teacher scores the sampled tokens
+        if self.teachers:  # on-policy distillation: the teachers score the sampled tokens
             with timed(timings, "teacher"):
-                calls = self.teacher.dispatch_async(
-                    "compute_log_probs", teacher_view(self.cfg, self.tokenizer, batch, view))  # opsd: hinted
-                rewards.start()
-                batch["teacher_log_probs"] = self.teacher.collect(calls)["teacher_log_probs"]
+                self._score_by_teachers(batch, view, rewards)
         if self.reference is not None:
             with timed(timings, "reference"):
                 calls = self.reference.dispatch_async("compute_log_probs", view)
@@ -213,6 +210,36 @@ class TrainerLoop:
                     batch["routed_experts"] = scored["routed_experts"]
         else:  # the rollout engine's log-probs are the trainer's (choose_old_logprob_source): no pass
             batch["old_log_probs"] = batch["rollout_log_probs"]
+
+    def _score_by_teachers(self, batch: Batch, view: Batch, rewards: RewardFuture) -> None:
+        """Each teacher scores the rows routed to it (every row for one teacher, or one whose
+        tag_included is empty); their log-probs become one teacher log-prob and one weight per row
+        (roll_gspo.algorithms.distillation.combine_teachers)."""
+        import torch
+
+        from roll_gspo.algorithms.distillation import combine_teachers, routed_rows
+
+        cfg, roles = self.cfg, self.cfg.teacher_roles()
+        hinted = teacher_view(cfg, self.tokenizer, batch, view)  # opsd: the hinted prompts
+        domain_tags = {domain: set(reward.tag_included) for domain, reward in cfg.rewards.items()}
+        sent = {}
+        for name, cluster in self.teachers.items():
+            rows = routed_rows(roles[name].tag_included, batch["domain"], domain_tags)
+            if bool(rows.any()):
+                index = rows.nonzero().flatten().tolist()
+                part = hinted if len(index) == len(batch) else hinted.select(index)
+                sent[name] = (rows, index, cluster.dispatch_async("compute_log_probs", part))
+        rewards.start()
+        shape = tuple(batch["response_mask"].shape)
+        scored = {}
+        for name, (rows, index, calls) in sent.items():
+            part_log_probs = self.teachers[name].collect(calls)["teacher_log_probs"]
+            full = torch.zeros(shape, dtype=part_log_probs.dtype)
+            full[index] = part_log_probs
+            scored[name] = (full, rows)
+        coefs = {name: cfg.opd_kl_coef if role.opd_kl_coef is None else role.opd_kl_coef
+                 for name, role in roles.items()}
+        batch["teacher_log_probs"], batch["teacher_kl_coef"] = combine_teachers(scored, coefs, shape)
 
     def _train_and_sync(self, step: int, batch: Batch, timings: Dict[str, float]):
         """Train on the batch and, when due, sync the new weights into the rollout engine (within
@@ -480,7 +507,7 @@ def run_loop(cfg: PipelineConfig, make_source: MakeSource) -> Dict[str, float]:
 def _roles_with_models(cfg: PipelineConfig) -> List[str]:
     """The roles whose models the run loads (built-in models are built first)."""
     return (["actor_train", "actor_infer", "reference"] + (["critic"] if cfg.uses_critic() else [])
-            + (["teacher"] if cfg.uses_teacher() else []))
+            + (["teacher"] if cfg.uses_teacher() and cfg.teacher is not None else []))
 
 
 def _split_sync_metrics(per_rank: List[Dict[str, float]]):

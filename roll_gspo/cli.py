@@ -250,8 +250,8 @@ def _host_plan_fits(cfg, args) -> bool:
         memory = psutil.virtual_memory()
         host = float(memory.total)
         source = f"this machine; {memory.available / (1 << 30):.1f} GiB available now"
-    teacher = model_shape(cfg.teacher.model_args.model_name_or_path or "") if cfg.teacher is not None else None
-    plan = plan_host_memory(cfg, policy_shape(cfg), host, source, teacher)
+    teachers = {name: model_shape(role.model_args.model_name_or_path or "") for name, role in cfg.teacher_roles().items()}
+    plan = plan_host_memory(cfg, policy_shape(cfg), host, source, teachers)
     if plan is None:
         if args.host_memory_gb is not None:
             print("error: --host-memory-gb: a role of this config uses a GPU; the device plan (--device-memory-gb) "

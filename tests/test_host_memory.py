@@ -141,7 +141,7 @@ def test_the_opd_teacher_is_a_process_of_the_plan_with_its_own_shape():
     cfg = load_config("example_opd_smollm2.yaml", ["actor_train.model_args.dtype=fp32", "actor_infer.model_args.dtype=fp32",
                                                    "teacher.model_args.dtype=fp32"])
     teacher = ModelShape.from_hf_config(QWEN25_05B)
-    plan = plan_host_memory(cfg, SMALL, 24 * GIB, "test", teacher)
+    plan = plan_host_memory(cfg, SMALL, 24 * GIB, "test", {"teacher": teacher})
     estimate = plan.process("teacher")
     assert estimate is not None and estimate.count == 1 and estimate.what == "hf_infer, fp32"
     assert estimate.parts["weights"] == 4.0 * teacher.num_parameters()

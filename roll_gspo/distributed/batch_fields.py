@@ -41,7 +41,10 @@ FIELDS: Tuple[BatchField, ...] = (
            "trainer"),
     _field("old_log_probs", "(B, T)", "the trainer's pass, or the rollout engine's", "trainer"),
     _field("ref_log_probs", "(B, T)", "the reference's pass (a KL term)", "trainer"),
-    _field("teacher_log_probs", "(B, T)", "the teacher's pass (use_opd)", "driver"),
+    _field("teacher_log_probs", "(B, T)", "the teacher's pass (use_opd); several teachers: their weighted mean",
+           "driver"),
+    _field("teacher_kl_coef", "(B,)", "the teacher passes (use_opd): each row's summed teacher weight (0: none "
+                                     "scored it)", "driver"),
     _field("routed_experts", "(B, L, layers, K) long", "the old-policy pass of an MoE model", "trainer"),
     _field("advantages", "(B, T)", "the source's advantage estimate", "trainer"),
     _field("values", "(B, T)", "the critic's pass (PPO)", "critic"),

@@ -216,8 +216,8 @@ def gpu_roles(cfg: PipelineConfig) -> Dict[str, RoleConfig]:
         roles["reference"] = cfg.reference
     if cfg.uses_critic() and cfg.critic is not None:
         roles["critic"] = cfg.critic
-    if cfg.uses_teacher() and cfg.teacher is not None:  # use_opd: the frozen teacher
-        roles["teacher"] = cfg.teacher
+    if cfg.uses_teacher():  # use_opd: the frozen teacher(s)
+        roles.update(cfg.teacher_roles())
     return roles
 
 

@@ -140,7 +140,7 @@ def mapped_roles(cfg: PipelineConfig) -> Dict[str, Any]:
     """Everything a device_mapping can place: the three roles, the critic (when there is one) and
     the reward blocks."""
     critic = {"critic": cfg.critic} if cfg.critic is not None else {}
-    teacher = {"teacher": cfg.teacher} if cfg.teacher is not None else {}
+    teacher = cfg.teacher_roles()
     return {**{name: getattr(cfg, name) for name in GPU_ROLES}, **critic, **teacher, **reward_roles(cfg)}
 
 

@@ -212,7 +212,7 @@ def uses_gpus(cfg: PipelineConfig) -> bool:
     roles = [cfg.actor_train] + ([cfg.actor_infer] if cfg.has_rollout() else []) + (
         [cfg.reference] if cfg.has_rollout() and cfg.needs_reference() else []) + (
         [cfg.critic] if cfg.uses_critic() and cfg.critic is not None else []) + (
-        [cfg.teacher] if cfg.has_rollout() and cfg.uses_teacher() and cfg.teacher is not None else [])
+        list(cfg.teacher_roles().values()) if cfg.has_rollout() and cfg.uses_teacher() else [])
     return any(r.num_gpus_per_worker or r.device_mapping is not None for r in roles)
 
 
@@ -354,23 +354,22 @@ def _reference_estimate(cfg: PipelineConfig, shape: ModelShape) -> ProcessEstima
                            ["reference.infer_batch_size lower", "use_kl_loss: false (no reference process)"])
 
 
-def _teacher_estimate(cfg: PipelineConfig, shape: ModelShape) -> ProcessEstimate:
-    """The OPD teacher's rank: a frozen model scoring the student's responses, as the reference does
+def _teacher_estimate(cfg: PipelineConfig, name: str, role, shape: ModelShape) -> ProcessEstimate:
+    """An OPD teacher's rank: a frozen model scoring the student's responses, as the reference does
     (`shape` the teacher's own; an OPSD teacher's sequences carry the hint too, not counted)."""
-    role = cfg.teacher
     seq_len = cfg.max_sequence_tokens()
     rows = _micro_rows(role, "infer", seq_len)
     parts = frozen_rank_memory(shape, dtype=role.model_args.dtype, tokens=rows * seq_len,
                                logit_tokens=rows * (seq_len - cfg.prompt_length + 1))
-    return ProcessEstimate("teacher", f"{role.strategy_args.strategy_name}, {role.model_args.dtype}",
-                           role.world_size, parts, ["teacher.infer_batch_size lower"])
+    return ProcessEstimate(name, f"{role.strategy_args.strategy_name}, {role.model_args.dtype}",
+                           role.world_size, parts, [f"{name}.infer_batch_size lower"])
 
 
 def plan_host_memory(cfg: PipelineConfig, shape: Optional[ModelShape], host_bytes: float, source: str,
-                     teacher: Optional[ModelShape] = None) -> Optional[HostPlan]:
+                     teachers: Optional[Dict[str, Optional[ModelShape]]] = None) -> Optional[HostPlan]:
     """The host plan of a CPU run (None when a model role uses a GPU: the device plan applies).
-    `shape`: the policy's (None: the model roles are not estimated, and the plan says so); `teacher`:
-    the OPD teacher's, when the run has one (None there: noted, not estimated)."""
+    `shape`: the policy's (None: the model roles are not estimated, and the plan says so); `teachers`:
+    each OPD teacher's by role name (cfg.teacher_roles(); a missing or None shape: noted, not estimated)."""
     if uses_gpus(cfg):
         return None
     processes: List[ProcessEstimate] = []
@@ -386,12 +385,13 @@ def plan_host_memory(cfg: PipelineConfig, shape: Optional[ModelShape], host_byte
                 processes.append(_reference_estimate(cfg, shape))
             if cfg.uses_critic():
                 processes.append(_train_estimate(cfg, shape, "critic"))
-            if cfg.uses_teacher() and cfg.teacher is not None:
+            for name, role in (cfg.teacher_roles() if cfg.uses_teacher() else {}).items():
+                teacher = (teachers or {}).get(name)
                 if teacher is None:
-                    notes.append(f"teacher: the shape of {cfg.teacher.model_args.model_name_or_path!r} is not known "
+                    notes.append(f"{name}: the shape of {role.model_args.model_name_or_path!r} is not known "
                                  f"before it is built (no config.json); not estimated")
                 else:
-                    processes.append(_teacher_estimate(cfg, teacher))
+                    processes.append(_teacher_estimate(cfg, name, role, teacher))
     for domain, reward in (cfg.rewards.items() if cfg.has_rollout() else []):
         if getattr(getattr(reward, "model_args", None), "model_name_or_path", None):
             notes.append(f"rewards.{domain}: its model is not estimated here")

@@ -417,6 +417,12 @@ class RoleConfig(SchemaBlock):
         None, "ROLL's name (actor_train only) for the top-level topr_positive_weight.")
     topr_negative_weight: Optional[float] = _f(
         None, "ROLL's name (actor_train only) for the top-level topr_negative_weight.")
+    opd_kl_coef: Optional[float] = _f(
+        None, "A teacher's own weight (>= 0) of its reverse KL in the advantages (teacher blocks only; ROLL reads "
+              "opd_kl_coef here, per teacher). Null: the top-level opd_kl_coef.")
+    tag_included: List[str] = _f(
+        [], "A teacher's rows in ROLL's multi-teacher form (teacher blocks only): the row tags it scores, matched "
+            "against each row's reward domain and that reward block's tag_included. Empty: every row.")
     use_sequence_packing: bool = _f(
         False, "ROLL's sequence packing (its Megatron strategy only): here it acts as token-budget micro-batches "
                "(use_dynamic_batching_in_train / _in_infer with sequence_packing_args' max_packed_sequence_length_* "
@@ -1233,6 +1239,10 @@ class PipelineConfig(SchemaBlock):
     global_template: Optional[str] = _f(
         None, "ROLL: one chat template for every role's data (training and validation prompts); "
               "a role's data_args.template that differs is an error.", CHAT_TEMPLATES)
+    tag_to_template: Dict[str, str] = _f(
+        {}, "ROLL's chat template per row tag. One template renders every prompt here: accepted when each value "
+            "is the template in use (global_template, else actor_train.data_args.template), refused otherwise "
+            "(per-tag templates are not built; put the text in the data).")
     async_generation_ratio: float = _f(
         0.0, "How far rollout runs ahead of training (ROLL's asynchronous pipeline). 0: synchronous; 1: the next "
              "step's rollouts are generated while this step trains (one step stale); an integer k >= 2: rollouts "
@@ -1346,6 +1356,12 @@ class PipelineConfig(SchemaBlock):
                           "world_size, device_mapping, infer_batch_size), scoring the student's sampled tokens "
                           "beside the reference pass; started only with use_opd or is_pure_opd (opsd: its model "
                           "follows the student's)."})
+    teachers: Dict[str, RoleConfig] = field(
+        default_factory=dict,
+        metadata={"help": "ROLL's multi-teacher form: named teacher blocks (ROLL writes them under `teacher:`, read "
+                          "here as `teachers`), each with its own opd_kl_coef and tag_included routing rows to it; "
+                          "a row's term is the sum over the teachers that score it "
+                          "([algorithm.md](algorithm.md#on-policy-distillation-use_opd-teacher))."})
     rewards: Dict[str, RewardConfig] = field(
         default_factory=lambda: {"math_rule": RewardConfig()},
         metadata={"help": "Reward workers per data domain (`rewards.<domain>.*`)."})
@@ -1388,8 +1404,15 @@ class PipelineConfig(SchemaBlock):
 
     def uses_teacher(self) -> bool:
         """On-policy distillation: a teacher role is started (use_opd or is_pure_opd with a `teacher`
-        block; validation refuses either without one)."""
-        return (self.use_opd or self.is_pure_opd) and self.teacher is not None
+        block or ROLL's named `teachers`; validation refuses either without one)."""
+        return (self.use_opd or self.is_pure_opd) and bool(self.teacher_roles())
+
+    def teacher_roles(self) -> Dict[str, "RoleConfig"]:
+        """Every teacher block by its role name: `teacher` for the single block, `teacher.<name>` for each
+        of ROLL's named teachers (empty when neither is given)."""
+        if self.teachers:
+            return {f"teacher.{name}": role for name, role in self.teachers.items()}
+        return {"teacher": self.teacher} if self.teacher is not None else {}
 
     def uses_critic(self) -> bool:
         """PPO: a critic role is started (adv_estimator gae; validation refuses gae without a `critic`

@@ -23,7 +23,7 @@ class ReferenceWorker(HealthProbed, RankWorker):
 
     def setup(self) -> None:
         cfg = self.cfg
-        role = getattr(cfg, self.ROLE)
+        role = self.role_block()
         self.role = role
         self.temperature = cfg.actor_infer.generating_args.temperature or 1.0
         if role.strategy_args.engine.train_engine:
@@ -37,6 +37,10 @@ class ReferenceWorker(HealthProbed, RankWorker):
 
             self.strategy = None
             self.model = load_causal_lm(role.model_args.model_name_or_path, role.model_args.dtype).eval()
+
+    def role_block(self):
+        """The config block this rank loads."""
+        return getattr(self.cfg, self.ROLE)
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch) -> Batch:

@@ -19,8 +19,7 @@ def _roles(cfg: PipelineConfig) -> Dict[str, Tuple[RoleConfig, Tuple[str, ...]]]
     reference and teacher score, vLLM schedules its own batches."""
     roles = {"actor_train": (cfg.actor_train, ("train", "infer")), "reference": (cfg.reference, ("infer",)),
              "actor_infer": (cfg.actor_infer, ())}
-    if cfg.teacher is not None:
-        roles["teacher"] = (cfg.teacher, ("infer",))
+    roles.update({name: (role, ("infer",)) for name, role in cfg.teacher_roles().items()})
     return roles
 
 

@@ -21,8 +21,9 @@ PROBE = "The answer is 42. Let's check: 3 + 4 = 7!"
        doc="opsd: a teacher naming no model follows the student's (actor_train's) model, as self-distillation "
            "asks", name="opd.opsd_teacher", after=("defaults.derived",), rollout_only=True)
 def opsd_teacher_model(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if cfg.opsd and cfg.teacher is not None and not cfg.teacher.model_args.model_name_or_path:
-        cfg.teacher.model_args.model_name_or_path = cfg.actor_train.model_args.model_name_or_path
+    for role in cfg.teacher_roles().values() if cfg.opsd else ():
+        if not role.model_args.model_name_or_path:
+            role.model_args.model_name_or_path = cfg.actor_train.model_args.model_name_or_path
     return []
 
 
@@ -43,17 +44,20 @@ def student_roles_imply_pure_opd(cfg: PipelineConfig, yaml_keys: Optional[Abstra
 
 
 @check("check", keys=("use_opd", "is_pure_opd", "opd_kl_coef", "teacher", "teacher.model_args.model_name_or_path",
-                      "opsd", "opsd_template"),
+                      "teachers", "<role>.opd_kl_coef", "<role>.tag_included", "opsd", "opsd_template"),
        doc="`use_opd` / `is_pure_opd` without a `teacher` block or its model, both at once (ROLL refuses it too), "
            "`opd_kl_coef` < 0, outside `pipeline: rlvr`; `opsd` without either or with a template lacking "
-           "`{demonstration}`; a `teacher` block without either (warned: it does not start)", name="opd.problems",
-       rollout_only=True)
+           "`{demonstration}`; a `teacher` block without either (warned: it does not start); ROLL's named "
+           "teachers beside a single block, a teacher's opd_kl_coef < 0, a tag_included naming no reward domain "
+           "or tag, either key on a role that is no teacher; a reward domain no named teacher scores (warned)",
+       name="opd.problems", rollout_only=True)
 def opd_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
     problems: List[Finding] = []
     if cfg.opsd:
         problems.extend(opsd_problems(cfg))
+    problems.extend(teacher_key_problems(cfg))
     if not (cfg.use_opd or cfg.is_pure_opd):
-        if cfg.teacher is not None:
+        if cfg.teacher_roles():
             problems.append(warning("teacher", "teacher: the block is given but use_opd and is_pure_opd are false, "
                                                "so no teacher starts and nothing is distilled",
                                     "set use_opd: true (beside the task reward) or is_pure_opd: true, or remove "
@@ -70,21 +74,72 @@ def opd_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = No
                                    f"groups' advantages; the agentic sources' trajectory and turn "
                                    f"advantages do not take it yet)",
                               f"use pipeline: rlvr, or set {key}: false"))
-    if cfg.teacher is None:
+    if not cfg.teacher_roles():
         problems.append(error(key, f"{key}: true needs a `teacher` block (the frozen model that scores the "
                                    f"student's tokens; the keys of `reference`)",
                               "add teacher: {model_args: {model_name_or_path: ...}, strategy_args: "
                               "{strategy_name: hf_infer}}"))
-    elif not cfg.teacher.model_args.model_name_or_path:
-        problems.append(error("teacher.model_args.model_name_or_path",
-                              "teacher.model_args.model_name_or_path: the teacher names no model (it does not "
-                              "follow `pretrain`: a teacher equal to the student teaches nothing, unless opsd "
-                              "gives it privileged context)",
-                              "name the teacher's model folder or built-in name, or set opsd: true"))
+    for name, role in cfg.teacher_roles().items():
+        if not role.model_args.model_name_or_path:
+            problems.append(error(f"{name}.model_args.model_name_or_path",
+                                  f"{name}.model_args.model_name_or_path: the teacher names no model (it does not "
+                                  f"follow `pretrain`: a teacher equal to the student teaches nothing, unless opsd "
+                                  f"gives it privileged context)",
+                                  "name the teacher's model folder or built-in name, or set opsd: true"))
+    problems.extend(uncovered_domain_warnings(cfg))
     if cfg.opd_kl_coef < 0:
         problems.append(error("opd_kl_coef", f"opd_kl_coef = {cfg.opd_kl_coef}: must be >= 0 (a negative weight "
                                              f"rewards moving away from the teacher)"))
     return problems
+
+
+def teacher_key_problems(cfg: PipelineConfig) -> List[Finding]:
+    """ROLL's per-teacher keys: named teachers beside a single block (ROLL refuses both too), a
+    weight below 0, a tag that routes nothing, and either key on a role that is no teacher."""
+    problems: List[Finding] = []
+    if cfg.teacher is not None and cfg.teachers:
+        problems.append(error("teachers", f"teacher: one block and named teachers ({', '.join(cfg.teachers)}) are "
+                                          f"both given (as ROLL refuses)", "keep one form"))
+    known = set(cfg.rewards) | {tag for reward in cfg.rewards.values() for tag in reward.tag_included}
+    for name, role in cfg.teacher_roles().items():
+        if role.opd_kl_coef is not None and role.opd_kl_coef < 0:
+            problems.append(error(f"{name}.opd_kl_coef", f"{name}.opd_kl_coef = {role.opd_kl_coef}: must be >= 0 "
+                                                         f"(a negative weight rewards moving away from the teacher)"))
+        unknown = [tag for tag in role.tag_included if tag not in known]
+        if unknown:
+            problems.append(error(f"{name}.tag_included", f"{name}.tag_included: {unknown} name no reward domain or "
+                                                          f"tag, so the teacher would score none of those rows "
+                                                          f"(domains and tags: {sorted(known)})"))
+    for name in ("actor_train", "actor_infer", "reference", "critic"):
+        role = getattr(cfg, name)
+        for key, value, default in (("opd_kl_coef", getattr(role, "opd_kl_coef", None), None),
+                                    ("tag_included", getattr(role, "tag_included", []), [])):
+            if role is not None and value != default:
+                problems.append(error(f"{name}.{key}", f"{name}.{key}: read on teacher blocks only (a teacher's "
+                                                       f"weight and rows); nothing reads it on {name}"))
+    return problems
+
+
+def uncovered_domain_warnings(cfg: PipelineConfig) -> List[Finding]:
+    """Named teachers that all route by tag and leave a reward domain unscored: its rows get no
+    teacher term (under is_pure_opd no advantage at all), as in ROLL, which says nothing."""
+    roles = cfg.teacher_roles()
+    if not roles or any(not role.tag_included for role in roles.values()):
+        return []
+    from roll_gspo.algorithms.distillation import routed_rows
+
+    domains = sorted(cfg.rewards)
+    tags = {domain: set(reward.tag_included) for domain, reward in cfg.rewards.items()}
+    covered = [False] * len(domains)
+    for role in roles.values():
+        covered = [a or bool(b) for a, b in zip(covered, routed_rows(role.tag_included, domains, tags).tolist())]
+    missing = [d for d, c in zip(domains, covered) if not c]
+    if not missing:
+        return []
+    what = "no advantage (is_pure_opd)" if cfg.is_pure_opd else "the task advantage alone"
+    return [warning("teachers", f"reward domain(s) {missing}: no teacher's tag_included routes their rows, so they get "
+                                f"{what}", "add their domain or tags to a teacher's tag_included, or a teacher with "
+                                           "none (it scores every row)")]
 
 
 def opsd_problems(cfg: PipelineConfig) -> List[Finding]:
@@ -107,25 +162,28 @@ def opsd_problems(cfg: PipelineConfig) -> List[Finding]:
     return problems
 
 
-@check("check", keys=("teacher.model_args.model_name_or_path", "actor_train.model_args.model_name_or_path"),
+@check("check", keys=("teacher.model_args.model_name_or_path", "teachers", "actor_train.model_args.model_name_or_path"),
        doc="a teacher whose tokenizer is not the student's (vocabulary size, special token ids, the ids of a "
            "probe text; only the tokenizers are loaded)", name="opd.tokenizer", requires=("opd.problems",),
        rollout_only=True)
 def opd_tokenizer(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str]] = None) -> List[Finding]:
-    if not cfg.uses_teacher() or cfg.teacher is None:
+    if not cfg.uses_teacher():
         return []
     student = cfg.actor_train.model_args.model_name_or_path
-    teacher = cfg.teacher.model_args.model_name_or_path
-    if not student or not teacher or student == teacher:
-        return []
-    mismatch = tokenizer_mismatch(student, teacher)
-    if mismatch is None:
-        return []
-    return [error("teacher.model_args.model_name_or_path",
-                  f"teacher.model_args.model_name_or_path: the teacher {teacher!r} and the student {student!r} "
-                  f"(actor_train.model_args.model_name_or_path) do not share a tokenizer ({mismatch}); the teacher "
-                  f"scores the student's token ids, which under its own tokenizer are other text",
-                  "pick a teacher of the student's model family (the same tokenizer files)")]
+    problems = []
+    for name, role in cfg.teacher_roles().items():
+        teacher = role.model_args.model_name_or_path
+        if not student or not teacher or student == teacher:
+            continue
+        mismatch = tokenizer_mismatch(student, teacher)
+        if mismatch is not None:
+            problems.append(error(f"{name}.model_args.model_name_or_path",
+                                  f"{name}.model_args.model_name_or_path: the teacher {teacher!r} and the student "
+                                  f"{student!r} (actor_train.model_args.model_name_or_path) do not share a tokenizer "
+                                  f"({mismatch}); the teacher scores the student's token ids, which under its own "
+                                  f"tokenizer are other text",
+                                  "pick a teacher of the student's model family (the same tokenizer files)"))
+    return problems
 
 
 def tokenizer_mismatch(student: str, teacher: str) -> Optional[str]:

@@ -230,6 +230,10 @@ def preflight(cfg: PipelineConfig) -> None:
         path = getattr(cfg, role).model_args.model_name_or_path
         key = f"{role}.model_args.model_name_or_path"
         problems.append(keyed(key, _check_model(path, key, cfg)))
+    for name, teacher in (cfg.teacher_roles().items() if cfg.has_rollout() and cfg.uses_teacher() else ()):
+        key = f"{name}.model_args.model_name_or_path"  # a teacher's folder too, before its worker starts
+        if teacher.model_args.model_name_or_path:  # none: opd.problems says so
+            problems.append(keyed(key, _check_model(teacher.model_args.model_name_or_path, key, cfg)))
     if cfg.has_rollout():
         for domain, reward in cfg.rewards.items():
             key = f"rewards.{domain}.worker_cls"

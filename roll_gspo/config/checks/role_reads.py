@@ -120,18 +120,23 @@ def unread_key_problems(cfg: PipelineConfig, yaml_keys: Optional[AbstractSet[str
     """One refusal per key set in a block (or at a key) its role never reads."""
     defaults = PipelineConfig()
     problems = []
-    for role, blocks in ROLE_BLOCKS.items():
-        if getattr(cfg, role) is None:  # an optional role (the critic) not given
+    # ROLL's named teachers read what the single teacher block reads (their paths as ROLL writes them).
+    named = {name: ("teacher", cfg.teachers[name.partition(".")[2]]) for name in cfg.teacher_roles() if cfg.teachers}
+    for role, (table, block_of_role) in {**{r: (r, getattr(cfg, r)) for r in ROLE_BLOCKS}, **named}.items():
+        blocks = ROLE_BLOCKS[table]
+        if block_of_role is None:  # an optional role (the critic) not given
             continue
         # An optional role's defaults are a bare RoleConfig's.
-        role_defaults = getattr(defaults, role) or type(getattr(cfg, role))()
+        role_defaults = getattr(defaults, role, None) or type(block_of_role)()
         for block, acts_instead in blocks.items():
             path = f"{role}.{block}"
-            given = _leaves(getattr(getattr(cfg, role), block), path)
+            given = _leaves(getattr(block_of_role, block), path)
             default = _leaves(getattr(role_defaults, block), path)
             for key, value in given.items():
                 where = acts_instead if acts_instead is not READ else UNREAD_KEYS.get(key)
-                if where is None or value == default[key] or not is_written(key, yaml_keys):
+                written = is_written(key, yaml_keys) or (role in named and is_written(  # ROLL's or our spelling
+                    key.replace("teacher.", "teachers.", 1), yaml_keys))
+                if where is None or value == default[key] or not written:
                     continue
                 what = block if acts_instead is not READ else key.rpartition(".")[2]
                 problems.append(error(key, f"{key} = {value!r} is never read ({role} does not use {what})",

@@ -82,8 +82,8 @@ def _model_roles(cfg: PipelineConfig) -> Dict[str, object]:
             roles["reference"] = cfg.reference
     if cfg.critic is not None:
         roles["critic"] = cfg.critic
-    if cfg.uses_teacher() and cfg.teacher is not None:
-        roles["teacher"] = cfg.teacher
+    if cfg.uses_teacher():
+        roles.update(cfg.teacher_roles())
     return roles
 
 

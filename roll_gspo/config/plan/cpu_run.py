@@ -66,8 +66,7 @@ def rank_blocks(cfg: PipelineConfig) -> Dict[str, Any]:
     roles: Dict[str, Any] = {name: getattr(cfg, name) for name in ("actor_train", "actor_infer", "reference")}
     if cfg.critic is not None:
         roles["critic"] = cfg.critic
-    if cfg.teacher is not None:
-        roles["teacher"] = cfg.teacher
+    roles.update(cfg.teacher_roles())
     roles.update({f"rewards.{domain}": reward for domain, reward in cfg.rewards.items()})
     return roles
 
@@ -87,6 +86,7 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
     if placed and cpu_host is None:
         cpu_host = cpu_only_host()
     notices: List[Finding] = []
+    dropped = set(placed) if placed and cpu_host else set()
     if placed and cpu_host:
         keys = []
         for name in placed:
@@ -125,6 +125,13 @@ def adapt_to_cpu(cfg, cpu_host: Optional[bool] = False) -> List[Finding]:
             engine["block_size"] = -(-block // VLLM_CPU_BLOCK_MULTIPLE) * VLLM_CPU_BLOCK_MULTIPLE
             adapt(f"vLLM block_size: {block} -> {engine['block_size']} (vLLM's CPU attention pages the KV cache "
                   f"in multiples of {VLLM_CPU_BLOCK_MULTIPLE} tokens)", f"{key}.block_size")
+        tensor_parallel = engine.get("tensor_parallel_size")
+        if name in dropped and isinstance(tensor_parallel, int) and tensor_parallel > 1:
+            # It split the model over the GPUs of the placement dropped above; on CPUs vLLM would start
+            # that many processes, each bound to a core (written on a CPU role, it stays and is checked).
+            engine["tensor_parallel_size"] = 1
+            adapt(f"vLLM tensor_parallel_size: {tensor_parallel} -> 1 (it split the model over the GPUs of the "
+                  f"dropped placement)", f"{key}.tensor_parallel_size")
         own_envs = getattr(role, "system_envs", None) or {}  # a reward block (a vLLM judge) has none
         space = {**(cfg.system_envs or {}), **own_envs}.get("VLLM_CPU_KVCACHE_SPACE",
                                                                            DEFAULT_KV_CACHE_GIB)
@@ -149,8 +156,15 @@ def megatron_to_deepspeed(raw_cfg, cpu_host: Optional[bool] = False) -> List[Fin
     if cpu_host is False:
         return []
     keys, sizes = [], []
-    # ROLL's pure-OPD names (student_*) and its teacher too: their Megatron recipes run here as written.
-    for name in ("actor_train", "actor_infer", "reference", "critic", "student_train", "student_infer", "teacher"):
+    from roll_gspo.config.roll.roll_compat import is_named_teachers
+
+    # ROLL's pure-OPD names (student_*) and its teacher(s) too: their Megatron recipes run here as written.
+    names = ["actor_train", "actor_infer", "reference", "critic", "student_train", "student_infer", "teacher"]
+    teacher = OmegaConf.select(raw_cfg, "teacher", default=None, throw_on_resolution_failure=False)
+    plain = OmegaConf.to_container(teacher, resolve=False) if OmegaConf.is_config(teacher) else teacher
+    if isinstance(plain, dict) and is_named_teachers(plain):  # ROLL's multi-teacher dict
+        names[-1:] = [f"teacher.{name!s}" for name in plain]
+    for name in names:
         key = f"{name}.strategy_args.strategy_name"
         strategy = OmegaConf.select(raw_cfg, key, default=None, throw_on_resolution_failure=False)
         if strategy not in MEGATRON_ON_CPU:

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 from roll_gspo.catalog.reward_workers import REWARD_WORKERS
 from roll_gspo.config.findings import Finding, error
-from roll_gspo.schema.config import is_block_type
+from roll_gspo.schema.config import RoleConfig, is_block_type
 
 # Top-level blocks of configs/deepspeed_zero*.yaml (ROLL's DeepSpeed presets), composed in by a
 # `defaults:` list: interpolation anchors (`${deepspeed_zero3}`), removed after resolution.
@@ -135,6 +135,13 @@ def choice_refusal(path: str, value: Any) -> Optional[str]:
 # --------------------------------------------------------------------------------------------
 # Normalising ROLL spellings before the strict walk
 # --------------------------------------------------------------------------------------------
+def is_named_teachers(block: Any) -> bool:
+    """ROLL's multi-teacher `teacher:` (named role blocks) rather than one role block: a non-empty
+    mapping of mappings none of whose names is a role key."""
+    return (isinstance(block, dict) and bool(block) and all(isinstance(v, dict) for v in block.values())
+            and not set(block) & {f.name for f in dataclasses.fields(RoleConfig)})
+
+
 def normalise_roll_values(raw: Dict[str, Any]) -> None:
     """In place, on a raw or resolved config dict: ROLL spellings that mean one of our values.
 
@@ -144,8 +151,11 @@ def normalise_roll_values(raw: Dict[str, Any]) -> None:
     """
     if not isinstance(raw, dict):
         return
+    if is_named_teachers(raw.get("teacher")):  # ROLL's multi-teacher dict: our `teachers`
+        raw["teachers"] = raw.pop("teacher")
     blocks = [raw.get(r) for r in ("actor_train", "actor_infer", "reference", "critic", "validation",
                                    "student_train", "student_infer", "teacher")]  # ROLL's OPD roles too
+    blocks += list((raw.get("teachers") or {}).values()) if isinstance(raw.get("teachers"), dict) else []
     rewards = raw.get("rewards")
     if isinstance(rewards, dict):
         blocks += list(rewards.values())
@@ -295,6 +305,13 @@ def apply_roll_semantics(checked: Dict[str, Any], written: Dict[str, Any], probl
     # data, so the copy that repeats the acting (training) template says nothing and is cleared.
     # A different one stays and is refused as never read (role_reads).
     acting = checked.get("global_template") or (checked.get("actor_train", {}).get("data_args") or {}).get("template")
+    # tag_to_template: one template renders every prompt here, so only a map that says the same acts
+    others = {tag: t for tag, t in (checked.get("tag_to_template") or {}).items() if t != acting}
+    if others:
+        problems.append(error("tag_to_template", f"tag_to_template: {others} differ from the template in use "
+                                                 f"({acting!r}); per-tag templates are not built (one template "
+                                                 f"renders every prompt)", "give every tag that template, or put "
+                                                                           "the text in the data"))
     for role in ("actor_infer", "reference", "critic"):
         data = (checked.get(role) or {}).get("data_args") or {}
         if data.get("template") is not None and data.get("template") == acting:
