@@ -184,40 +184,43 @@ class TrainerLoop:
     # -- the step's phases --------------------------------------------------------------------------
     def _score_log_probs(self, batch: Batch, rewards: RewardFuture, timings: Dict[str, float]) -> None:
         """Adds `ref_log_probs` (with a reference), `teacher_log_probs` and `teacher_kl_coef` (use_opd)
-        and `old_log_probs` (and MoE `routed_experts`) to the batch. The rewards start right after the
-        first pass is sent, so that both run at once."""
+        and `old_log_probs` (and MoE `routed_experts`) to the batch. Every pass is sent before any is
+        awaited (they read the same tensors and none needs another's result), and the rewards start
+        right after, so the teachers, the reference and the trainer's pass run at once, beside the
+        reward workers: on a CPU host a one-thread teacher no longer leaves a core idle. A phase's
+        time is the wait for it after the one before (their sum is the scoring's wall time)."""
         view = self._view(batch)  # the passes read the same tensors
-        if self.teachers:  # on-policy distillation: the teachers score the sampled tokens
-            with timed(timings, "teacher"):
-                self._score_by_teachers(batch, view, rewards)
+        teachers = self._send_to_teachers(batch, view) if self.teachers else None
+        reference = None
         if self.reference is not None:
-            with timed(timings, "reference"):
-                calls = self.reference.dispatch_async("compute_log_probs", view)
-                rewards.start()
-                batch["ref_log_probs"] = self.reference.collect(calls)["ref_log_probs"]
+            reference = (self.reference, self.reference.dispatch_async("compute_log_probs", view))
         elif self.cfg.needs_reference_log_probs():  # LoRA: the reference is the trainer without its adapter
-            with timed(timings, "reference"):
-                calls = self.actor_train.dispatch_async("compute_log_probs", view, adapter_disabled=True)
-                rewards.start()
-                batch["ref_log_probs"] = self.actor_train.collect(calls)["ref_log_probs"]
+            reference = (self.actor_train,
+                         self.actor_train.dispatch_async("compute_log_probs", view, adapter_disabled=True))
+        old = None
         if self.old_logprobs.source == "trainer":
+            old = self.actor_train.dispatch_async("compute_log_probs", view)
+        rewards.start()
+        if teachers is not None:  # on-policy distillation: the teachers' log-probs of the sampled tokens
+            with timed(timings, "teacher"):
+                self._collect_teachers(batch, teachers)
+        if reference is not None:
+            with timed(timings, "reference"):
+                cluster, calls = reference
+                batch["ref_log_probs"] = cluster.collect(calls)["ref_log_probs"]
+        if old is not None:
             with timed(timings, "old_log_probs"):
-                calls = self.actor_train.dispatch_async("compute_log_probs", view)
-                rewards.start()
-                scored = self.actor_train.collect(calls)
+                scored = self.actor_train.collect(old)
                 batch["old_log_probs"] = scored["old_log_probs"]
                 if "routed_experts" in scored:  # MoE: the experts the old policy chose (replay, volatility)
                     batch["routed_experts"] = scored["routed_experts"]
         else:  # the rollout engine's log-probs are the trainer's (choose_old_logprob_source): no pass
             batch["old_log_probs"] = batch["rollout_log_probs"]
 
-    def _score_by_teachers(self, batch: Batch, view: Batch, rewards: RewardFuture) -> None:
-        """Each teacher scores the rows routed to it (every row for one teacher, or one whose
-        tag_included is empty); their log-probs become one teacher log-prob and one weight per row
-        (roll_gspo.algorithms.distillation.combine_teachers)."""
-        import torch
-
-        from roll_gspo.algorithms.distillation import combine_teachers, routed_rows
+    def _send_to_teachers(self, batch: Batch, view: Batch) -> Dict[str, tuple]:
+        """Each teacher's pass over the rows routed to it (every row for one teacher, or one whose
+        tag_included is empty): teacher -> (its (B,) rows, their indices, the calls in flight)."""
+        from roll_gspo.algorithms.distillation import routed_rows
 
         cfg, roles = self.cfg, self.cfg.teacher_roles()
         hinted = teacher_view(cfg, self.tokenizer, batch, view)  # opsd: the hinted prompts
@@ -229,13 +232,22 @@ class TrainerLoop:
                 index = rows.nonzero().flatten().tolist()
                 part = hinted if len(index) == len(batch) else hinted.select(index)
                 sent[name] = (rows, index, cluster.dispatch_async("compute_log_probs", part))
-        rewards.start()
+        return sent
+
+    def _collect_teachers(self, batch: Batch, sent: Dict[str, tuple]) -> None:
+        """The teachers' log-probs as one teacher log-prob and one weight per row
+        (roll_gspo.algorithms.distillation.combine_teachers)."""
+        import torch
+
+        from roll_gspo.algorithms.distillation import combine_teachers
+
+        cfg, roles = self.cfg, self.cfg.teacher_roles()
         shape = tuple(batch["response_mask"].shape)
         scored = {}
         for name, (rows, index, calls) in sent.items():
-            part_log_probs = self.teachers[name].collect(calls)["teacher_log_probs"]
-            full = torch.zeros(shape, dtype=part_log_probs.dtype)
-            full[index] = part_log_probs
+            part = self.teachers[name].collect(calls)["teacher_log_probs"]
+            full = torch.zeros(shape, dtype=part.dtype)
+            full[index] = part
             scored[name] = (full, rows)
         coefs = {name: cfg.opd_kl_coef if role.opd_kl_coef is None else role.opd_kl_coef
                  for name, role in roles.items()}

@@ -1240,9 +1240,8 @@ class PipelineConfig(SchemaBlock):
         None, "ROLL: one chat template for every role's data (training and validation prompts); "
               "a role's data_args.template that differs is an error.", CHAT_TEMPLATES)
     tag_to_template: Dict[str, str] = _f(
-        {}, "ROLL's chat template per row tag. One template renders every prompt here: accepted when each value "
-            "is the template in use (global_template, else actor_train.data_args.template), refused otherwise "
-            "(per-tag templates are not built; put the text in the data).")
+        {}, "ROLL's chat template per row tag. One template renders every prompt here (global_template, else "
+            "actor_train.data_args.template), so each value names that template.")
     async_generation_ratio: float = _f(
         0.0, "How far rollout runs ahead of training (ROLL's asynchronous pipeline). 0: synchronous; 1: the next "
              "step's rollouts are generated while this step trains (one step stale); an integer k >= 2: rollouts "
