@@ -495,7 +495,8 @@ class TrainerLoop:
     def shutdown(self) -> None:
         """The rollout endpoint, every cluster's ranks, then the GPU reservation."""
         stop_endpoint(getattr(self, "endpoint", None))
-        clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.rewards.values()]
+        clusters = [self.actor_train, self.actor_infer, self.reference, self.critic, *self.teachers.values(),
+                    *self.rewards.values()]
         for cluster in clusters:
             if cluster is not None:
                 cluster.shutdown()

@@ -153,7 +153,14 @@ def test_two_teachers_each_score_their_rows_in_a_real_run(tmp_path, tiny_model):
                        actor_infer={"strategy_args": {"strategy_name": "hf_infer", "strategy_config": {}}},
                        actor_train={"world_size": 1, "data_args": {"file_name": ["builtin:arith_easy/train"]}})
     assert list(cfg.teacher_roles()) == ["teacher.a", "teacher.b"] and cfg.teacher is None
+    import ray
+
+    before = set(ray.util.placement_group_table()) if ray.is_initialized() else set()
     (record,) = [r for r in run(cfg) if "opd/reverse_kl" in r]
+    # Every role's reservation is released at the end, the teachers' too (they once outlived the run,
+    # and the next run in the process waited forever for their CPUs).
+    table = ray.util.placement_group_table()
+    assert all(table[pg]["state"] == "REMOVED" for pg in set(table) - before), table
     assert record["opd/rows_scored"] == 1.0 and record["time/teacher_s"] > 0
     # Same weights as one teacher of weight 1.0 (both are the student's own starting model): the
     # teacher term is the reverse KL to it, 0 at the first step up to bf16/fp32 rounding.
