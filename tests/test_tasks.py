@@ -59,7 +59,9 @@ def test_accuracy_does_not_need_the_rewarded_format():
     wrong = score_reply("", "<answer>99</answer>", row["ground_truth"])
     assert tagged.metrics["accuracy"] == plain.metrics["accuracy"] == 1.0 and wrong.metrics["accuracy"] == 0.0
     assert (tagged.metrics["format_rate"], plain.metrics["format_rate"], wrong.metrics["format_rate"]) == (1, 0, 1)
-    assert (float(tagged), float(plain), float(wrong)) == (1.25, 1.0, 0.25)  # the format term is the only gap
+    # the format term is the only gap, paid with a correct answer only (tags alone were learnt as a hack)
+    assert (float(tagged), float(plain), float(wrong)) == (1.25, 1.0, 0.0)
+    assert float(score_reply("", "<answer>N</answer>", row["ground_truth"])) == 0.0
 
 
 # ------------------------------------------------------------------ near misses earn nothing
@@ -87,14 +89,14 @@ def positive_golds(spec):
 
 @pytest.mark.parametrize("key", SMOLLM2_TASKS)
 def test_near_misses_earn_nothing_by_default(key):
-    """A negated answer, a digit slip, a hedged list of three guesses: wrong, so 0 reward (the
-    format term alone, separate) and not accurate; group normalisation would make a paid near miss
-    a positive advantage."""
+    """A negated answer, a digit slip, a hedged list of three guesses: wrong, so 0 reward (no format
+    credit either: it goes with a correct answer) and not accurate; group normalisation would make a
+    paid near miss a positive advantage."""
     spec = smollm2_task(key, format_weight=0.1)
     for row in positive_golds(spec):
         for kind, answer in near_misses(row["answer"]).items():
             scored = score_reply("", f"The answer is <answer>{answer}</answer>.", row["ground_truth"])
-            assert (float(scored), scored.metrics["accuracy"]) == (0.1, 0.0), (spec.name, kind, answer, row["answer"])
+            assert (float(scored), scored.metrics["accuracy"]) == (0.0, 0.0), (spec.name, kind, answer, row["answer"])
             assert 0 < scored.metrics["answer_score"] < 1  # reasoning-gym's own score, still reported
 
 
@@ -280,8 +282,8 @@ def test_task_reward_worker_counts_the_answer_not_the_format():
     replies = [f"<answer>{row['answer']}</answer>", f"It is {row['answer']}", "<answer>99</answer>"]
     scored = worker.compute_scores(Batch(meta={"prompt_text": [""] * 3, "response_text": replies,
                                                "ground_truth": [row["ground_truth"]] * 3, "domain": ["sums"] * 3}))
-    assert scored["scores"].tolist() == [1.5, 1.0, 0.5]
-    assert scored["reward_correct"] == [1.0, 1.0, 0.0]  # 0.5 + format is not "correct", 1.0 alone is
+    assert scored["scores"].tolist() == [1.5, 1.0, 0.0]  # no format credit without a correct answer
+    assert scored["reward_correct"] == [1.0, 1.0, 0.0]
     assert [m["format_rate"] for m in scored["reward_metrics"]] == [1.0, 0.0, 1.0]
 
 

@@ -70,8 +70,10 @@ def task_rows(spec: TaskSpec, split: str) -> List[dict]:
 
 def score_reply(prompt: str, response: str, ground_truth: str, **_) -> ScoreWithMetrics:
     """A task's reward for one reply: 1 when the extracted answer (`extract_answer`, no format
-    needed) is correct, else 0, plus `format_weight` when the reply wrote the rewarded `<answer>`
-    format. Near misses earn nothing: group normalisation would turn a part-paid wrong answer into
+    needed) is correct, else 0, plus `format_weight` when a correct answer was written in the
+    rewarded `<answer>` format. A wrong one earns no format credit: paid for the tags alone, SmolLM2
+    learnt to reply `<answer>N</answer>` (the prompt's placeholder) and its accuracy collapsed
+    (docs/benchmarks.md, LoRA seed 7). Near misses earn nothing: group normalisation would turn a part-paid wrong answer into
     a positive advantage. With `partial_credit` the answer term is the task's own score instead
     (reasoning-gym pays part of it for an answer holding the gold string). Carries per-reply
     metrics: `accuracy` (correct), `format_rate` (the format was written) and `answer_score`
@@ -85,7 +87,7 @@ def score_reply(prompt: str, response: str, ground_truth: str, **_) -> ScoreWith
     correct = float(bool(answer) and source.is_correct(answer, truth, score))
     earned = max(score, correct) if truth.get("partial_credit", False) else correct
     formatted = float(has_answer_format(response))
-    return ScoreWithMetrics(earned + float(truth.get("format_weight", 0.0)) * formatted,
+    return ScoreWithMetrics(earned + float(truth.get("format_weight", 0.0)) * formatted * correct,
                             {"accuracy": correct, "format_rate": formatted, "answer_score": score})
 
 
