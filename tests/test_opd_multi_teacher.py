@@ -129,6 +129,13 @@ def test_multi_teacher_refusals_name_the_key(tmp_path, extra, reason):
     assert reason in str(info.value)
 
 
+def test_tag_to_template_naming_another_template_is_refused(tmp_path):
+    """ROLL's per-tag templates: one template renders every prompt here, so a tag naming another is
+    refused (ROLL's multi-teacher example, every tag naming the one in use, loads above)."""
+    with pytest.raises(ConfigError, match=r"tag_to_template: \{'code': 'qwen3'\} differ from the template in use"):
+        _load(tmp_path, ["actor_train.data_args.template=chatml", "+tag_to_template={math: chatml, code: qwen3}"])
+
+
 def test_a_domain_no_tagged_teacher_routes_is_warned_about(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         cfg = _load(tmp_path, TWO + ["+rewards.math_rule.tag_included=[arith]", "+teachers.a.tag_included=[arith]",
