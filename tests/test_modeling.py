@@ -144,3 +144,30 @@ def test_the_trained_policy_gets_the_sparse_embedding_gradient_and_scorers_do_no
     trained, _ = load_policy_model(role, train=True, dtype="fp32")
     scorer, _ = load_policy_model(role, train=False, dtype="fp32")
     assert trained.get_input_embeddings().sparse and not scorer.get_input_embeddings().sparse
+
+
+# --------------------------------------------------------------------------------------------
+# The LM head gets a contiguous input: with its weight frozen (LoRA, reference, teacher) a
+# strided `logits_to_keep` slice made torch copy the vocabulary x hidden weight once per row.
+# --------------------------------------------------------------------------------------------
+def test_a_frozen_head_scores_from_a_contiguous_input_with_the_same_log_probs(tiny_model):
+    from torch.profiler import profile
+
+    from roll_gspo.models.causal_lm import load_causal_lm, response_token_log_probs
+
+    ids, mask, prompt_lengths, response_mask = ragged_batch(64)
+    model = load_causal_lm(tiny_model).requires_grad_(False).eval()
+    seen = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda _, args: seen.append(args[0].is_contiguous()))
+
+    def score():
+        with torch.no_grad(), profile() as prof:
+            log_probs, _ = response_token_log_probs(model, ids, mask, prompt_lengths, response_mask.shape[1])
+        return log_probs, {event.key for event in prof.key_averages()}
+
+    log_probs, ops = score()
+    assert seen == [True] and "aten::bmm" not in ops  # the head is one matmul over folded rows
+    model.get_output_embeddings()._forward_pre_hooks.clear()  # the straightforward strided input
+    unhooked, ops = score()
+    assert "aten::bmm" in ops  # what the hook avoids (torch 2.13); if this fails, torch changed
+    torch.testing.assert_close(log_probs, unhooked)

@@ -16,7 +16,28 @@ def load_causal_lm(path: str, dtype: str = "fp32", attn_implementation: Optional
     kwargs = {"dtype": TORCH_DTYPES[dtype]}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    contiguous_head_input(model)
+    return model
+
+
+def _make_contiguous(module, args):
+    return (args[0].contiguous(),) + tuple(args[1:])
+
+
+def contiguous_head_input(model: torch.nn.Module) -> bool:
+    """Hand the LM head a contiguous input; returns whether a head was found.
+
+    `logits_to_keep` slices the hidden states (a strided view). With the head's weight frozen (LoRA,
+    a reference or teacher) torch's matmul then expands the (vocabulary x hidden) weight once per
+    row and copies it for a batched matmul instead of folding the rows into one: SmolLM2 in bf16,
+    a LoRA scoring pass took 358 ms a row against 170 ms with a contiguous input (the copy of the
+    (B, S, hidden) input is small), and a LoRA training micro-batch 5.8 s against 4.2 s."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Module):
+        return False
+    head.register_forward_pre_hook(_make_contiguous)
+    return True
 
 
 def sparse_tied_embedding_grad(model: torch.nn.Module) -> bool:
