@@ -195,6 +195,10 @@ def test_spec_problems_name_the_key():
     assert "unexpected keyword argument 'max_term'" in refused
     (invalid,) = spec_problems(TaskSpec("s", name="chain_sum", config={"min_terms": 5, "max_terms": 2}), "tasks.s")
     assert "max_terms must be >= min_terms" in invalid  # the config's own validate()
+    # a config the generator reads only when drawing an entry: one entry is drawn
+    (drawn,) = spec_problems(TaskSpec("e", name="simple_equations", config={"operators": ["+", "-"]}), "tasks.e")
+    assert drawn.startswith("tasks.e.config: reasoning_gym task 'simple_equations' refuses it: ValueError:")
+    assert "weights does not match" in drawn
     sizes = spec_problems(TaskSpec("s", name="chain_sum", train_size=0, val_size=0), "tasks.s")
     assert [p.split(" =")[0] for p in sizes] == ["tasks.s.train_size", "tasks.s.val_size"]
     (overlap,) = spec_problems(TaskSpec("s", name="chain_sum", train_size=100, seed=0, val_seed=50), "tasks.s")

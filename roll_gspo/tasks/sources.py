@@ -73,8 +73,10 @@ class ReasoningGymSource(TaskSource):
 
     def config_problem(self, task: str, config: Dict[str, Any]) -> Optional[str]:
         try:
-            _rg_dataset(task, json.dumps(config, sort_keys=True), 0, 1)
-        except (TypeError, ValueError, AssertionError) as e:  # the config class's own message
+            # Some generators read their config only when drawing an entry (simple_equations'
+            # `operators_weights` against `operators`): one entry is drawn.
+            _rg_dataset(task, json.dumps(config, sort_keys=True), 0, 1)[0]
+        except (TypeError, ValueError, AssertionError, IndexError, KeyError) as e:  # the generator's own message
             return f"{type(e).__name__}: {e}"
         return None
 
