@@ -419,3 +419,24 @@ def test_screening_ranks_tasks_by_headroom_and_says_why_one_is_left_out():
     assert "greedy 0.80 outside 0.05-0.50" in rows[3]["why"]
     table = format_screen(rows)
     assert table.splitlines()[1].startswith("much_room") and table.splitlines()[1].endswith("train")
+
+
+def test_eval_command_samples_at_the_configs_rollout_temperature(tmp_path, monkeypatch):
+    """With --config, pass@k is measured at the rollout's temperature and top_p (what RL samples),
+    unless --temperature / --top-p say otherwise; without a config, 1.0."""
+    import roll_gspo.eval.__main__ as eval_main
+
+    seen = []
+
+    def fake_evaluate(model, specs, **kwargs):
+        seen.append((kwargs["temperature"], kwargs["top_p"]))
+        raise SystemExit(0)  # the settings are all this test reads
+
+    monkeypatch.setattr(eval_main, "evaluate", fake_evaluate)
+    monkeypatch.chdir(REPO)
+    config = "examples/example_gspo_smollm2.yaml"  # temperature 0.7, top_p 1.0
+    for argv in (["--config", config], ["--config", config, "--temperature", "1.0", "--top-p", "0.9"],
+                 ["--tasks", "chain_sum"]):
+        with pytest.raises(SystemExit):
+            eval_main.main(["--model", "builtin:tiny", "--out", str(tmp_path / "e.json"), *argv])
+    assert seen == [(0.7, 1.0), (1.0, 0.9), (1.0, 1.0)]

@@ -29,8 +29,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--val-size", type=int, help="validation rows per task (default: the task's val_size, 100)")
     p.add_argument("--n", type=int, default=8, help="sampled replies per prompt for pass@k / maj@k (1: greedy only)")
     p.add_argument("--k", type=int, nargs="*", help="ks of pass@k and maj@k (default 1, 2, 4, .., n)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float,
+                   help="sampling temperature of the --n replies (default: the config's rollout temperature, "
+                        "actor_infer.generating_args.temperature, where pass@k measures what RL samples; else 1.0)")
+    p.add_argument("--top-p", type=float, help="default: the config's rollout top_p, else 1.0")
     p.add_argument("--max-new-tokens", type=int, help="default: the config's validation max_new_tokens, else 256")
     p.add_argument("--prompt-length", type=int, help="longer prompts are dropped (default: the config's, else 1024)")
     p.add_argument("--template", help="chat template name (default: the config's data_args.template; else the "
@@ -43,6 +45,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "5-50 %% greedy without one answer dominating, best headroom first (JSON: `screen`)")
     p.add_argument("--out", help="JSON file (default: eval_<model name>.json)")
     return p.parse_args(argv)
+
+
+def _first_set(*values):
+    return next(v for v in values if v is not None)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -81,7 +87,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "engine_config": dict(cfg.actor_infer.strategy_args.strategy_config),
                     "env": {**cfg.system_envs, **(cfg.actor_infer.system_envs or {})},
                     "base_model": cfg.actor_train.model_args.model_name_or_path,
-                    "model_args": cfg.actor_train.model_args}  # a LoRA checkpoint's adapter settings
+                    "model_args": cfg.actor_train.model_args,  # a LoRA checkpoint's adapter settings
+                    "temperature": cfg.actor_infer.generating_args.temperature,
+                    "top_p": cfg.actor_infer.generating_args.top_p}
         if args.val_size is not None:
             for spec in specs:
                 spec.val_size = args.val_size
@@ -99,7 +107,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     restore = capture_output()
     try:
         result = evaluate(
-            args.model, specs, n=args.n, ks=args.k, temperature=args.temperature, top_p=args.top_p,
+            args.model, specs, n=args.n, ks=args.k,
+            temperature=_first_set(args.temperature, settings.get("temperature"), 1.0),
+            top_p=_first_set(args.top_p, settings.get("top_p"), 1.0),
             max_new_tokens=args.max_new_tokens or settings.get("max_new_tokens") or 256,
             prompt_length=args.prompt_length or settings.get("prompt_length") or 1024,
             template=args.template or settings.get("template"), dtype=args.dtype or settings.get("dtype") or "fp32",
