@@ -440,3 +440,15 @@ def test_eval_command_samples_at_the_configs_rollout_temperature(tmp_path, monke
         with pytest.raises(SystemExit):
             eval_main.main(["--model", "builtin:tiny", "--out", str(tmp_path / "e.json"), *argv])
     assert seen == [(0.7, 1.0), (1.0, 0.9), (1.0, 1.0)]
+
+
+def test_an_answer_the_generators_scorer_cannot_parse_scores_zero():
+    """prime_factorization's scorer calls int() on each factor unguarded: a reply's "1/2" raised out
+    of the reward (a 7-minute evaluation lost at its end); it is a wrong answer."""
+    spec = TaskSpec("p", name="prime_factorization", config={"min_value": 2, "max_value": 50},
+                    train_size=1, val_size=1).resolved()
+    row = task_rows(spec, "val")[0]
+    wrong = score_reply("", "The answer is <answer>1/2</answer>", row["ground_truth"])
+    assert wrong == 0.0 and wrong.metrics["accuracy"] == 0.0
+    right = score_reply("", f"<answer>{row['answer']}</answer>", row["ground_truth"])
+    assert right.metrics["accuracy"] == 1.0

@@ -94,7 +94,12 @@ class ReasoningGymSource(TaskSource):
         config_json = json.dumps(truth["config"], sort_keys=True)
         dataset = _rg_dataset(truth["name"], config_json, truth["seed"], truth["size"])
         entry = _rg_entry(truth["name"], config_json, truth["seed"], truth["size"], truth["index"])
-        return float(dataset.score_answer(answer, entry))
+        try:
+            return float(dataset.score_answer(answer, entry))
+        except (ValueError, TypeError, ArithmeticError, IndexError):
+            # Some generators parse the answer unguarded (prime_factorization's int() of each factor
+            # raised on a reply's "1/2"): an answer its own task cannot read is a wrong one.
+            return 0.0
 
     def is_correct(self, answer, truth, score):
         return score >= 1.0 or _same_decimal(answer, str(truth["answer"]))
