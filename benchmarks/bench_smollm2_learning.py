@@ -15,8 +15,8 @@ gains accuracy without solving anything. After the run (outside the budget) the 
 model's pass@1 / pass@k at the rollout temperature are measured with `python -m roll_gspo.eval`
 (`--passk-prompts` held-out prompts a task, `--passk-n` replies; 0 skips it) and printed beside the
 curve. A run stopped by the budget has no final_model/: its last checkpoint is evaluated, a LoRA
-run's with the adapter merged onto the base model by the config's actor_train.model_args (LoRA keys
-given as overrides here are not seen there: write them in the YAML). Prints the curve and the goal side by side, writes `<out>/learning.json` and
+run's with the adapter merged onto the base model by the config's actor_train.model_args (the run's
+overrides are given to the evaluation too, so LoRA keys on this command line count). Prints the curve and the goal side by side, writes `<out>/learning.json` and
 `<out>/learning.png`.
 
     .venv/bin/python benchmarks/bench_smollm2_learning.py                      # 45 minutes
@@ -285,14 +285,14 @@ def measure_passk(args: argparse.Namespace, run_dir: Path, out: Path) -> Dict[st
     model's result is kept in `<out>/eval_base.json` and reused). {name: the eval's `all` figures}."""
     from roll_gspo.config import load_config
 
-    cfg = load_config(str(REPO_ROOT / args.config))
+    cfg = load_config(str(REPO_ROOT / args.config), args.overrides)
     common = ["--config", args.config, "--val-size", str(args.passk_prompts), "--n", str(args.passk_n),
-              "--temperature", str(cfg.actor_infer.generating_args.temperature)]
+              "--temperature", str(cfg.actor_infer.generating_args.temperature), *args.overrides]
     results = {}
     for name, model in (("base", cfg.pretrain), ("final", str(run_dir))):
         path = out / ("eval_base.json" if name == "base" else "eval.json")
         if name == "final" or not path.exists():
-            done = subprocess.run([sys.executable, "-m", "roll_gspo.eval", "--model", model, *common, "--out", str(path)],
+            done = subprocess.run([sys.executable, "-m", "roll_gspo.eval", "--model", model, "--out", str(path), *common],
                                   cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             if done.returncode != 0:
                 print(f"pass@k of the {name} model failed (exit {done.returncode}): python -m roll_gspo.eval "

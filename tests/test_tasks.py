@@ -430,16 +430,36 @@ def test_eval_command_samples_at_the_configs_rollout_temperature(tmp_path, monke
 
     def fake_evaluate(model, specs, **kwargs):
         seen.append((kwargs["temperature"], kwargs["top_p"]))
+        ranks.append(kwargs["model_args"].lora_rank if kwargs["model_args"] is not None else None)
         raise SystemExit(0)  # the settings are all this test reads
+
+    ranks = []
 
     monkeypatch.setattr(eval_main, "evaluate", fake_evaluate)
     monkeypatch.chdir(REPO)
     config = "examples/example_gspo_smollm2.yaml"  # temperature 0.7, top_p 1.0
     for argv in (["--config", config], ["--config", config, "--temperature", "1.0", "--top-p", "0.9"],
-                 ["--tasks", "chain_sum"]):
+                 ["--tasks", "chain_sum"], ["--config", config, "actor_train.model_args.lora_rank=4"]):
         with pytest.raises(SystemExit):
             eval_main.main(["--model", "builtin:tiny", "--out", str(tmp_path / "e.json"), *argv])
-    assert seen == [(0.7, 1.0), (1.0, 0.9), (1.0, 1.0)]
+    assert seen == [(0.7, 1.0), (1.0, 0.9), (1.0, 1.0), (0.7, 1.0)]
+    assert ranks[-1] == 4  # the run's command-line overrides apply to --config (a LoRA run's keys)
+    with pytest.raises(SystemExit, match="need --config"):
+        eval_main.main(["--model", "builtin:tiny", "--tasks", "chain_sum", "--out", "e.json", "seed=7"])
+
+
+def test_eval_command_says_what_is_wrong_with_its_model_in_one_line(tmp_path, monkeypatch):
+    """A LoRA checkpoint without the run's LoRA keys: one line naming --model, not a trace."""
+    import roll_gspo.eval.__main__ as eval_main
+
+    step = tmp_path / "run" / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    (step / "COMPLETE").write_text("")
+    (step / "pipeline_state.json").write_text(json.dumps(
+        {"step": 2, "trainer_shapes": {"actor_train": {"engine": "deepspeed", "lora": True}}}))
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit, match=r"^error: --model .* is a LoRA checkpoint .*overrides of its command line"):
+        eval_main.main(["--model", str(step), "--tasks", "chain_sum", "--out", str(tmp_path / "e.json")])
 
 
 def test_an_answer_the_generators_scorer_cannot_parse_scores_zero():

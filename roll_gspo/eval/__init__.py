@@ -14,6 +14,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from roll_gspo.eval.errors import EvalInputError
 from roll_gspo.tasks import TaskSpec
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def resolve_eval_model(model: str, base_model: Optional[str] = None, model_args:
         saved = complete_checkpoints(path)
         if saved:  # a run stopped before its end: no final_model/ yet, its latest checkpoint
             return checkpoint_model(saved[-1], base_model, model_args=model_args)
-        raise ValueError(f"--model {model!r} is a folder without config.json: give a Hugging Face model folder "
+        raise EvalInputError(f"--model {model!r} is a folder without config.json: give a Hugging Face model folder "
                          f"(a run's final_model/ or output_dir), a training checkpoint (checkpoints/step_N/, with "
                          f"--config), a .gguf file or a builtin: name")
     return resolve_model(model)
@@ -92,7 +93,7 @@ def evaluate(model: str, specs: Sequence[TaskSpec], *, n: int = 8, ks: Optional[
 
     problems = [p for spec in specs for p in spec_problems(spec, f"--tasks {spec.name or spec.key}")]
     if problems:
-        raise ValueError("; ".join(problems))
+        raise EvalInputError("; ".join(problems))
     started = time.perf_counter()
     folder = resolve_eval_model(model, base_model, model_args)
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -8,6 +8,7 @@ import sys
 from typing import List, Optional
 
 from roll_gspo.eval import evaluate, format_table, specs_from_names
+from roll_gspo.eval.errors import EvalInputError
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -44,6 +45,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "common answer's share beside the gold's, reply length, format rate; a task is kept at "
                         "5-50 %% greedy without one answer dominating, best headroom first (JSON: `screen`)")
     p.add_argument("--out", help="JSON file (default: eval_<model name>.json)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of --config, as run_pipeline.py takes them "
+                                                "(a run's LoRA keys given on its command line, for example)")
     return p.parse_args(argv)
 
 
@@ -75,11 +78,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise SystemExit(f"--task-config {item!r}: expected NAME=JSON")
         configs[name] = json.loads(text)
     specs, settings = [], {}
+    if args.overrides and not args.config:
+        raise SystemExit(f"overrides {args.overrides} need --config (they change the run's YAML)")
     if args.config:
         from roll_gspo.config.load.loader import load_config
         from roll_gspo.config.plan.tasks import task_specs
 
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, args.overrides)
         specs = task_specs(cfg)
         settings = {"template": cfg.validation.data_args.template, "prompt_length": cfg.prompt_length,
                     "max_new_tokens": cfg.validation.generating_args.max_new_tokens,
@@ -115,6 +120,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             template=args.template or settings.get("template"), dtype=args.dtype or settings.get("dtype") or "fp32",
             seed=args.seed, engine_config=settings.get("engine_config"), env=settings.get("env"),
             base_model=settings.get("base_model"), model_args=settings.get("model_args"))
+    except EvalInputError as e:
+        raise SystemExit(f"error: {e}") from None
     finally:
         if restore is not None:
             restore()

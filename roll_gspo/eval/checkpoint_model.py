@@ -21,6 +21,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Dict, Optional
 
+from roll_gspo.eval.errors import EvalInputError
 from roll_gspo.lifecycle.checkpoint import COMPLETE_MARKER, STATE_FILE
 
 if TYPE_CHECKING:
@@ -49,17 +50,17 @@ def checkpoint_model(path: str, base_model: Optional[str], cache_dir: Optional[s
     with open(os.path.join(path, STATE_FILE), encoding="utf-8") as fh:
         shape = (json.load(fh).get("trainer_shapes") or {}).get("actor_train") or {}
     if shape.get("engine", "deepspeed") != "deepspeed":
-        raise ValueError(f"--model {path}: an {shape.get('engine')} checkpoint is not converted to a model folder "
+        raise EvalInputError(f"--model {path}: an {shape.get('engine')} checkpoint is not converted to a model folder "
                          f"here (only DeepSpeed's are); evaluate the run's final_model/ (a run writes it at its end)")
     lora = bool(shape.get("lora"))
     if lora and (model_args is None or not model_args.uses_lora()):
-        raise ValueError(f"--model {path} is a LoRA checkpoint (the adapter only): give --config with the run's "
-                         f"YAML, whose actor_train.model_args (lora_target, lora_rank, lora_alpha) say how the "
-                         f"adapter sits on the base model")
+        raise EvalInputError(f"--model {path} is a LoRA checkpoint (the adapter only): give --config with the run's "
+                             f"YAML (and the overrides of its command line, after it), whose actor_train.model_args "
+                             f"(lora_target, lora_rank, lora_alpha) say how the adapter sits on the base model")
     base_model = base_model or (model_args.model_name_or_path if model_args is not None else None)
     if not base_model:
-        raise ValueError(f"--model {path} is a training checkpoint: give --config with the run's YAML, whose "
-                         f"actor_train.model_args.model_name_or_path supplies the model's config and tokenizer")
+        raise EvalInputError(f"--model {path} is a training checkpoint: give --config with the run's YAML, whose "
+                             f"actor_train.model_args.model_name_or_path supplies the model's config and tokenizer")
     base = resolve_model(base_model)
     settings = _lora_settings(model_args) if lora and model_args is not None else ""
     key = hashlib.sha256(f"{path}:{os.path.getmtime(os.path.join(path, COMPLETE_MARKER))}:{base}:{settings}"
@@ -113,7 +114,7 @@ def merged_lora_state(adapter: Dict[str, "torch.Tensor"], base: str, model_args:
         found = ("; ".join(f"{label} {names[:3]}{' ...' if len(names) > 3 else ''}" for label, names in
                            (("not in the checkpoint:", missing), ("not in the model:", unknown),
                             ("other shapes:", shapes)) if names))
-        raise ValueError(f"--model {what}: the checkpoint's adapter is not the one the run's actor_train.model_args "
+        raise EvalInputError(f"--model {what}: the checkpoint's adapter is not the one the run's actor_train.model_args "
                          f"(lora_target {model_args.lora_target!r}, lora_rank {model_args.lora_rank}, "
                          f"additional_target {model_args.additional_target!r}) put on {base}: {found}. Give "
                          f"--config with the YAML (and overrides) the run trained with")
