@@ -5,10 +5,11 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from roll_gspo.eval import evaluate, format_table, specs_from_names
 from roll_gspo.eval.errors import EvalInputError
+from roll_gspo.tasks import TaskSpec
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -77,7 +78,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not sep:
             raise SystemExit(f"--task-config {item!r}: expected NAME=JSON")
         configs[name] = json.loads(text)
-    specs, settings = [], {}
+    specs: List[TaskSpec] = []
+    settings: Dict[str, Any] = {}
     if args.overrides and not args.config:
         raise SystemExit(f"overrides {args.overrides} need --config (they change the run's YAML)")
     if args.config:
