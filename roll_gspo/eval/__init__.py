@@ -46,8 +46,8 @@ def resolve_eval_model(model: str, base_model: Optional[str] = None, model_args:
         if saved:  # a run stopped before its end: no final_model/ yet, its latest checkpoint
             return checkpoint_model(saved[-1], base_model, model_args=model_args)
         raise EvalInputError(f"--model {model!r} is a folder without config.json: give a Hugging Face model folder "
-                         f"(a run's final_model/ or output_dir), a training checkpoint (checkpoints/step_N/, with "
-                         f"--config), a .gguf file or a builtin: name")
+                             f"(a run's final_model/ or output_dir), a training checkpoint (checkpoints/step_N/, with "
+                             f"--config), a .gguf file or a builtin: name")
     return resolve_model(model)
 
 

@@ -51,7 +51,7 @@ def checkpoint_model(path: str, base_model: Optional[str], cache_dir: Optional[s
         shape = (json.load(fh).get("trainer_shapes") or {}).get("actor_train") or {}
     if shape.get("engine", "deepspeed") != "deepspeed":
         raise EvalInputError(f"--model {path}: an {shape.get('engine')} checkpoint is not converted to a model folder "
-                         f"here (only DeepSpeed's are); evaluate the run's final_model/ (a run writes it at its end)")
+                             f"here (only DeepSpeed's are); evaluate the run's final_model/ (a run writes it at its end)")
     lora = bool(shape.get("lora"))
     if lora and (model_args is None or not model_args.uses_lora()):
         raise EvalInputError(f"--model {path} is a LoRA checkpoint (the adapter only): give --config with the run's "
@@ -115,9 +115,9 @@ def merged_lora_state(adapter: Dict[str, "torch.Tensor"], base: str, model_args:
                            (("not in the checkpoint:", missing), ("not in the model:", unknown),
                             ("other shapes:", shapes)) if names))
         raise EvalInputError(f"--model {what}: the checkpoint's adapter is not the one the run's actor_train.model_args "
-                         f"(lora_target {model_args.lora_target!r}, lora_rank {model_args.lora_rank}, "
-                         f"additional_target {model_args.additional_target!r}) put on {base}: {found}. Give "
-                         f"--config with the YAML (and overrides) the run trained with")
+                             f"(lora_target {model_args.lora_target!r}, lora_rank {model_args.lora_rank}, "
+                             f"additional_target {model_args.additional_target!r}) put on {base}: {found}. Give "
+                             f"--config with the YAML (and overrides) the run trained with")
     with torch.no_grad():
         for name in trainable:
             params[name].copy_(adapter[name].to(params[name].dtype))
